@@ -1,0 +1,33 @@
+# Two commands do all set-up: `make train` and `make test`. Both create .venv on first use.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+ARGS   ?=
+
+.PHONY: train test test-slow lint bench clean
+
+# pip takes torch==2.14.1 / torchvision==0.29.1 from this machine's disk (its cap stays on).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The main job: mnist1d, 4 workers, the emulated WAN, cpdp K=4 beta=0.3.
+train: $(STAMP)
+	$(BIN)/autok train $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.engine $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,175 @@
+"""`autok train` (and, as they land, sweep | report | bench).
+
+Flags are generated from TrainConfig, so every setting has exactly one flag, one YAML key, and a
+help line showing its default. Bad input: one line naming the flag, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from autok.config import ConfigError, TrainConfig, flag, load_config
+from trainer.link import PROFILES
+
+EXIT_USAGE = 2
+RUN_FILES = ("config.json", "epochs.csv", "boundaries.jsonl", "summary.json", "model.pt")
+
+HELP = {
+    "workers": "worker processes to spawn (ignored under torchrun, which sets the world)",
+    "strategy": "ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
+    "+ SlowMo every K",
+    "sync_period": "K, optimizer steps between boundaries (1 for ddp)",
+    "policy": "how K evolves while training",
+    "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
+    "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
+    "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",
+    "sync_optimizer_state": "also average momentum buffers / Adam moments at boundaries",
+    "buffer_policy": "BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
+    "optimizer": "sgd (momentum, weight decay, Nesterov) or adamw",
+    "lr": "peak learning rate",
+    "momentum": "SGD momentum",
+    "nesterov": "Nesterov momentum (sgd)",
+    "weight_decay": "weight decay",
+    "batch_size": "batch size per worker",
+    "epochs": "training epochs",
+    "warmup_epochs": "epochs run at K=1 (every step a boundary)",
+    "lr_warmup_epochs": "epochs of linear LR warmup (default: --warmup-epochs)",
+    "lr_schedule": "after warmup: constant or cosine to zero, stepped per optimizer step",
+    "dataset": "mnist1d and digits are built in; cifar100, tinyimagenet, imagefolder read "
+    "--data-dir",
+    "data_dir": "root of an on-disk data set",
+    "model": "cnn1d (mnist1d), cnn (digits), mlp, resnet18, resnet50, vit-s "
+    "(default: the data set's)",
+    "mnist1d_samples": "samples generated for mnist1d (80%% train, 20%% test)",
+    "image_size": "crop size for imagefolder",
+    "loader_workers": "DataLoader worker processes per rank",
+    "link": "emulated network: " + ", ".join(
+        f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)" if n != "none" else n
+        for n, p in PROFILES.items()
+    ),
+    "link_rtt_ms": "override the link's round-trip time, ms",
+    "link_bandwidth_gbps": "override the link's bandwidth, Gbit/s",
+    "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded",
+    "seed": "seed for weights, data order and jitter",
+    "out": "run directory (default: runs/<timestamp>)",
+    "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
+    "progress": "show the progress bar and the closing summary",
+    "collective_timeout": "seconds before a collective waiting on a lost peer fails",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # one line, no usage dump
+        raise UsageError(message)
+
+
+def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    """(converter, choices) for a TrainConfig field annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _arg_type(args[0])
+    if origin is Literal:
+        return str, list(typing.get_args(annotation))
+    return annotation, None
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="YAML file of settings; flags given here win")
+    for name, field in TrainConfig.model_fields.items():
+        default = field.default
+        shown = "see below" if default is None else default
+        text = f"{HELP.get(name, field.description or '')} (default: {shown})"
+        conv, choices = _arg_type(field.annotation)
+        if conv is bool:
+            p.add_argument(flag(name), action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=text)
+        else:
+            p.add_argument(flag(name), type=conv, choices=choices, default=argparse.SUPPRESS,
+                           metavar=name.upper() if not choices else None, help=text)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="autok", description="CPDP training with an online sync period K.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    train = sub.add_parser("train", help="train with ddp, localsgd or cpdp")
+    add_train_flags(train)
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    values = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
+    file_values: dict[str, Any] = {}
+    if ns.config is not None:
+        if not ns.config.is_file():
+            raise ConfigError(f"--config: no such file {ns.config}")
+        try:
+            file_values = yaml.safe_load(ns.config.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config: {ns.config} is not valid YAML ({exc})") from None
+        if not isinstance(file_values, dict):
+            raise ConfigError(f"--config: {ns.config} must hold a mapping of settings")
+    return load_config(file_values, values)
+
+
+def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
+    out = cfg.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a directory")
+    taken = [f for f in RUN_FILES if (out / f).exists()]
+    if taken:
+        raise ConfigError(f"--out: {out} already holds a run ({taken[0]}); choose a new directory")
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
+        resolved = cfg.model_dump(mode="json") | {"out": str(out)}
+        resolved["link_profile"] = cfg.link_profile.__dict__
+        (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+    return out
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from autok.launch import launch, under_torchrun
+
+    cfg = config_from_args(ns)
+    rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
+    out = prepare_out_dir(cfg, write=rank0)
+    launch(cfg, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(argv)
+        if ns.command == "train":
+            return cmd_train(ns)
+        return EXIT_USAGE
+    except (UsageError, ConfigError) as exc:
+        print(f"autok: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("autok: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a worker failed: its own traceback is already on stderr
+        last = str(exc).strip().splitlines()
+        print(f"autok: training failed: {last[-1] if last else type(exc).__name__}",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The run's typed configuration. Field `foo_bar` is flag `--foo-bar` and YAML key `foo_bar`.
+
+Every error names the flag to change: the CLI prints it on one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controllers import REGISTRY as POLICIES
+from trainer.data import DATASETS, check_data_dir
+from trainer.link import PROFILES, LinkProfile, resolve_profile
+from trainer.models import DEFAULT_MODEL, MODELS, incompatibility
+
+STRATEGIES = ("ddp", "localsgd", "cpdp")
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message starts with the flag to change."""
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    # --- distribution and synchronization
+    workers: int = Field(4, ge=1, description="worker processes (ranks) to spawn locally")
+    strategy: Literal["ddp", "localsgd", "cpdp"] = "cpdp"
+    sync_period: int = Field(4, ge=1, description="K: optimizer steps between boundaries")
+    policy: str = "fixed"
+    slowmo_beta: float | None = Field(
+        None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
+    )
+    slowmo_lr_aware: bool = False
+    sync_optimizer_state: bool = False
+    buffer_policy: Literal["average", "broadcast", "local"] = "average"
+    # --- optimization
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(0.1, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    nesterov: bool = False
+    weight_decay: float = Field(5e-4, ge=0.0)
+    batch_size: int = Field(32, ge=1, description="per worker")
+    epochs: int = Field(30, ge=1)
+    warmup_epochs: int = Field(1, ge=0, description="epochs at K=1 (and of linear LR warmup)")
+    lr_warmup_epochs: int | None = Field(None, ge=0, description="default: --warmup-epochs")
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    # --- data and model
+    dataset: str = "mnist1d"
+    data_dir: Path | None = None
+    model: str | None = None
+    mnist1d_samples: int = Field(5000, ge=100)
+    image_size: int = Field(32, ge=8, description="imagefolder crop size")
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank")
+    # --- link emulator
+    link: str = "wan"
+    link_rtt_ms: float | None = Field(None, ge=0.0)
+    link_bandwidth_gbps: float | None = Field(None, gt=0.0)
+    link_jitter_ms: float | None = Field(None, ge=0.0)
+    # --- run
+    seed: int = 42
+    out: Path | None = None
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    progress: bool = True
+    collective_timeout: float = Field(300.0, gt=0.0, description="seconds")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainConfig:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"--dataset: unknown {self.dataset!r}; choose from {list(DATASETS)}")
+        if self.model is None:
+            self.model = DEFAULT_MODEL[self.dataset]
+        if self.model not in MODELS:
+            raise ValueError(f"--model: unknown {self.model!r}; choose from {list(MODELS)}")
+        if why := incompatibility(self.dataset, self.model):
+            raise ValueError(f"--model: {why}")
+        if why := check_data_dir(self.dataset, self.data_dir):
+            raise ValueError(f"--data-dir: {why}")
+        if self.link not in PROFILES:
+            raise ValueError(f"--link: unknown {self.link!r}; choose from {list(PROFILES)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy: unknown {self.policy!r}; choose from {sorted(POLICIES)}")
+        if self.slowmo_beta is None:
+            self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
+        if self.strategy == "ddp":
+            if self.sync_period != 1:
+                raise ValueError("--sync-period: ddp synchronizes every step; use 1 (or cpdp)")
+            if self.slowmo_beta != 0.0:
+                raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
+            if self.policy != "fixed":
+                raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.lr_warmup_epochs is None:
+            self.lr_warmup_epochs = self.warmup_epochs
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"--warmup-epochs: {self.warmup_epochs} exceeds --epochs {self.epochs}")
+        if self.lr_warmup_epochs > self.epochs:
+            raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
+        if self.backend == "nccl" and self.link != "none":
+            pass  # the emulator wraps NCCL collectives the same way
+        return self
+
+    @property
+    def link_profile(self) -> LinkProfile:
+        return resolve_profile(
+            self.link, self.link_rtt_ms, self.link_bandwidth_gbps, self.link_jitter_ms
+        )
+
+
+def load_config(file_values: dict, cli_values: dict) -> TrainConfig:
+    """Merge a YAML file's values with the flags given (flags win) and validate."""
+    merged = {k.replace("-", "_"): v for k, v in file_values.items()}
+    merged.update(cli_values)
+    try:
+        return TrainConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """The first error as one line that starts with the flag to change."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ())]
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if msg.startswith("--"):
+        return msg
+    if err.get("type") == "extra_forbidden":
+        return f"{flag(loc[0])}: unknown setting (check the name in your --config file)"
+    field = loc[0] if loc else "config"
+    got = err.get("input")
+    return f"{flag(field)}: {msg.lower()} (got {got!r})"

@@ -1,0 +1,99 @@
+"""Start the workers: spawn `--workers` local processes, or join the world under torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from autok.config import TrainConfig
+from trainer.data import prepare_mnist1d
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_backend(cfg: TrainConfig) -> str:
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def prepare_data(cfg: TrainConfig) -> None:
+    """Work done once before the workers start, so N processes do not repeat it."""
+    if cfg.dataset == "mnist1d":
+        prepare_mnist1d(cfg.mnist1d_samples, 42)
+
+
+def worker(
+    rank: int, world_size: int, cfg_json: str, out_dir: str | None, local_rank: int, observers=None
+) -> dict:
+    from trainer.loop import Trainer, print_summary
+
+    cfg = TrainConfig.model_validate_json(cfg_json)
+    backend = pick_backend(cfg)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        # Share the cores among the local ranks instead of each grabbing all of them.
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=cfg.collective_timeout),
+            device_id=device if backend == "nccl" else None,
+        )
+    try:
+        trainer = Trainer(cfg, rank, world_size, Path(out_dir) if out_dir else None, device,
+                          observers)
+        summary = trainer.run()
+        trainer.finish()
+        if rank == 0 and cfg.progress:
+            print_summary(summary)
+        return summary
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+    )
+    worker(rank, world_size, cfg_json, out_dir, local_rank=rank)
+
+
+def launch(cfg: TrainConfig, out_dir: Path | None) -> None:
+    cfg_json = cfg.model_dump_json()
+    out = str(out_dir) if out_dir else None
+    if under_torchrun():
+        worker(
+            int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg_json, out,
+            int(os.environ.get("LOCAL_RANK", 0)),
+        )
+        return
+    prepare_data(cfg)
+    mp.start_processes(
+        _spawned,
+        args=(cfg.workers, cfg_json, out, free_port()),
+        nprocs=cfg.workers,
+        join=True,
+        start_method="spawn",
+    )

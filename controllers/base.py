@@ -1,0 +1,60 @@
+"""What a K policy sees and says. Pure data: no torch, no torch.distributed.
+
+Every rank runs the same controller on the same, already-reduced `BoundaryStats`, so every rank
+reaches the same `SyncDecision` without a collective of its own (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class BoundaryStats:
+    """One boundary interval, reduced over ranks (means unless noted).
+
+    The interval of boundary b runs from the instant boundary b-1 packed its averaging buffer to
+    the instant boundary b packs its own, so the parameter averaging of b-1 is counted in b's
+    record: every second lands in exactly one record, and all fields are known before the
+    collective that carries them.
+    """
+
+    boundary: int
+    global_step: int
+    epoch: int
+    sync_period: int  # K in force for this interval
+    interval_steps: int  # optimizer steps in this interval (< K at an epoch end)
+    compute_seconds: float
+    exposed_sync_seconds: float
+    drift_norm: float
+    update_norm: float
+    drift_ratio: float
+    train_loss: float
+    bytes_communicated: int
+    lr: float
+    warmup: bool
+
+    @property
+    def sync_share(self) -> float:
+        """Exposed-sync share f = exposed / (compute + exposed) of this interval."""
+        total = self.compute_seconds + self.exposed_sync_seconds
+        return self.exposed_sync_seconds / total if total > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SyncDecision:
+    next_sync_period: int
+    reason: str
+
+
+@runtime_checkable
+class Controller(Protocol):
+    def observe(self, stats: BoundaryStats) -> SyncDecision: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

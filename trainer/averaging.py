@@ -1,0 +1,206 @@
+"""Parameter averaging as ONE flat all-reduce, with the boundary's statistics riding along.
+
+Layout of the persistent buffer (float32, reused across boundaries):
+
+    [ averaged: params | optimizer state* | buffers* ][ broadcast: buffers* ][ scalars ]
+
+(* only when the options ask for it). Rank 0 writes the broadcast segment and the others write
+zeros, so a SUM all-reduce broadcasts it inside the same collective. The scalars carry what the
+profiler and the replica check need, so a boundary costs one latency on a WAN (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from trainer.link import LinkClock, allreduce_sum_
+from trainer.slowmo import slowmo_update_
+
+# Scalar slots at the tail of the buffer.
+S_HI, S_LO, LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0 = range(8)
+N_SCALARS = 8
+
+
+@dataclass(frozen=True)
+class IntervalTotals:
+    """One rank's local totals for the interval being closed."""
+
+    loss_sum: float
+    steps: int
+    compute_seconds: float
+    exposed_sync_seconds: float
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What one averaging collective returns; identical on every rank except `wall_seconds`."""
+
+    drift_norm: float
+    update_norm: float
+    train_loss: float
+    compute_seconds: float  # mean over ranks
+    exposed_sync_seconds: float  # mean over ranks
+    nbytes: int
+    wall_seconds: float  # this rank's time in reconcile(): collective + SlowMo + write-back
+
+
+class ReplicaMismatch(RuntimeError):
+    pass
+
+
+def split_hi_lo(x: float) -> tuple[float, float]:
+    """A float64 as two float32s whose sum restores it to ~48 bits (it rides a float32 buffer)."""
+    hi = float(torch.tensor(x, dtype=torch.float32))
+    return hi, x - hi
+
+
+def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
+    """CRC32 of the raw bytes, cut to `bits` so N of them sum exactly in float32."""
+    crc = 0
+    for t in tensors:
+        crc = zlib.crc32(t.detach().cpu().contiguous().numpy().view("uint8"), crc)
+    return crc & ((1 << bits) - 1)
+
+
+def digest_bits(world_size: int) -> int:
+    # float32 holds integers exactly up to 2^24; N digests must sum below it.
+    return max(1, 24 - max(1, (world_size - 1).bit_length()))
+
+
+class ParameterAverager:
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        *,
+        rank: int,
+        world_size: int,
+        beta: float,
+        lr_aware: bool,
+        averaged_extras=lambda: [],  # -> list of tensors averaged with the params
+        broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
+    ) -> None:
+        self.params = params
+        self.rank, self.world_size = rank, world_size
+        self.beta, self.lr_aware = beta, lr_aware
+        self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
+        self.numel = sum(p.numel() for p in params)
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        self.ref = flat.clone()  # θ_ref, initialised from θ_0
+        self.velocity = torch.zeros_like(flat) if beta > 0 else None
+        self._scratch = torch.empty_like(flat)
+        self._buf: torch.Tensor | None = None
+        self._bits = digest_bits(world_size)
+        self.last_digest = param_digest(params, self._bits)
+        self.boundaries = 0
+
+    def _buffer(self, n: int) -> torch.Tensor:
+        if self._buf is None or self._buf.numel() != n:
+            self._buf = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
+        return self._buf
+
+    def reconcile(self, totals: IntervalTotals, lr: float, clock: LinkClock | None) -> Reconciled:
+        t0 = time.perf_counter()
+        avg_tensors = [p.detach() for p in self.params] + self._averaged_extras()
+        bc_tensors = self._broadcast_extras()
+        n_avg = sum(t.numel() for t in avg_tensors)
+        n_bc = sum(t.numel() for t in bc_tensors)
+        buf = self._buffer(n_avg + n_bc + N_SCALARS)
+        avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
+
+        torch.cat([t.reshape(-1) for t in avg_tensors], out=avg_seg)
+        if n_bc:
+            if self.rank == 0:
+                torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
+            else:
+                bc_seg.zero_()
+
+        # s_i = ||θ_i − θ_ref||², in float64; see drift below.
+        torch.sub(avg_seg[: self.numel], self.ref, out=self._scratch)
+        s = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
+        s_hi, s_lo = split_hi_lo(s)
+        scalars.copy_(
+            torch.tensor(
+                [
+                    s_hi,
+                    s_lo,
+                    totals.loss_sum,
+                    totals.steps,
+                    totals.compute_seconds,
+                    totals.exposed_sync_seconds,
+                    self.last_digest,
+                    self.last_digest if self.rank == 0 else 0,
+                ],
+                dtype=buf.dtype,
+            )
+        )
+
+        allreduce_sum_(buf, clock)
+        n = self.world_size
+        red = scalars.tolist()
+        self.boundaries += 1
+        if red[DIGEST] != n * red[DIGEST0]:
+            raise ReplicaMismatch(
+                f"replicas differ after boundary {self.boundaries - 1}: parameter digests "
+                f"sum to {red[DIGEST]:.0f}, expected {n} x {red[DIGEST0]:.0f}"
+            )
+        avg_seg.div_(n)
+        theta_avg = avg_seg[: self.numel]
+
+        # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
+        # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
+        torch.sub(theta_avg, self.ref, out=self._scratch)
+        update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
+        drift_sq = max(0.0, (red[S_HI] + red[S_LO]) / n - update_sq)
+
+        theta_new = slowmo_update_(self.ref, self.velocity, theta_avg, self.beta, lr, self.lr_aware)
+        self._write_back(self.params, theta_new)
+        if len(avg_tensors) > len(self.params):
+            self._write_back(avg_tensors[len(self.params) :], avg_seg[self.numel :])
+        if n_bc:
+            self._write_back(bc_tensors, bc_seg)
+        self.last_digest = param_digest(self.params, self._bits)
+
+        steps = max(1.0, red[STEPS])
+        return Reconciled(
+            drift_norm=drift_sq**0.5,
+            update_norm=update_sq**0.5,
+            train_loss=red[LOSS_SUM] / steps,
+            compute_seconds=red[COMPUTE] / n,
+            exposed_sync_seconds=red[EXPOSED] / n,
+            nbytes=buf.numel() * buf.element_size(),
+            wall_seconds=time.perf_counter() - t0,
+        )
+
+    @staticmethod
+    def _write_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+        views = [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+        with torch.no_grad():
+            torch._foreach_copy_([t.detach() for t in tensors], views)
+
+    def state_dict(self) -> dict:
+        return {"ref": self.ref, "velocity": self.velocity, "boundaries": self.boundaries}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ref.copy_(state["ref"])
+        if self.velocity is not None and state["velocity"] is not None:
+            self.velocity.copy_(state["velocity"])
+        self.boundaries = int(state["boundaries"])
+
+
+def reconcile_buffers(
+    buffers: list[torch.Tensor], policy: str, rank: int, world_size: int, clock: LinkClock | None
+) -> float:
+    """Average or broadcast (from rank 0) float buffers in one collective; return its wall time.
+    Used where no parameter averaging runs to carry them (ddp, at each epoch end)."""
+    flat = torch.cat([b.reshape(-1) for b in buffers])
+    if policy == "broadcast" and rank != 0:
+        flat.zero_()
+    seconds = allreduce_sum_(flat, clock)
+    if policy == "average":
+        flat.div_(world_size)
+    ParameterAverager._write_back(buffers, flat)
+    return seconds

@@ -1,0 +1,171 @@
+"""WAN link emulator: hold every collective until a modelled network time has passed (DESIGN §4).
+
+A ring AllReduce of S bytes over N ranks takes T(S, N) = 2(N-1) * (rtt/2 + S / (N * bandwidth)).
+Each rank keeps a link clock: a collective issued at time a completes no earlier than
+max(a, link_free) + T (+ seeded jitter), and never before the real collective has completed.
+Waiting is sleeping, so it costs no CPU and a 2-core machine can emulate many ranks faithfully.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    name: str
+    rtt_ms: float
+    bandwidth_gbps: float
+    jitter_ms: float = 0.0
+
+    @property
+    def is_ideal(self) -> bool:
+        return self.rtt_ms == 0 and math.isinf(self.bandwidth_gbps) and self.jitter_ms == 0
+
+    def allreduce_seconds(self, nbytes: int, world_size: int) -> float:
+        """Modelled ring AllReduce time T(S, N), without jitter."""
+        if world_size <= 1 or self.is_ideal:
+            return 0.0
+        bytes_per_second = self.bandwidth_gbps * 1e9 / 8
+        hop = self.rtt_ms / 2e3 + nbytes / (world_size * bytes_per_second)
+        return 2 * (world_size - 1) * hop
+
+
+PROFILES: dict[str, LinkProfile] = {
+    "none": LinkProfile("none", 0.0, math.inf),
+    "lan": LinkProfile("lan", 0.1, 10.0),
+    # The study's Nancy-Sophia link.
+    "wan": LinkProfile("wan", 16.6, 1.0),
+}
+
+
+def resolve_profile(
+    name: str,
+    rtt_ms: float | None = None,
+    bandwidth_gbps: float | None = None,
+    jitter_ms: float | None = None,
+) -> LinkProfile:
+    """A named profile with any of its three numbers overridden ('custom' once overridden)."""
+    base = PROFILES[name]
+    if rtt_ms is None and bandwidth_gbps is None and jitter_ms is None:
+        return base
+    return LinkProfile(
+        "custom",
+        base.rtt_ms if rtt_ms is None else rtt_ms,
+        base.bandwidth_gbps if bandwidth_gbps is None else bandwidth_gbps,
+        base.jitter_ms if jitter_ms is None else jitter_ms,
+    )
+
+
+class LinkClock:
+    """One rank's model of the shared link. Every rank issues the same collectives in the same
+    order and draws jitter from the same seed, so all ranks model the same completion times."""
+
+    def __init__(self, profile: LinkProfile, world_size: int, seed: int) -> None:
+        self.profile = profile
+        self.world_size = world_size
+        self._rng = random.Random(seed)
+        self._link_free = 0.0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> float:
+        """Book the link for one collective issued now; return its modelled completion time."""
+        with self._lock:
+            start = max(time.perf_counter(), self._link_free)
+            duration = self.profile.allreduce_seconds(nbytes, self.world_size)
+            if self.profile.jitter_ms > 0:
+                duration += self._rng.uniform(0.0, self.profile.jitter_ms) / 1e3
+            self._link_free = start + duration
+            return self._link_free
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self._rng.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.setstate(state["rng"])
+
+
+class _Releaser:
+    """One daemon thread that completes futures at their deadlines.
+
+    A DDP comm hook must not sleep: its callback may run inline on the autograd thread and would
+    stall backward compute, which is exactly the overlap the emulator must keep real.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, torch.futures.Future, Any]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        threading.Thread(target=self._run, name="autok-link", daemon=True).start()
+
+    def release_at(self, deadline: float, fut: torch.futures.Future, value: Any) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (deadline, next(self._seq), fut, value))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                deadline, _, fut, value = self._heap[0]
+                delay = deadline - time.perf_counter()
+                if delay > 0:
+                    self._cv.wait(timeout=delay)
+                    continue
+                heapq.heappop(self._heap)
+            if isinstance(value, BaseException):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+
+
+_releaser: _Releaser | None = None
+
+
+def _get_releaser() -> _Releaser:
+    global _releaser
+    if _releaser is None:
+        _releaser = _Releaser()
+    return _releaser
+
+
+def delayed(fut: torch.futures.Future, deadline: float, pick=lambda v: v) -> torch.futures.Future:
+    """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed."""
+    out: torch.futures.Future = torch.futures.Future()
+    releaser = _get_releaser()
+
+    def _on_done(f: torch.futures.Future) -> None:
+        try:
+            value = pick(f.value())
+        except Exception as exc:  # surface collective errors to whoever waits on `out`
+            value = exc
+        releaser.release_at(deadline, out, value)
+
+    fut.add_done_callback(_on_done)
+    return out
+
+
+def allreduce_sum_(
+    tensor: torch.Tensor, clock: LinkClock | None, group: dist.ProcessGroup | None = None
+) -> float:
+    """Blocking SUM all-reduce in place, held until the modelled link time; returns its wall time."""
+    t0 = time.perf_counter()
+    deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+    return time.perf_counter() - t0

@@ -1,0 +1,371 @@
+"""The training loop: build, run steps, reconcile at boundaries, report.
+
+Data flow is one way (DESIGN §2): steps run; at a boundary the strategy's collective returns the
+reduced statistics; the controller turns them into a SyncDecision; the loop applies it from the
+next interval and hands stats + decision to the sinks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from autok.config import TrainConfig
+from controllers import build_controller
+from controllers.base import BoundaryStats, SyncDecision
+from trainer.averaging import (
+    IntervalTotals,
+    ParameterAverager,
+    ReplicaMismatch,
+    param_digest,
+    reconcile_buffers,
+)
+from trainer.data import build_splits
+from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
+from trainer.link import LinkClock, allreduce_sum_
+from trainer.models import build_model
+from trainer.optim import build_optimizer, build_scheduler, state_tensors
+from trainer.profiler import Clock, EpochTimes, Interval
+from trainer.sinks import FileSink, ProgressSink, summary_table
+from trainer.strategies import STRATEGIES
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rank: int,
+        world_size: int,
+        out_dir: Path | None,
+        device: torch.device | None = None,
+        observers: list[Any] | None = None,
+    ) -> None:
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.out_dir = out_dir
+        self.device = device or torch.device("cpu")
+        self.strategy = STRATEGIES[cfg.strategy]
+        self.now = Clock(self.device)
+
+        splits = build_splits(
+            cfg.dataset, cfg.data_dir, mnist1d_samples=cfg.mnist1d_samples, image_size=cfg.image_size
+        )
+        # Identical initial weights on every rank; per-rank streams afterwards (augmentation).
+        seed_everything(cfg.seed)
+        self.model: nn.Module = build_model(
+            cfg.model, splits.meta.input_shape, splits.meta.num_classes
+        ).to(self.device)
+        seed_everything(cfg.seed + 1000 * (rank + 1))
+
+        profile = cfg.link_profile
+        self.clock = None if profile.is_ideal else LinkClock(profile, world_size, cfg.seed)
+        # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
+        # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
+        self.ddp = DistributedDataParallel(
+            self.model,
+            forward_sync_buffers=False,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+        )
+        self.grad_state = GradSyncState(world_size, self.clock)
+        self.ddp.register_comm_hook(self.grad_state, emulated_allreduce_hook)
+
+        self.sampler = DistributedSampler(
+            splits.train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
+        )
+        self.train_loader = DataLoader(
+            splits.train,
+            batch_size=cfg.batch_size,
+            sampler=self.sampler,
+            num_workers=cfg.loader_workers,
+            pin_memory=self.device.type == "cuda",
+        )
+        # Each rank evaluates a disjoint slice; the counts are summed, so the accuracy is that
+        # of the whole test set (DistributedSampler would pad with duplicates).
+        self.test_loader = DataLoader(
+            Subset(splits.test, range(rank, len(splits.test), world_size)), batch_size=512
+        )
+        self.steps_per_epoch = len(self.train_loader)
+
+        self.optimizer = build_optimizer(
+            cfg.optimizer, self.model, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov
+        )
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            total_steps=cfg.epochs * self.steps_per_epoch,
+            warmup_steps=cfg.lr_warmup_epochs * self.steps_per_epoch,
+            schedule=cfg.lr_schedule,
+        )
+        self.float_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        self.averager = None
+        if self.strategy.averages_parameters:
+            self.averager = ParameterAverager(
+                [p for p in self.model.parameters()],
+                rank=rank,
+                world_size=world_size,
+                beta=cfg.slowmo_beta,
+                lr_aware=cfg.slowmo_lr_aware,
+                averaged_extras=self._averaged_extras,
+                broadcast_extras=self._broadcast_extras,
+            )
+        self.controller = build_controller(cfg.policy, cfg.sync_period)
+        self.sync_period = cfg.sync_period  # K after warmup; changes only at boundaries
+        self.observers = list(observers or [])
+        if rank == 0 and out_dir is not None:
+            self.observers.append(FileSink(out_dir))
+            self.observers.append(
+                ProgressSink(cfg.epochs * self.steps_per_epoch, enabled=cfg.progress)
+            )
+
+        # Counters
+        self.global_step = 0
+        self.boundary = 0
+        self.grad_syncs = 0
+        self.param_syncs = 0
+        self.total_compute = 0.0  # mean over ranks, summed over epochs
+        self.total_exposed = 0.0
+
+    # ----- what rides with the parameters ------------------------------------------------------
+
+    def _averaged_extras(self) -> list[torch.Tensor]:
+        extras = state_tensors(self.optimizer) if self.cfg.sync_optimizer_state else []
+        if self.cfg.buffer_policy == "average":
+            extras = extras + self.float_buffers
+        return extras
+
+    def _broadcast_extras(self) -> list[torch.Tensor]:
+        return self.float_buffers if self.cfg.buffer_policy == "broadcast" else []
+
+    # ----- the run -----------------------------------------------------------------------------
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for obs in self.observers:
+            fn = getattr(obs, event, None)
+            if fn is not None:
+                fn(*args)
+
+    def k_in_force(self, epoch: int) -> int:
+        return 1 if epoch < self.cfg.warmup_epochs else self.sync_period
+
+    def run(self) -> dict[str, Any]:
+        criterion = nn.CrossEntropyLoss()
+        history: list[float] = []
+        wall0 = time.perf_counter()
+        # An interval opens when the previous boundary has packed its buffer, so it starts with
+        # that boundary's averaging time; the last step of an epoch is always a boundary.
+        interval = Interval()
+        for epoch in range(self.cfg.epochs):
+            self.sampler.set_epoch(epoch)
+            self.ddp.train()
+            times = EpochTimes()
+            grad_syncs0, param_syncs0 = self.grad_syncs, self.param_syncs
+            epoch_start = step_end = self.now()
+            for i, (x, y) in enumerate(self.train_loader):
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                k = self.k_in_force(epoch)
+                is_boundary = interval.steps + 1 >= k or i == self.steps_per_epoch - 1
+                self.optimizer.zero_grad(set_to_none=True)
+                self.grad_state.reset()
+
+                t0 = self.now()
+                with self.strategy.backward_context(self.ddp, is_boundary):
+                    out = self.ddp(x)
+                    loss = criterion(out, y)
+                    t1 = self.now()
+                    loss.backward()
+                t2 = self.now()
+                ready = self.grad_state.last_ready
+                if ready is not None and ready > t1:  # gradient sync ran: split compute / wait
+                    backward, wait = ready - t1, t2 - ready
+                    self.grad_syncs += 1
+                else:
+                    backward, wait = t2 - t1, 0.0
+                lr = self.scheduler.get_last_lr()[0]
+                self.optimizer.step()
+                self.scheduler.step()
+                t3 = self.now()
+
+                loss_value = loss.item()
+                times.forward_seconds += t1 - t0
+                times.backward_seconds += backward
+                times.optimizer_seconds += t3 - t2
+                times.sync_seconds += wait
+                times.train_loss_sum += loss_value * len(y)
+                times.train_correct += (out.argmax(1) == y).sum().item()
+                times.train_seen += len(y)
+                times.steps += 1
+                interval.steps += 1
+                interval.loss_sum += loss_value
+                interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
+                interval.exposed_sync_seconds += wait
+                interval.grad_bytes += self.grad_state.nbytes
+                self._emit("on_step", self, is_boundary)
+
+                if is_boundary:
+                    interval = Interval(exposed_sync_seconds=self._boundary(interval, epoch, k, lr, times))
+                self.global_step += 1
+                step_end = self.now()
+            times.epoch_seconds = step_end - epoch_start
+
+            if self.averager is None and self.float_buffers and self.cfg.buffer_policy != "local":
+                # ddp has no averaging collective; reconcile buffers where each epoch ends.
+                reconcile_buffers(
+                    self.float_buffers, self.cfg.buffer_policy, self.rank, self.world_size,
+                    self.clock,
+                )
+            row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)  # LR of its last step
+            history.append(row["test_accuracy"])
+            self._emit("on_epoch", row)
+
+        summary = self._summary(history, time.perf_counter() - wall0)
+        self._emit("on_end", summary)
+        return summary
+
+    def _boundary(
+        self, interval: Interval, epoch: int, k: int, lr: float, times: EpochTimes
+    ) -> float:
+        """Close the interval; return this rank's averaging wall time (counted in the next one)."""
+        common = dict(
+            boundary=self.boundary,
+            global_step=self.global_step,
+            epoch=epoch,
+            sync_period=k,
+            interval_steps=interval.steps,
+            lr=lr,
+            warmup=epoch < self.cfg.warmup_epochs,
+        )
+        if self.averager is not None:
+            rec = self.averager.reconcile(
+                IntervalTotals(
+                    interval.loss_sum,
+                    interval.steps,
+                    interval.compute_seconds,
+                    interval.exposed_sync_seconds,
+                ),
+                lr,
+                self.clock,
+            )
+            self.param_syncs += 1
+            times.sync_seconds += rec.wall_seconds
+            stats = BoundaryStats(
+                **common,
+                compute_seconds=rec.compute_seconds,
+                exposed_sync_seconds=rec.exposed_sync_seconds,
+                drift_norm=rec.drift_norm,
+                update_norm=rec.update_norm,
+                drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
+                train_loss=rec.train_loss,
+                bytes_communicated=interval.grad_bytes + rec.nbytes,
+            )
+            carried = rec.wall_seconds
+        else:
+            # ddp: replicas never drift; there is no averaging collective to carry reduced
+            # scalars, so a ddp record holds this rank's own timing and loss.
+            stats = BoundaryStats(
+                **common,
+                compute_seconds=interval.compute_seconds,
+                exposed_sync_seconds=interval.exposed_sync_seconds,
+                drift_norm=0.0,
+                update_norm=0.0,
+                drift_ratio=0.0,
+                train_loss=interval.loss_sum / interval.steps,
+                bytes_communicated=interval.grad_bytes,
+            )
+            carried = 0.0
+        decision = self.controller.observe(stats)
+        self.sync_period = decision.next_sync_period
+        self._emit("on_boundary", stats, decision)
+        self.boundary += 1
+        return carried
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        self.model.eval()
+        correct = total = 0
+        for x, y in self.test_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            correct += (self.model(x).argmax(1) == y).sum().item()
+            total += len(y)
+        self.model.train()
+        return float(correct), float(total)
+
+    def _end_epoch(
+        self, epoch: int, times: EpochTimes, grad_syncs0: int, param_syncs0: int, times_lr: float
+    ) -> dict[str, Any]:
+        correct, total = self.evaluate()
+        digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
+        local = [correct, total, digest, digest if self.rank == 0 else 0.0, *times.values()]
+        buf = torch.tensor(local, dtype=torch.float64, device=self.device)
+        allreduce_sum_(buf, self.clock)
+        red = buf.tolist()
+        n = self.world_size
+        if red[2] != n * red[3]:
+            raise ReplicaMismatch(f"replicas differ at the end of epoch {epoch}")
+        t = dict(zip(EpochTimes.names(), [v / n for v in red[4:]], strict=True))
+        self.total_compute += t["forward_seconds"] + t["backward_seconds"] + t["optimizer_seconds"]
+        self.total_exposed += t["sync_seconds"]
+        seen = t["train_seen"] * n
+        overhead = t["epoch_seconds"] - t["forward_seconds"] - t["backward_seconds"]
+        overhead -= t["sync_seconds"]
+        return {
+            "epoch": epoch,
+            "train_loss": t["train_loss_sum"] * n / seen,
+            "train_accuracy": t["train_correct"] * n / seen,
+            "test_accuracy": red[0] / red[1],
+            "epoch_seconds": t["epoch_seconds"],
+            "samples_per_second": seen / t["epoch_seconds"],
+            "forward_seconds": t["forward_seconds"],
+            "backward_seconds": t["backward_seconds"],
+            "sync_seconds": t["sync_seconds"],
+            # Optimizer step, data loading and bookkeeping.
+            "overhead_seconds": overhead,
+            "grad_syncs": self.grad_syncs - grad_syncs0,
+            "param_syncs": self.param_syncs - param_syncs0,
+            "sync_period": self.k_in_force(epoch),
+            "lr": times_lr,
+        }
+
+    def _summary(self, history: list[float], wall: float) -> dict[str, Any]:
+        n = self.world_size
+        # One slot per rank: each writes its own digest, the SUM gathers them (exact in float64).
+        slots = torch.zeros(n, dtype=torch.float64, device=self.device)
+        slots[self.rank] = param_digest(list(self.model.parameters()), 32)
+        allreduce_sum_(slots, self.clock)
+        return {
+            "strategy": self.cfg.strategy,
+            "policy": self.cfg.policy,
+            "world_size": n,
+            "peak_test_accuracy": max(history),
+            "final_test_accuracy": history[-1],
+            "wall_seconds": wall,
+            "compute_seconds": self.total_compute,
+            "exposed_sync_seconds": self.total_exposed,
+            "boundaries": self.boundary,
+            "grad_syncs": self.grad_syncs,
+            "param_syncs": self.param_syncs,
+            "final_sync_period": self.sync_period,
+            "param_digest_per_rank": [int(v) for v in slots.tolist()],
+            "link": self.cfg.link_profile.name,
+            "out_dir": str(self.out_dir) if self.out_dir else "",
+        }
+
+    def finish(self) -> None:
+        if self.rank == 0 and self.out_dir is not None:
+            torch.save(self.model.state_dict(), self.out_dir / "model.pt")
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    print("\nautok summary\n" + summary_table(summary), flush=True)

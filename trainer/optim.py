@@ -1,0 +1,58 @@
+"""Optimizers and LR schedules (stepped once per optimizer step)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def build_optimizer(
+    name: str, model: nn.Module, lr: float, momentum: float, weight_decay: float, nesterov: bool
+) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            nesterov=nesterov and momentum > 0,
+        )
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Multiplier of the peak LR for optimizer step `step` (0-based): linear warmup, then
+    constant or cosine annealing to zero at `total_steps`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, warmup_steps, schedule)
+    )
+
+
+def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The per-parameter float state worth averaging (SGD momentum, Adam moments), in a fixed
+    order so every rank lays out the same buffer."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+                t = state.get(key)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape:
+                    out.append(t)
+    return out

@@ -1,0 +1,55 @@
+"""Per-interval and per-epoch time accounting (DESIGN §3).
+
+Local to one rank; the boundary collective and the epoch-end reduction make the numbers global.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+
+import torch
+
+
+class Clock:
+    """perf_counter that, on a GPU, first waits for queued kernels so spans mean compute."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._device = device
+
+    def __call__(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+        return time.perf_counter()
+
+
+@dataclass
+class Interval:
+    """Open boundary interval on this rank."""
+
+    steps: int = 0
+    loss_sum: float = 0.0
+    compute_seconds: float = 0.0
+    exposed_sync_seconds: float = 0.0  # gradient waits, plus the previous boundary's averaging
+    grad_bytes: int = 0
+
+
+@dataclass
+class EpochTimes:
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0  # backward compute only; the wait for buckets is sync
+    optimizer_seconds: float = 0.0
+    sync_seconds: float = 0.0  # exposed: gradient waits + parameter averaging
+    epoch_seconds: float = 0.0
+    train_loss_sum: float = 0.0
+    train_correct: float = 0.0
+    train_seen: float = 0.0
+    steps: float = 0.0
+
+    def values(self) -> list[float]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,129 @@
+"""Where a run's numbers go (rank 0): boundaries.jsonl, epochs.csv, summary.json, the progress
+bar and the closing table. Files are appended as the run goes, so a crash keeps what was done."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from controllers.base import BoundaryStats, SyncDecision
+
+EPOCH_COLUMNS = [
+    "epoch",
+    "train_loss",
+    "train_accuracy",
+    "test_accuracy",
+    "epoch_seconds",
+    "samples_per_second",
+    "forward_seconds",
+    "backward_seconds",
+    "sync_seconds",
+    "overhead_seconds",
+    "grad_syncs",
+    "param_syncs",
+    "sync_period",
+    "lr",
+]
+
+SUMMARY_KEYS = [
+    "strategy",
+    "policy",
+    "world_size",
+    "peak_test_accuracy",
+    "final_test_accuracy",
+    "wall_seconds",
+    "compute_seconds",
+    "exposed_sync_seconds",
+    "boundaries",
+    "grad_syncs",
+    "param_syncs",
+    "final_sync_period",
+    "param_digest_per_rank",
+]
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class FileSink:
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self._jsonl = open(out_dir / "boundaries.jsonl", "a")
+        new_csv = not (out_dir / "epochs.csv").exists()
+        self._csv_file = open(out_dir / "epochs.csv", "a", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=EPOCH_COLUMNS)
+        if new_csv:
+            self._csv.writeheader()
+
+    def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        record = stats.as_dict()
+        record.pop("warmup")
+        record["next_sync_period"] = decision.next_sync_period
+        record["reason"] = decision.reason
+        self._jsonl.write(json.dumps(record) + "\n")
+
+    def on_epoch(self, row: dict[str, Any]) -> None:
+        self._csv.writerow({k: row[k] for k in EPOCH_COLUMNS})
+        self._csv_file.flush()
+        self._jsonl.flush()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._jsonl.close()
+        self._csv_file.close()
+        write_json_atomic(self.out_dir / "summary.json", summary)
+
+
+class ProgressSink:
+    """A tqdm bar over all optimizer steps: loss, accuracy, K and the exposed-sync share."""
+
+    def __init__(self, total_steps: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=total_steps, unit="step", disable=not enabled, dynamic_ncols=True)
+        self._post: dict[str, str] = {}
+        self._done = 0
+
+    def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        self._bar.update(stats.global_step + 1 - self._done)
+        self._done = stats.global_step + 1
+        self._post.update(loss=f"{stats.train_loss:.3f}", K=str(decision.next_sync_period))
+        self._post["sync"] = f"{stats.sync_share:.0%}"
+        self._bar.set_postfix(self._post, refresh=False)
+
+    def on_epoch(self, row: dict[str, Any]) -> None:
+        self._post["acc"] = f"{row['test_accuracy']:.3f}"
+        self._bar.set_postfix(self._post)
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._bar.close()
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    wall = summary["wall_seconds"]
+    rows = [
+        ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
+        ("workers, link", f"{summary['world_size']}, {summary['link']}"),
+        ("peak / final test acc", f"{summary['peak_test_accuracy']:.4f} / "
+         f"{summary['final_test_accuracy']:.4f}"),
+        ("wall-clock", f"{wall:.1f} s"),
+        ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
+        ("exposed sync (mean rank)", f"{summary['exposed_sync_seconds']:.1f} s "
+         f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of wall)"),
+        ("boundaries", str(summary["boundaries"])),
+        ("grad / param syncs", f"{summary['grad_syncs']} / {summary['param_syncs']}"),
+        ("final K", str(summary["final_sync_period"])),
+        ("replicas agree", "yes" if len(set(summary["param_digest_per_rank"])) == 1 else "NO"),
+        ("output", summary["out_dir"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

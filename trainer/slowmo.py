@@ -1,0 +1,37 @@
+"""SlowMo at a boundary, on flat tensors (DESIGN §1).
+
+    Δ = θ_avg − θ_ref ;  v ← β·v + Δ ;  θ_new = θ_ref + v ;  θ_ref ← θ_new
+
+With `lr_aware` (fairscale's form) the velocity is kept in units of the learning rate η in force,
+v ← β·v + Δ/η and θ_new = θ_ref + η·v, so a decaying LR also shrinks the remembered momentum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def slowmo_update_(
+    ref: torch.Tensor,
+    velocity: torch.Tensor | None,
+    avg: torch.Tensor,
+    beta: float,
+    lr: float,
+    lr_aware: bool = False,
+) -> torch.Tensor:
+    """Advance (ref, velocity) in place from the averaged parameters; return the new θ (= ref).
+
+    β = 0 returns θ_avg itself (copied into ref): SlowMo off must not round θ_avg through
+    θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit.
+    """
+    if beta == 0.0 or velocity is None:
+        ref.copy_(avg)
+        return ref
+    delta = avg.sub(ref)
+    if lr_aware:
+        velocity.mul_(beta).add_(delta, alpha=1.0 / lr)
+        ref.add_(velocity, alpha=lr)
+    else:
+        velocity.mul_(beta).add_(delta)
+        ref.add_(velocity)
+    return ref

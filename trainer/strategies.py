@@ -1,0 +1,40 @@
+"""Sync strategies: what a local step and a boundary step do (DESIGN §1).
+
+| strategy | local step                          | boundary step                                        |
+|----------|-------------------------------------|------------------------------------------------------|
+| ddp      | — (every step is a boundary, K = 1) | gradient AllReduce in backward, optimizer step       |
+| localsgd | backward under no_sync(), local step| local step, then parameter average (+ SlowMo if β>0) |
+| cpdp     | backward under no_sync(), local step| grad AllReduce, synchronized step, average, SlowMo   |
+
+The training loop asks a strategy two questions and never branches on its name.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class SyncStrategy:
+    name: str
+    grad_sync_at_boundary: bool  # DDP's gradient AllReduce runs in the boundary step's backward
+    averages_parameters: bool  # the boundary ends with parameter averaging (+ SlowMo)
+
+    def backward_context(
+        self, model: DistributedDataParallel, is_boundary: bool
+    ) -> AbstractContextManager:
+        # DDP all-reduces gradients inside backward unless no_sync() suppresses its hooks; local
+        # steps keep their gradients local, so the optimizer step that follows is a local one.
+        if is_boundary and self.grad_sync_at_boundary:
+            return nullcontext()
+        return model.no_sync()
+
+
+STRATEGIES: dict[str, SyncStrategy] = {
+    "ddp": SyncStrategy("ddp", grad_sync_at_boundary=True, averages_parameters=False),
+    "localsgd": SyncStrategy("localsgd", grad_sync_at_boundary=False, averages_parameters=True),
+    "cpdp": SyncStrategy("cpdp", grad_sync_at_boundary=True, averages_parameters=True),
+}
