@@ -28,7 +28,7 @@ HELP = {
     "workers": "worker processes to spawn (ignored under torchrun, which sets the world)",
     "strategy": "ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
     "+ SlowMo every K",
-    "sync_period": "K, optimizer steps between boundaries (1 for ddp)",
+    "sync_period": "K, optimizer steps between boundaries (default: 4; 1 on ddp)",
     "policy": "how K evolves while training",
     "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
     "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",

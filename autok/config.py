@@ -32,7 +32,9 @@ class TrainConfig(BaseModel):
     # --- distribution and synchronization
     workers: int = Field(4, ge=1, description="worker processes (ranks) to spawn locally")
     strategy: Literal["ddp", "localsgd", "cpdp"] = "cpdp"
-    sync_period: int = Field(4, ge=1, description="K: optimizer steps between boundaries")
+    sync_period: int | None = Field(
+        None, ge=1, description="K: optimizer steps between boundaries; default 4 (1 on ddp)"
+    )
     policy: str = "fixed"
     slowmo_beta: float | None = Field(
         None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
@@ -86,6 +88,8 @@ class TrainConfig(BaseModel):
             raise ValueError(f"--link: unknown {self.link!r}; choose from {list(PROFILES)}")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy: unknown {self.policy!r}; choose from {sorted(POLICIES)}")
+        if self.sync_period is None:
+            self.sync_period = 1 if self.strategy == "ddp" else 4
         if self.slowmo_beta is None:
             self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
         if self.strategy == "ddp":
@@ -101,8 +105,6 @@ class TrainConfig(BaseModel):
             raise ValueError(f"--warmup-epochs: {self.warmup_epochs} exceeds --epochs {self.epochs}")
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
-        if self.backend == "nccl" and self.link != "none":
-            pass  # the emulator wraps NCCL collectives the same way
         return self
 
     @property

@@ -141,12 +141,13 @@ class ParameterAverager:
         allreduce_sum_(buf, clock)
         n = self.world_size
         red = scalars.tolist()
-        self.boundaries += 1
         if red[DIGEST] != n * red[DIGEST0]:
+            when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
             raise ReplicaMismatch(
-                f"replicas differ after boundary {self.boundaries - 1}: parameter digests "
-                f"sum to {red[DIGEST]:.0f}, expected {n} x {red[DIGEST0]:.0f}"
+                f"replicas differ {when}: parameter digests sum to {red[DIGEST]:.0f}, "
+                f"expected {n} x {red[DIGEST0]:.0f}"
             )
+        self.boundaries += 1
         avg_seg.div_(n)
         theta_avg = avg_seg[: self.numel]
 

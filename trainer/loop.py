@@ -212,10 +212,10 @@ class Trainer:
                 interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
                 interval.exposed_sync_seconds += wait
                 interval.grad_bytes += self.grad_state.nbytes
-                self._emit("on_step", self, is_boundary)
-
                 if is_boundary:
-                    interval = Interval(exposed_sync_seconds=self._boundary(interval, epoch, k, lr, times))
+                    carried = self._boundary(interval, epoch, k, lr, times)
+                    interval = Interval(exposed_sync_seconds=carried)
+                self._emit("on_step", self, is_boundary)
                 self.global_step += 1
                 step_end = self.now()
             times.epoch_seconds = step_end - epoch_start

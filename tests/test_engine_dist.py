@@ -1,0 +1,219 @@
+"""The engine on real gloo process groups (world sizes 2 and 4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist import run_dist
+from tests.helpers import expected_boundaries, tiny_cfg
+from trainer.averaging import IntervalTotals, ParameterAverager, ReplicaMismatch
+from trainer.loop import Trainer
+
+pytestmark = pytest.mark.dist
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _fill_(model, value) -> None:
+    with torch.no_grad():
+        offset = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(value[offset : offset + n].view_as(p).to(p.dtype))
+            offset += n
+
+
+def _rank_fill_worker(rank, world, strategy, k, beta):
+    """Parameters are set to the rank after every boundary (but the epoch's last); with LR 0 the
+    only thing that moves them is the boundary. Records every step against a hand computation."""
+    cfg = tiny_cfg(
+        strategy=strategy, sync_period=k, slowmo_beta=beta, momentum=0.0, weight_decay=0.0,
+        workers=world,
+    )
+    log = []
+
+    class Observer:
+        def __init__(self, tr):
+            self.n = _flat(tr.model).numel()
+            self.ref = _flat(tr.model).double()  # θ_0: SlowMo's first reference
+            self.v = torch.zeros(self.n, dtype=torch.float64)
+            self.expected = torch.full((self.n,), float(rank), dtype=torch.float64)
+            self.filled = True  # expected holds the rank (differs across ranks)
+            _fill_(tr.model, self.expected)
+
+        def on_step(self, tr, is_boundary):
+            got = _flat(tr.model).double()
+            if is_boundary:
+                avg = torch.full_like(got, (world - 1) / 2) if self.filled else self.expected
+                if beta == 0:
+                    new = avg
+                else:
+                    self.v = beta * self.v + (avg - self.ref)
+                    new = self.ref + self.v
+                self.ref = new
+                self.expected = new.clone()
+            err = (got - self.expected).abs().max().item()
+            log.append((tr.global_step, is_boundary, err))
+            last_of_epoch = (tr.global_step + 1) % tr.steps_per_epoch == 0
+            if is_boundary and not last_of_epoch:
+                self.expected = torch.full_like(got, float(rank))
+                self.filled = True
+                _fill_(tr.model, self.expected)
+            elif is_boundary:
+                self.filled = False
+
+    tr = Trainer(cfg, rank, world, None)
+    for g in tr.optimizer.param_groups:
+        g["lr"] = 0.0
+    tr.scheduler.base_lrs = [0.0] * len(tr.scheduler.base_lrs)
+    tr.observers.append(Observer(tr))
+    summary = tr.run()
+    return {"log": log, "steps_per_epoch": tr.steps_per_epoch, "summary": summary}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("strategy", ["cpdp", "localsgd"])
+def test_boundary_gives_exact_mean_and_nothing_moves_between(world, strategy):
+    k = 3
+    results = run_dist(_rank_fill_worker, world, strategy, k, 0.0)
+    for res in results:
+        log = res["log"]
+        assert [b for _, b, _ in log] == expected_boundaries(res["steps_per_epoch"], 2, 1, k)
+        # Exact: the mean of small integers is representable, and between boundaries LR 0 steps
+        # under no_sync() must leave the rank's own values untouched.
+        assert all(err == 0.0 for _, _, err in log), [e for e in log if e[2] != 0.0][:3]
+    # steps per epoch is not a multiple of K, so the epoch-end boundary must have fired
+    assert results[0]["steps_per_epoch"] % k != 0
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_slowmo_wiring_matches_hand_computation(world):
+    beta = 0.5
+    for res in run_dist(_rank_fill_worker, world, "cpdp", 2, beta):
+        assert max(err for _, _, err in res["log"]) < 1e-5
+
+
+def test_sync_event_counts_follow_design_table():
+    k = 3
+    for strategy, (grad_per_boundary, param_per_boundary) in {
+        "ddp": (1, 0),
+        "localsgd": (0, 1),
+        "cpdp": (1, 1),
+    }.items():
+        kk = 1 if strategy == "ddp" else k
+        beta = 0.0 if strategy != "cpdp" else 0.3
+        res = run_dist(_counts_worker, 2, strategy, kk, beta)[0]
+        n_boundaries = sum(expected_boundaries(res["steps_per_epoch"], 2, 1, kk))
+        s = res["summary"]
+        assert s["boundaries"] == n_boundaries
+        assert s["grad_syncs"] == grad_per_boundary * n_boundaries
+        assert s["param_syncs"] == param_per_boundary * n_boundaries
+
+
+def _counts_worker(rank, world, strategy, k, beta):
+    cfg = tiny_cfg(strategy=strategy, sync_period=k, slowmo_beta=beta, workers=world)
+    tr = Trainer(cfg, rank, world, None)
+    return {"summary": tr.run(), "steps_per_epoch": tr.steps_per_epoch}
+
+
+def _final_params_worker(rank, world, strategy, k, beta):
+    cfg = tiny_cfg(strategy=strategy, sync_period=k, slowmo_beta=beta, workers=world, epochs=2)
+    tr = Trainer(cfg, rank, world, None)
+    tr.run()
+    return {n: p.detach().clone() for n, p in tr.model.state_dict().items()}
+
+
+def test_cpdp_k1_beta0_is_exactly_ddp():
+    ddp = run_dist(_final_params_worker, 2, "ddp", 1, 0.0)
+    cpdp = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0)
+    for a, b in zip(ddp, cpdp):
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+
+
+def _replica_check_worker(rank, world, strategy):
+    cfg = tiny_cfg(strategy=strategy, sync_period=3, workers=world, lr=0.1)
+    checked = []
+
+    class Gather:
+        def on_step(self, tr, is_boundary):
+            if not is_boundary:
+                return
+            mine = _flat(tr.model)
+            all_ = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(all_, mine)  # test-only collective
+            checked.append(all(torch.equal(all_[0], t) for t in all_))
+
+    tr = Trainer(cfg, rank, world, None, observers=[Gather()])
+    summary = tr.run()
+    return checked, summary["param_digest_per_rank"]
+
+
+@pytest.mark.parametrize("strategy", ["cpdp", "localsgd"])
+def test_replicas_bit_identical_after_every_boundary(strategy):
+    checked, digests = run_dist(_replica_check_worker, 4, strategy)[0]
+    assert checked and all(checked)
+    assert len(set(digests)) == 1 and len(digests) == 4
+
+
+def _drift_worker(rank, world):
+    torch.manual_seed(0)
+    ref0 = torch.randn(1000)
+    params = [torch.nn.Parameter(ref0[:600].clone().view(20, 30)),
+              torch.nn.Parameter(ref0[600:].clone())]
+    averager = ParameterAverager(params, rank=rank, world_size=world, beta=0.0, lr_aware=False)
+    torch.manual_seed(100 + rank)  # local steps: each replica drifts its own way
+    with torch.no_grad():
+        params[0].add_(0.1 * torch.randn(20, 30))
+        params[1].add_(0.05 * torch.randn(400) + 0.3)
+    mine = torch.cat([p.detach().reshape(-1) for p in params]).double()
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    stack = torch.stack(gathered)
+    avg = stack.mean(0)
+    drift = ((stack - avg) ** 2).sum(1).mean().sqrt().item()
+    update = (avg - ref0.double()).norm().item()
+    rec = averager.reconcile(IntervalTotals(2.0 * (rank + 1), 2, 0.5, 0.25), lr=0.1, clock=None)
+    return drift, update, rec
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_drift_norm_matches_direct_computation_on_gathered_replicas(world):
+    for drift, update, rec in run_dist(_drift_worker, world):
+        assert rec.drift_norm == pytest.approx(drift, rel=1e-5)
+        assert rec.update_norm == pytest.approx(update, rel=1e-5)
+        # piggybacked scalars: loss mean over ranks and steps, times as means over ranks
+        losses = sum(2.0 * (r + 1) for r in range(world))
+        assert rec.train_loss == pytest.approx(losses / (2 * world))
+        assert rec.compute_seconds == pytest.approx(0.5)
+        assert rec.exposed_sync_seconds == pytest.approx(0.25)
+
+
+def _mismatch_worker(rank, world):
+    """Rank 1's write-back at boundary 2 goes wrong (as a faulty reduce would): the replicas leave
+    that boundary different, and the digest riding in boundary 3's buffer must say so."""
+    cfg = tiny_cfg(strategy="cpdp", sync_period=2, workers=world)
+    tr = Trainer(cfg, rank, world, None)
+    averager, write_back = tr.averager, tr.averager._write_back
+
+    def faulty(tensors, flat):
+        write_back(tensors, flat)
+        if rank == 1 and averager.boundaries == 3 and tensors is averager.params:
+            with torch.no_grad():
+                tensors[0].view(-1)[0] += 1e-3
+
+    averager._write_back = faulty
+    try:
+        tr.run()
+    except ReplicaMismatch as exc:
+        return str(exc)
+    return None
+
+
+def test_replica_mismatch_is_caught_at_the_next_boundary():
+    msgs = run_dist(_mismatch_worker, 2)
+    assert all(m and "boundary 2" in m for m in msgs), msgs

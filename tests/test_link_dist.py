@@ -1,0 +1,49 @@
+"""The link emulator measured through the trainer, on real gloo processes."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.dist import run_dist
+from tests.helpers import tiny_cfg
+from trainer.loop import Trainer
+
+pytestmark = pytest.mark.dist
+
+
+def _exposed_worker(rank, world, strategy, k, link):
+    cfg = tiny_cfg(strategy=strategy, sync_period=k, link=link, warmup_epochs=0, epochs=1,
+                   mnist1d_samples=1000, workers=world)
+    records = []
+
+    class Keep:
+        def on_boundary(self, stats, decision):
+            records.append(stats)
+
+    tr = Trainer(cfg, rank, world, None, observers=[Keep()])
+    summary = tr.run()
+    grad_bytes = 4 * sum(p.numel() for p in tr.model.parameters())
+    return records, summary, grad_bytes, cfg.link_profile
+
+
+def test_ddp_on_wan_exposes_the_modelled_ring_allreduce_per_step():
+    records, summary, nbytes, profile = run_dist(_exposed_worker, 2, "ddp", 1, "wan")[0]
+    modelled = profile.allreduce_seconds(nbytes, 2)  # one bucket per step for this model
+    assert modelled == pytest.approx(2 * (8.3e-3 + nbytes / (2 * 1.25e8)))
+    per_step = statistics.median(r.exposed_sync_seconds for r in records)
+    assert 0.95 * modelled <= per_step <= 1.3 * modelled + 2e-3, (per_step, modelled)
+
+
+def test_no_link_exposes_almost_nothing():
+    records, *_ = run_dist(_exposed_worker, 2, "ddp", 1, "none")[0]
+    assert statistics.median(r.exposed_sync_seconds for r in records) < 3e-3
+
+
+def test_cpdp_k4_exposes_much_less_than_ddp_on_wan():
+    _, ddp, *_ = run_dist(_exposed_worker, 2, "ddp", 1, "wan")[0]
+    _, cpdp, *_ = run_dist(_exposed_worker, 2, "cpdp", 4, "wan")[0]
+    # A cpdp boundary pays two collectives (gradient + parameters) every 4 steps: ~2/4 of ddp.
+    assert cpdp["exposed_sync_seconds"] < 0.7 * ddp["exposed_sync_seconds"], (cpdp, ddp)
+    assert cpdp["boundaries"] < ddp["boundaries"] / 3

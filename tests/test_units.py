@@ -1,0 +1,148 @@
+"""Pure functions: no process group."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+from autok.config import ConfigError, load_config
+from trainer.averaging import digest_bits, split_hi_lo
+from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
+from trainer.optim import lr_factor
+from trainer.slowmo import slowmo_update_
+
+
+def test_slowmo_matches_hand_computation():
+    beta = 0.3
+    ref = torch.tensor([1.0, -2.0, 0.5])
+    v = torch.zeros(3)
+    avgs = [torch.tensor([1.2, -2.1, 0.4]), torch.tensor([1.5, -2.0, 0.0])]
+    # by hand: Δ1 = (.2,-.1,-.1); v1 = Δ1; θ1 = (1.2,-2.1,.4)
+    #          Δ2 = (.3,.1,-.4); v2 = .3·v1 + Δ2 = (.36,.07,-.43); θ2 = θ1 + v2
+    hand = [[1.2, -2.1, 0.4], [1.56, -2.03, -0.03]]
+    for avg, want in zip(avgs, hand):
+        out = slowmo_update_(ref, v, avg, beta, lr=0.1)
+        assert out is ref
+        assert torch.allclose(ref, torch.tensor(want), atol=1e-6)
+    assert torch.allclose(v, torch.tensor([0.36, 0.07, -0.43]), atol=1e-6)
+
+
+def test_slowmo_lr_aware_keeps_velocity_in_lr_units():
+    ref, v = torch.zeros(2), torch.zeros(2)
+    slowmo_update_(ref, v, torch.tensor([0.1, 0.2]), 0.5, lr=0.1, lr_aware=True)
+    assert torch.allclose(v, torch.tensor([1.0, 2.0]))  # Δ/η
+    assert torch.allclose(ref, torch.tensor([0.1, 0.2]))
+    # LR halves: the remembered momentum contributes half as much displacement
+    slowmo_update_(ref, v, ref.clone(), 0.5, lr=0.05, lr_aware=True)
+    assert torch.allclose(v, torch.tensor([0.5, 1.0]))
+    assert torch.allclose(ref, torch.tensor([0.1 + 0.025, 0.2 + 0.05]))
+
+
+def test_slowmo_beta_zero_returns_the_average_bit_for_bit():
+    ref = torch.randn(100)
+    avg = torch.randn(100)
+    out = slowmo_update_(ref, None, avg, 0.0, lr=0.1)
+    assert torch.equal(out, avg)
+
+
+def test_ring_allreduce_model():
+    wan = PROFILES["wan"]
+    s, n = 4_000_000, 4
+    want = 2 * (n - 1) * (16.6e-3 / 2 + s / (n * 1e9 / 8))
+    assert wan.allreduce_seconds(s, n) == pytest.approx(want)
+    assert PROFILES["none"].allreduce_seconds(s, n) == 0.0
+    assert wan.allreduce_seconds(s, 1) == 0.0
+
+
+def test_resolve_profile_overrides():
+    p = resolve_profile("wan", rtt_ms=20.0)
+    assert (p.name, p.rtt_ms, p.bandwidth_gbps) == ("custom", 20.0, 1.0)
+    assert resolve_profile("lan") is PROFILES["lan"]
+
+
+def test_link_clock_serializes_back_to_back_collectives():
+    clock = LinkClock(LinkProfile("t", 20.0, math.inf), world_size=2, seed=0)
+    t0 = time.perf_counter()
+    a = clock.reserve(0)
+    b = clock.reserve(0)
+    assert a - t0 == pytest.approx(0.020, abs=2e-3)
+    assert b - a == pytest.approx(0.020, abs=1e-9)  # waits for the link to be free
+
+
+def test_link_jitter_is_seeded_and_bounded():
+    def draws(seed):
+        c = LinkClock(LinkProfile("j", 0.0, math.inf, jitter_ms=5.0), 2, seed)
+        out, last = [], c.reserve(0)
+        for _ in range(20):
+            nxt = c.reserve(0)
+            out.append(round(nxt - last, 9))
+            last = nxt
+        return out
+
+    assert draws(1) == draws(1) != draws(2)
+    assert all(0 <= d <= 0.005 for d in draws(1))
+
+
+def test_lr_schedule_linear_warmup_then_cosine():
+    total, warm = 100, 10
+    assert lr_factor(0, total, warm, "cosine") == pytest.approx(0.1)
+    assert lr_factor(9, total, warm, "cosine") == pytest.approx(1.0)
+    assert lr_factor(10, total, warm, "cosine") == pytest.approx(1.0)
+    assert lr_factor(55, total, warm, "cosine") == pytest.approx(0.5)
+    assert lr_factor(100, total, warm, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(70, total, warm, "constant") == 1.0
+
+
+def test_hi_lo_split_restores_float64():
+    x = 1234.56789012345678
+    hi, lo = split_hi_lo(x)
+    assert float(torch.tensor(hi, dtype=torch.float32)) == hi
+    assert hi + float(torch.tensor(lo, dtype=torch.float32)) == pytest.approx(x, rel=1e-13)
+
+
+def test_digest_bits_keep_sums_exact_in_float32():
+    for n in (1, 2, 4, 8, 16, 64):
+        assert n * (2 ** digest_bits(n) - 1) < 2**24
+
+
+@pytest.mark.parametrize(
+    "values, flag",
+    [
+        ({"sync_period": 0}, "--sync-period"),
+        ({"slowmo_beta": 1.0}, "--slowmo-beta"),
+        ({"slowmo_beta": -0.1}, "--slowmo-beta"),
+        ({"lr": 0.0}, "--lr"),
+        ({"workers": 0}, "--workers"),
+        ({"strategy": "fedavg"}, "--strategy"),
+        ({"dataset": "mnist"}, "--dataset"),
+        ({"model": "resnet18"}, "--model"),  # does not fit mnist1d
+        ({"model": "gpt"}, "--model"),
+        ({"link": "moon"}, "--link"),
+        ({"dataset": "cifar100"}, "--data-dir"),
+        ({"dataset": "cifar100", "data_dir": "/nonexistent"}, "--data-dir"),
+        ({"strategy": "ddp", "sync_period": 4}, "--sync-period"),
+        ({"strategy": "ddp", "slowmo_beta": 0.3}, "--slowmo-beta"),
+        ({"warmup_epochs": 5, "epochs": 2}, "--warmup-epochs"),
+        ({"sync_perod": 2}, "--sync-perod"),
+    ],
+)
+def test_config_errors_name_the_flag(values, flag):
+    with pytest.raises(ConfigError) as info:
+        load_config({}, values)
+    msg = str(info.value)
+    assert msg.startswith(flag), msg
+    assert "\n" not in msg
+
+
+def test_config_defaults_are_the_default_job():
+    cfg = load_config({}, {})
+    assert (cfg.dataset, cfg.workers, cfg.link, cfg.strategy, cfg.sync_period) == (
+        "mnist1d", 4, "wan", "cpdp", 4
+    )
+    assert cfg.slowmo_beta == 0.3 and cfg.model == "cnn1d"
+    assert load_config({}, {"strategy": "localsgd"}).slowmo_beta == 0.0
+    ddp = load_config({}, {"strategy": "ddp"})
+    assert (ddp.sync_period, ddp.slowmo_beta) == (1, 0.0)
