@@ -130,7 +130,8 @@ def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
     out = cfg.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a directory")
-    taken = [f for f in RUN_FILES if (out / f).exists()]
+    # Under torchrun only rank 0 writes; the others would find rank 0's fresh config.json.
+    taken = [f for f in RUN_FILES if (out / f).exists()] if write else []
     if taken:
         raise ConfigError(f"--out: {out} already holds a run ({taken[0]}); choose a new directory")
     if write:

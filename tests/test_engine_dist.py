@@ -217,3 +217,30 @@ def _mismatch_worker(rank, world):
 def test_replica_mismatch_is_caught_at_the_next_boundary():
     msgs = run_dist(_mismatch_worker, 2)
     assert all(m and "boundary 2" in m for m in msgs), msgs
+
+
+def _policy_worker(rank, world, data_dir, buffer_policy, sync_opt):
+    cfg = tiny_cfg(dataset="cifar100", data_dir=data_dir, model="resnet18", batch_size=8,
+                   epochs=1, warmup_epochs=0, sync_period=4, workers=world,
+                   buffer_policy=buffer_policy, sync_optimizer_state=sync_opt)
+    tr = Trainer(cfg, rank, world, None)
+    tr.run()
+    buffers = torch.cat([b.reshape(-1) for b in tr.float_buffers])
+    momenta = torch.cat([t.reshape(-1) for t in tr.optimizer.state_dict()["state"][0].values()
+                         if isinstance(t, torch.Tensor)])
+    return buffers, momenta
+
+
+@pytest.mark.parametrize(
+    "buffer_policy, sync_opt", [("average", True), ("broadcast", False), ("local", False)]
+)
+def test_buffer_and_optimizer_state_policies(tmp_path, buffer_policy, sync_opt):
+    from tests.test_data import write_cifar100
+
+    root = write_cifar100(tmp_path, n_train=32, n_test=8)
+    (b0, m0), (b1, m1) = run_dist(_policy_worker, 2, root, buffer_policy, sync_opt)
+    if buffer_policy == "local":
+        assert not torch.equal(b0, b1)  # each rank's BatchNorm saw its own shard
+    else:
+        assert torch.equal(b0, b1)
+    assert torch.equal(m0, m1) == sync_opt

@@ -1,0 +1,147 @@
+"""`autok train` as a user runs it: a subprocess, real worker processes, files on disk."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.sinks import EPOCH_COLUMNS, SUMMARY_KEYS
+
+TINY = ["--workers", "2", "--epochs", "2", "--mnist1d-samples", "500", "--link", "none",
+        "--no-progress"]
+BOUNDARY_FIELDS = {
+    "compute_seconds", "exposed_sync_seconds", "drift_norm", "update_norm", "drift_ratio",
+    "train_loss", "bytes_communicated", "lr", "sync_period", "boundary", "global_step", "epoch",
+    "next_sync_period", "reason",
+}
+
+
+def autok(*args, cwd=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "autok.cli", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    res = autok("train", *TINY, "--sync-period", "3", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_train_writes_the_five_files_with_every_field(run_dir):
+    assert {p.name for p in run_dir.iterdir()} >= {
+        "config.json", "epochs.csv", "boundaries.jsonl", "summary.json", "model.pt"}
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["sync_period"] == 3 and config["slowmo_beta"] == 0.3  # resolved defaults
+    assert config["model"] == "cnn1d" and config["link_profile"]["name"] == "none"
+
+    rows = list(csv.DictReader((run_dir / "epochs.csv").open()))
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert list(rows[0]) == EPOCH_COLUMNS
+    for r in rows:
+        assert 0.0 <= float(r["test_accuracy"]) <= 1.0
+        parts = sum(float(r[k]) for k in ("forward_seconds", "backward_seconds", "sync_seconds",
+                                          "overhead_seconds"))
+        assert parts == pytest.approx(float(r["epoch_seconds"]), rel=1e-6)
+    assert rows[0]["sync_period"] == "1" and rows[1]["sync_period"] == "3"  # warmup at K=1
+
+    records = [json.loads(line) for line in (run_dir / "boundaries.jsonl").open()]
+    assert records and all(BOUNDARY_FIELDS <= set(r) for r in records)
+    assert [r["boundary"] for r in records] == list(range(len(records)))
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["boundaries"] == len(records)
+    assert summary["peak_test_accuracy"] == max(float(r["test_accuracy"]) for r in rows)
+    digests = summary["param_digest_per_rank"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+
+    state = torch.load(run_dir / "model.pt")
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+
+
+def test_an_existing_run_is_never_overwritten(run_dir):
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    res = autok("train", *TINY, "--out", str(run_dir))
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith("autok: error: --out:")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--sync-period", "0"], "--sync-period"),
+        (["--sync-period", "two"], "--sync-period"),
+        (["--slowmo-beta", "1.5"], "--slowmo-beta"),
+        (["--lr", "-0.1"], "--lr"),
+        (["--workers", "0"], "--workers"),
+        (["--strategy", "gossip"], "--strategy"),
+        (["--dataset", "imagenet"], "--dataset"),
+        (["--model", "bert"], "--model"),
+        (["--model", "resnet18"], "--model"),
+        (["--link", "satellite"], "--link"),
+        (["--dataset", "imagefolder", "--data-dir", "/no/such/dir"], "--data-dir"),
+        (["--config", "/no/such.yaml"], "--config"),
+        (["--frobnicate", "1"], "--frobnicate"),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, argv, flag):
+    out = tmp_path / "never"
+    res = autok("train", *argv, "--out", str(out), "--no-progress")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_config_file_values_and_flag_overrides(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("strategy: localsgd\nsync-period: 5\nslowmo_beta: 0.2\nepochs: 1\n")
+    res = autok("train", "--config", str(cfg), *TINY, "--epochs", "1", "--sync-period", "2",
+                "--out", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert (config["strategy"], config["sync_period"], config["slowmo_beta"]) == (
+        "localsgd", 2, 0.2)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sync_perod: 3\n")
+    res = autok("train", "--config", str(bad), "--out", str(tmp_path / "x"))
+    assert res.returncode == 2 and "--sync-perod" in res.stderr
+
+
+def test_help_lists_every_flag_with_its_default():
+    res = autok("train", "--help")
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    for needle in ("--sync-period", "--slowmo-beta", "--link-rtt-ms", "--buffer-policy",
+                   "--sync-optimizer-state", "--slowmo-lr-aware", "(default: wan)",
+                   "(default: cpdp)"):
+        assert needle in text, needle
+
+
+@pytest.mark.dist
+def test_torchrun_joins_the_world(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    out = tmp_path / "tr"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "autok.cli", "train",
+         *TINY, "--epochs", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
