@@ -53,13 +53,16 @@ HELP = {
     "mnist1d_samples": "samples generated for mnist1d (80%% train, 20%% test)",
     "image_size": "crop size for imagefolder",
     "loader_workers": "DataLoader worker processes per rank",
-    "link": "emulated network: " + ", ".join(
-        f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)" if n != "none" else n
+    "link": "emulated network: "
+    + ", ".join(
+        f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)"
+        if n != "none"
+        else "none (no delay)"
         for n, p in PROFILES.items()
     ),
-    "link_rtt_ms": "override the link's round-trip time, ms",
-    "link_bandwidth_gbps": "override the link's bandwidth, Gbit/s",
-    "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded",
+    "link_rtt_ms": "override the link's round-trip time, ms (default: the --link profile's)",
+    "link_bandwidth_gbps": "override the link's bandwidth, Gbit/s (default: the --link profile's)",
+    "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
     "seed": "seed for weights, data order and jitter",
     "out": "run directory (default: runs/<timestamp>)",
     "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
@@ -91,16 +94,26 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML file of settings; flags given here win")
     for name, field in TrainConfig.model_fields.items():
-        default = field.default
-        shown = "see below" if default is None else default
-        text = f"{HELP.get(name, field.description or '')} (default: {shown})"
+        text = HELP.get(name, field.description or "")
+        if "(default" not in text:  # a default that depends on other flags is spelled out
+            text += f" (default: {'unset' if field.default is None else field.default})"
         conv, choices = _arg_type(field.annotation)
         if conv is bool:
-            p.add_argument(flag(name), action=argparse.BooleanOptionalAction,
-                           default=argparse.SUPPRESS, help=text)
+            p.add_argument(
+                flag(name),
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=text,
+            )
         else:
-            p.add_argument(flag(name), type=conv, choices=choices, default=argparse.SUPPRESS,
-                           metavar=name.upper() if not choices else None, help=text)
+            p.add_argument(
+                flag(name),
+                type=conv,
+                choices=choices,
+                default=argparse.SUPPRESS,
+                metavar=name.upper() if not choices else None,
+                help=text,
+            )
 
 
 def build_parser() -> Parser:
@@ -167,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a worker failed: its own traceback is already on stderr
         last = str(exc).strip().splitlines()
-        print(f"autok: training failed: {last[-1] if last else type(exc).__name__}",
-              file=sys.stderr)
+        print(
+            f"autok: training failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr
+        )
         return 1
 
 

@@ -102,7 +102,9 @@ class TrainConfig(BaseModel):
         if self.lr_warmup_epochs is None:
             self.lr_warmup_epochs = self.warmup_epochs
         if self.warmup_epochs > self.epochs:
-            raise ValueError(f"--warmup-epochs: {self.warmup_epochs} exceeds --epochs {self.epochs}")
+            raise ValueError(
+                f"--warmup-epochs: {self.warmup_epochs} exceeds --epochs {self.epochs}"
+            )
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
         return self

@@ -61,8 +61,9 @@ def worker(
             device_id=device if backend == "nccl" else None,
         )
     try:
-        trainer = Trainer(cfg, rank, world_size, Path(out_dir) if out_dir else None, device,
-                          observers)
+        trainer = Trainer(
+            cfg, rank, world_size, Path(out_dir) if out_dir else None, device, observers
+        )
         summary = trainer.run()
         trainer.finish()
         if rank == 0 and cfg.progress:
@@ -74,8 +75,12 @@ def worker(
 
 def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
     worker(rank, world_size, cfg_json, out_dir, local_rank=rank)
 
@@ -85,7 +90,10 @@ def launch(cfg: TrainConfig, out_dir: Path | None) -> None:
     out = str(out_dir) if out_dir else None
     if under_torchrun():
         worker(
-            int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), cfg_json, out,
+            int(os.environ["RANK"]),
+            int(os.environ["WORLD_SIZE"]),
+            cfg_json,
+            out,
             int(os.environ.get("LOCAL_RANK", 0)),
         )
         return
@@ -97,3 +105,32 @@ def launch(cfg: TrainConfig, out_dir: Path | None) -> None:
         join=True,
         start_method="spawn",
     )
+
+
+def _run_worker_entry(rank: int, world_size: int, port: int, fn, args, result_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+    )
+    try:
+        out = fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+    torch.save(out, Path(result_dir) / f"{rank}.pt")
+
+
+def run_workers(fn, world_size: int, *args) -> list:
+    """fn(rank, world_size, *args) on `world_size` spawned processes joined by gloo on localhost;
+    returns the per-rank results. For tests and benchmarks that drive the engine directly."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(
+            _run_worker_entry,
+            args=(world_size, free_port(), fn, args, d),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
+        return [torch.load(Path(d) / f"{r}.pt", weights_only=False) for r in range(world_size)]

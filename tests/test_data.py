@@ -27,8 +27,10 @@ def write_cifar100(root, n_train=40, n_test=20, seed=0):
             "batch_label": f"{name} batch",
         }
         (base / name).write_bytes(pickle.dumps(entry))
-    meta = {"fine_label_names": [f"class_{i}" for i in range(100)],
-            "coarse_label_names": [f"super_{i}" for i in range(20)]}
+    meta = {
+        "fine_label_names": [f"class_{i}" for i in range(100)],
+        "coarse_label_names": [f"super_{i}" for i in range(20)],
+    }
     (base / "meta").write_bytes(pickle.dumps(meta))
     return root
 

@@ -31,7 +31,11 @@ def _rank_fill_worker(rank, world, strategy, k, beta):
     """Parameters are set to the rank after every boundary (but the epoch's last); with LR 0 the
     only thing that moves them is the boundary. Records every step against a hand computation."""
     cfg = tiny_cfg(
-        strategy=strategy, sync_period=k, slowmo_beta=beta, momentum=0.0, weight_decay=0.0,
+        strategy=strategy,
+        sync_period=k,
+        slowmo_beta=beta,
+        momentum=0.0,
+        weight_decay=0.0,
         workers=world,
     )
     log = []
@@ -130,7 +134,7 @@ def _final_params_worker(rank, world, strategy, k, beta):
 def test_cpdp_k1_beta0_is_exactly_ddp():
     ddp = run_dist(_final_params_worker, 2, "ddp", 1, 0.0)
     cpdp = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0)
-    for a, b in zip(ddp, cpdp):
+    for a, b in zip(ddp, cpdp, strict=True):
         for name in a:
             assert torch.equal(a[name], b[name]), name
 
@@ -163,8 +167,10 @@ def test_replicas_bit_identical_after_every_boundary(strategy):
 def _drift_worker(rank, world):
     torch.manual_seed(0)
     ref0 = torch.randn(1000)
-    params = [torch.nn.Parameter(ref0[:600].clone().view(20, 30)),
-              torch.nn.Parameter(ref0[600:].clone())]
+    params = [
+        torch.nn.Parameter(ref0[:600].clone().view(20, 30)),
+        torch.nn.Parameter(ref0[600:].clone()),
+    ]
     averager = ParameterAverager(params, rank=rank, world_size=world, beta=0.0, lr_aware=False)
     torch.manual_seed(100 + rank)  # local steps: each replica drifts its own way
     with torch.no_grad():
@@ -220,14 +226,28 @@ def test_replica_mismatch_is_caught_at_the_next_boundary():
 
 
 def _policy_worker(rank, world, data_dir, buffer_policy, sync_opt):
-    cfg = tiny_cfg(dataset="cifar100", data_dir=data_dir, model="resnet18", batch_size=8,
-                   epochs=1, warmup_epochs=0, sync_period=4, workers=world,
-                   buffer_policy=buffer_policy, sync_optimizer_state=sync_opt)
+    cfg = tiny_cfg(
+        dataset="cifar100",
+        data_dir=data_dir,
+        model="resnet18",
+        batch_size=8,
+        epochs=1,
+        warmup_epochs=0,
+        sync_period=4,
+        workers=world,
+        buffer_policy=buffer_policy,
+        sync_optimizer_state=sync_opt,
+    )
     tr = Trainer(cfg, rank, world, None)
     tr.run()
     buffers = torch.cat([b.reshape(-1) for b in tr.float_buffers])
-    momenta = torch.cat([t.reshape(-1) for t in tr.optimizer.state_dict()["state"][0].values()
-                         if isinstance(t, torch.Tensor)])
+    momenta = torch.cat(
+        [
+            t.reshape(-1)
+            for t in tr.optimizer.state_dict()["state"][0].values()
+            if isinstance(t, torch.Tensor)
+        ]
+    )
     return buffers, momenta
 
 
@@ -244,3 +264,28 @@ def test_buffer_and_optimizer_state_policies(tmp_path, buffer_policy, sync_opt):
     else:
         assert torch.equal(b0, b1)
     assert torch.equal(m0, m1) == sync_opt
+
+
+def _seeded_worker(rank, world, seed, optimizer, nesterov):
+    cfg = tiny_cfg(
+        strategy="cpdp",
+        sync_period=3,
+        workers=world,
+        seed=seed,
+        optimizer=optimizer,
+        nesterov=nesterov,
+        lr=0.01 if optimizer == "adamw" else 0.1,
+    )
+    tr = Trainer(cfg, rank, world, None)
+    summary = tr.run()
+    return _flat(tr.model), summary
+
+
+@pytest.mark.parametrize("optimizer, nesterov", [("sgd", False), ("sgd", True), ("adamw", False)])
+def test_deterministic_given_seed(optimizer, nesterov):
+    (a, sa), _ = run_dist(_seeded_worker, 2, 7, optimizer, nesterov)
+    (b, _), _ = run_dist(_seeded_worker, 2, 7, optimizer, nesterov)
+    (c, _), _ = run_dist(_seeded_worker, 2, 8, optimizer, nesterov)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert torch.isfinite(a).all() and sa["final_test_accuracy"] > 0.1

@@ -14,8 +14,15 @@ pytestmark = pytest.mark.dist
 
 
 def _exposed_worker(rank, world, strategy, k, link):
-    cfg = tiny_cfg(strategy=strategy, sync_period=k, link=link, warmup_epochs=0, epochs=1,
-                   mnist1d_samples=1000, workers=world)
+    cfg = tiny_cfg(
+        strategy=strategy,
+        sync_period=k,
+        link=link,
+        warmup_epochs=0,
+        epochs=1,
+        mnist1d_samples=1000,
+        workers=world,
+    )
     records = []
 
     class Keep:

@@ -23,7 +23,7 @@ def test_slowmo_matches_hand_computation():
     # by hand: Δ1 = (.2,-.1,-.1); v1 = Δ1; θ1 = (1.2,-2.1,.4)
     #          Δ2 = (.3,.1,-.4); v2 = .3·v1 + Δ2 = (.36,.07,-.43); θ2 = θ1 + v2
     hand = [[1.2, -2.1, 0.4], [1.56, -2.03, -0.03]]
-    for avg, want in zip(avgs, hand):
+    for avg, want in zip(avgs, hand, strict=True):
         out = slowmo_update_(ref, v, avg, beta, lr=0.1)
         assert out is ref
         assert torch.allclose(ref, torch.tensor(want), atol=1e-6)
@@ -140,7 +140,11 @@ def test_config_errors_name_the_flag(values, flag):
 def test_config_defaults_are_the_default_job():
     cfg = load_config({}, {})
     assert (cfg.dataset, cfg.workers, cfg.link, cfg.strategy, cfg.sync_period) == (
-        "mnist1d", 4, "wan", "cpdp", 4
+        "mnist1d",
+        4,
+        "wan",
+        "cpdp",
+        4,
     )
     assert cfg.slowmo_beta == 0.3 and cfg.model == "cnn1d"
     assert load_config({}, {"strategy": "localsgd"}).slowmo_beta == 0.0

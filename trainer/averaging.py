@@ -178,7 +178,8 @@ class ParameterAverager:
 
     @staticmethod
     def _write_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
-        views = [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+        chunks = flat.split([t.numel() for t in tensors])
+        views = [c.view_as(t) for c, t in zip(chunks, tensors, strict=True)]
         with torch.no_grad():
             torch._foreach_copy_([t.detach() for t in tensors], views)
 

@@ -44,7 +44,10 @@ def check_data_dir(dataset: str, data_dir: Path | None) -> str | None:
     if not data_dir.is_dir():
         return f"{data_dir} is not a directory"
     needed = {
-        "cifar100": [data_dir / "cifar-100-python" / "train", data_dir / "cifar-100-python" / "test"],
+        "cifar100": [
+            data_dir / "cifar-100-python" / "train",
+            data_dir / "cifar-100-python" / "test",
+        ],
         "tinyimagenet": [data_dir / "train", data_dir / "val" / "val_annotations.txt"],
         "imagefolder": [data_dir / "train", _first_existing(data_dir, ("val", "test"))],
     }[dataset]
@@ -59,6 +62,7 @@ def _first_existing(root: Path, names: tuple[str, ...]) -> Path | None:
 
 
 # ----- mnist1d ---------------------------------------------------------------------------------
+
 
 def _mnist1d_cache(num_samples: int, seed: int) -> Path:
     base = Path(os.environ.get("AUTOK_CACHE", Path.home() / ".cache" / "autok"))
@@ -101,6 +105,7 @@ def _mnist1d(num_samples: int, seed: int) -> Splits:
 
 # ----- digits ----------------------------------------------------------------------------------
 
+
 def _digits(seed: int) -> Splits:
     from sklearn.datasets import load_digits
 
@@ -120,8 +125,10 @@ def _digits(seed: int) -> Splits:
 
 # ----- image data on disk (real torchvision loaders) -------------------------------------------
 
+
 def _cifar100(root: Path) -> Splits:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     class CIFAR100Files(datasets.CIFAR100):
         # torchvision pins the md5 sums of the official archive; with md5 None its own
@@ -132,7 +139,9 @@ def _cifar100(root: Path) -> Splits:
         meta = {**datasets.CIFAR100.meta, "md5": None}
 
     norm = T.Normalize(CIFAR_MEAN, CIFAR_STD)
-    train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    train_tf = T.Compose(
+        [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm]
+    )
     test_tf = T.Compose([T.ToTensor(), norm])
     train = CIFAR100Files(str(root), train=True, transform=train_tf, download=False)
     test = CIFAR100Files(str(root), train=False, transform=test_tf, download=False)
@@ -161,10 +170,13 @@ class TinyImageNetVal(Dataset):
 
 
 def _tinyimagenet(root: Path) -> Splits:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
-    train_tf = T.Compose([T.RandomCrop(64, padding=8), T.RandomHorizontalFlip(), T.ToTensor(), norm])
+    train_tf = T.Compose(
+        [T.RandomCrop(64, padding=8), T.RandomHorizontalFlip(), T.ToTensor(), norm]
+    )
     test_tf = T.Compose([T.ToTensor(), norm])
     train = datasets.ImageFolder(str(root / "train"), transform=train_tf)  # train/<wnid>/images/
     test = TinyImageNetVal(root, train.class_to_idx, test_tf)
@@ -172,7 +184,8 @@ def _tinyimagenet(root: Path) -> Splits:
 
 
 def _imagefolder(root: Path, image_size: int) -> Splits:
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
     train_tf = T.Compose(

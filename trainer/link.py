@@ -159,7 +159,7 @@ def delayed(fut: torch.futures.Future, deadline: float, pick=lambda v: v) -> tor
 def allreduce_sum_(
     tensor: torch.Tensor, clock: LinkClock | None, group: dist.ProcessGroup | None = None
 ) -> float:
-    """Blocking SUM all-reduce in place, held until the modelled link time; returns its wall time."""
+    """Blocking SUM all-reduce in place, held until the modelled link time; returns wall time."""
     t0 = time.perf_counter()
     deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from autok.config import TrainConfig
 from controllers import build_controller
-from controllers.base import BoundaryStats, SyncDecision
+from controllers.base import BoundaryStats
 from trainer.averaging import (
     IntervalTotals,
     ParameterAverager,
@@ -62,7 +61,10 @@ class Trainer:
         self.now = Clock(self.device)
 
         splits = build_splits(
-            cfg.dataset, cfg.data_dir, mnist1d_samples=cfg.mnist1d_samples, image_size=cfg.image_size
+            cfg.dataset,
+            cfg.data_dir,
+            mnist1d_samples=cfg.mnist1d_samples,
+            image_size=cfg.image_size,
         )
         # Identical initial weights on every rank; per-rank streams afterwards (augmentation).
         seed_everything(cfg.seed)
@@ -223,10 +225,14 @@ class Trainer:
             if self.averager is None and self.float_buffers and self.cfg.buffer_policy != "local":
                 # ddp has no averaging collective; reconcile buffers where each epoch ends.
                 reconcile_buffers(
-                    self.float_buffers, self.cfg.buffer_policy, self.rank, self.world_size,
+                    self.float_buffers,
+                    self.cfg.buffer_policy,
+                    self.rank,
+                    self.world_size,
                     self.clock,
                 )
-            row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)  # LR of its last step
+            # `lr` is the LR of the epoch's last step
+            row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
             history.append(row["test_accuracy"])
             self._emit("on_epoch", row)
 

@@ -58,9 +58,10 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 class FileSink:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
-        self._jsonl = open(out_dir / "boundaries.jsonl", "a")
+        # Open for the whole run (appended as it goes), closed in on_end.
+        self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
         new_csv = not (out_dir / "epochs.csv").exists()
-        self._csv_file = open(out_dir / "epochs.csv", "a", newline="")
+        self._csv_file = open(out_dir / "epochs.csv", "a", newline="")  # noqa: SIM115
         self._csv = csv.DictWriter(self._csv_file, fieldnames=EPOCH_COLUMNS)
         if new_csv:
             self._csv.writeheader()
@@ -113,12 +114,17 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows = [
         ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
         ("workers, link", f"{summary['world_size']}, {summary['link']}"),
-        ("peak / final test acc", f"{summary['peak_test_accuracy']:.4f} / "
-         f"{summary['final_test_accuracy']:.4f}"),
+        (
+            "peak / final test acc",
+            f"{summary['peak_test_accuracy']:.4f} / {summary['final_test_accuracy']:.4f}",
+        ),
         ("wall-clock", f"{wall:.1f} s"),
         ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
-        ("exposed sync (mean rank)", f"{summary['exposed_sync_seconds']:.1f} s "
-         f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of wall)"),
+        (
+            "exposed sync (mean rank)",
+            f"{summary['exposed_sync_seconds']:.1f} s "
+            f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of wall)",
+        ),
         ("boundaries", str(summary["boundaries"])),
         ("grad / param syncs", f"{summary['grad_syncs']} / {summary['param_syncs']}"),
         ("final K", str(summary["final_sync_period"])),

@@ -1,10 +1,10 @@
 """Sync strategies: what a local step and a boundary step do (DESIGN §1).
 
-| strategy | local step                          | boundary step                                        |
-|----------|-------------------------------------|------------------------------------------------------|
-| ddp      | — (every step is a boundary, K = 1) | gradient AllReduce in backward, optimizer step       |
-| localsgd | backward under no_sync(), local step| local step, then parameter average (+ SlowMo if β>0) |
-| cpdp     | backward under no_sync(), local step| grad AllReduce, synchronized step, average, SlowMo   |
+| strategy | local step                     | boundary step                                     |
+|----------|--------------------------------|---------------------------------------------------|
+| ddp      | — (every step is a boundary)   | gradient AllReduce in backward, optimizer step    |
+| localsgd | no_sync() backward, local step | local step, parameter average (+ SlowMo if β > 0) |
+| cpdp     | no_sync() backward, local step | grad AllReduce, synced step, average, SlowMo      |
 
 The training loop asks a strategy two questions and never branches on its name.
 """
