@@ -118,8 +118,11 @@ def wan(world: int = 4, epochs: int = 4) -> dict:
             progress=False,
         )
         prepare_data(cfg)
-        s = run_workers(_autok, world, cfg.model_dump_json())[0]["summary"]
-        out[name] = {
+        res = run_workers(_autok, world, cfg.model_dump_json())[0]
+        s = res["summary"]
+        # After warmup (K=1 for both) the per-epoch exposed sync shows the steady state.
+        post = [r["sync_seconds"] for r in res["rows"] if r["epoch"] >= cfg.warmup_epochs]
+        out[name] = {"post_warmup_sync_per_epoch": statistics.mean(post)} | {
             k2: s[k2]
             for k2 in (
                 "wall_seconds",
@@ -133,6 +136,9 @@ def wan(world: int = 4, epochs: int = 4) -> dict:
         }
     out["exposed_ratio"] = (
         out["cpdp K=4"]["exposed_sync_seconds"] / out["ddp"]["exposed_sync_seconds"]
+    )
+    out["post_warmup_exposed_ratio"] = (
+        out["cpdp K=4"]["post_warmup_sync_per_epoch"] / out["ddp"]["post_warmup_sync_per_epoch"]
     )
     out["wall_ratio"] = out["cpdp K=4"]["wall_seconds"] / out["ddp"]["wall_seconds"]
     out["world_size"], out["epochs"] = world, epochs
@@ -190,6 +196,7 @@ def render(res: dict) -> str:
         )
     lines += [
         f"| (b) **exposed-sync ratio** cpdp K=4 / ddp | **{w['exposed_ratio']:.3f}** |",
+        f"| (b) exposed-sync ratio per epoch after warmup | {w['post_warmup_exposed_ratio']:.3f} |",
         f"| (b) wall-clock ratio cpdp K=4 / ddp | {w['wall_ratio']:.3f} |",
     ]
     if "default_job" in res:
