@@ -29,7 +29,21 @@ HELP = {
     "strategy": "ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
     "+ SlowMo every K",
     "sync_period": "K, optimizer steps between boundaries (default: 4; 1 on ddp)",
-    "policy": "how K evolves while training",
+    "policy": "how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite",
+    "target_sync_share": "exposed-sync/composite: raise K while exposed sync is above this "
+    "share of (compute + exposed sync)",
+    "max_sync_period": "largest K any policy may choose",
+    "sync_window": "boundaries per controller decision (exposed-sync, adacomm, composite)",
+    "k_growth": "factor by which exposed-sync raises or lowers K",
+    "drift_limit": "guard: back off when the window's drift ratio exceeds this multiple of "
+    "its level in the first post-warmup window",
+    "loss_rise": "guard: back off when the window's loss exceeds the best window's by this "
+    "fraction",
+    "k_lowering": "exposed-sync: also lower K when K/growth would keep the share well under "
+    "target (a link that got faster)",
+    "guard_cooldown": "boundaries after a back-off before K may rise above the backed-off value",
+    "qsr_base": "qsr/composite: K_base (default: --sync-period)",
+    "qsr_alpha": "qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
     "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
     "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
     "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",

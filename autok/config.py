@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controllers import REGISTRY as POLICIES
+from controllers import PolicyOptions
 from trainer.data import DATASETS, check_data_dir
 from trainer.link import PROFILES, LinkProfile, resolve_profile
 from trainer.models import DEFAULT_MODEL, MODELS, incompatibility
@@ -42,6 +43,17 @@ class TrainConfig(BaseModel):
     slowmo_lr_aware: bool = False
     sync_optimizer_state: bool = False
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
+    # --- K policy options (see controllers/)
+    target_sync_share: float = Field(0.2, gt=0.0, lt=1.0)
+    max_sync_period: int = Field(64, ge=1)
+    sync_window: int = Field(4, ge=1, description="boundaries per controller window")
+    k_growth: int = Field(2, ge=2)
+    drift_limit: float = Field(3.0, gt=1.0)
+    loss_rise: float = Field(0.1, gt=0.0)
+    guard_cooldown: int = Field(32, ge=1)
+    k_lowering: bool = False
+    qsr_base: int | None = Field(None, ge=1)
+    qsr_alpha: float | None = Field(None, gt=0.0)
     # --- optimization
     optimizer: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0.0)
@@ -99,6 +111,11 @@ class TrainConfig(BaseModel):
                 raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.max_sync_period < self.sync_period:
+            raise ValueError(
+                f"--max-sync-period: {self.max_sync_period} is below --sync-period "
+                f"{self.sync_period}"
+            )
         if self.lr_warmup_epochs is None:
             self.lr_warmup_epochs = self.warmup_epochs
         if self.warmup_epochs > self.epochs:
@@ -108,6 +125,21 @@ class TrainConfig(BaseModel):
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
         return self
+
+    def policy_options(self) -> PolicyOptions:
+        return PolicyOptions(
+            peak_lr=self.lr,
+            target_sync_share=self.target_sync_share,
+            max_sync_period=self.max_sync_period,
+            sync_window=self.sync_window,
+            k_growth=self.k_growth,
+            drift_limit=self.drift_limit,
+            loss_rise=self.loss_rise,
+            guard_cooldown=self.guard_cooldown,
+            k_lowering=self.k_lowering,
+            qsr_base=self.qsr_base,
+            qsr_alpha=self.qsr_alpha,
+        )
 
     @property
     def link_profile(self) -> LinkProfile:

@@ -1,25 +1,82 @@
-"""K policies: pure decision logic. Nothing here imports torch.distributed."""
+"""K policies: pure decision logic. Nothing here imports torch.distributed.
+
+Each policy is registered by name with a factory taking the starting K and a `PolicyOptions`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
+from controllers.adacomm import AdaCommController
 from controllers.base import BoundaryStats, Controller, SyncDecision
+from controllers.composite import CompositeController
+from controllers.exposed_sync import ExposedSyncController
 from controllers.fixed import FixedController
+from controllers.guard import Guard
+from controllers.qsr import QSRController, default_alpha
 
-# name -> factory(sync_period, **policy options). Later policies register here.
-REGISTRY: dict[str, Callable[..., Controller]] = {
-    "fixed": lambda sync_period, **_: FixedController(sync_period),
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    peak_lr: float = 0.1
+    target_sync_share: float = 0.2
+    max_sync_period: int = 64
+    sync_window: int = 4
+    k_growth: int = 2
+    drift_limit: float = 3.0
+    loss_rise: float = 0.1
+    guard_cooldown: int = 32
+    k_lowering: bool = False
+    qsr_base: int | None = None  # default: the starting K
+    qsr_alpha: float | None = None  # default: peak LR * sqrt(K_base)
+
+
+def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
+    return ExposedSyncController(
+        sync_period=k,
+        target=o.target_sync_share,
+        max_sync_period=o.max_sync_period,
+        window=o.sync_window,
+        growth=o.k_growth,
+        cooldown=o.guard_cooldown,
+        lower=o.k_lowering,
+        guard=Guard(drift_limit=o.drift_limit, loss_rise=o.loss_rise),
+    )
+
+
+def _qsr(k: int, o: PolicyOptions) -> QSRController:
+    base = o.qsr_base or k
+    alpha = o.qsr_alpha if o.qsr_alpha is not None else default_alpha(o.peak_lr, base)
+    return QSRController(base=base, alpha=alpha, max_sync_period=o.max_sync_period)
+
+
+REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
+    "fixed": lambda k, o: FixedController(k),
+    "exposed-sync": _share,
+    "qsr": _qsr,
+    "adacomm": lambda k, o: AdaCommController(
+        k0=k, window=o.sync_window, max_sync_period=o.max_sync_period
+    ),
+    "composite": lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
 }
 
 
-def build_controller(name: str, sync_period: int, **options: Any) -> Controller:
+def build_controller(
+    name: str, sync_period: int, options: PolicyOptions | None = None
+) -> Controller:
     try:
         factory = REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {sorted(REGISTRY)}") from None
-    return factory(sync_period, **options)
+    return factory(sync_period, options or PolicyOptions())
 
 
-__all__ = ["REGISTRY", "BoundaryStats", "Controller", "SyncDecision", "build_controller"]
+__all__ = [
+    "REGISTRY",
+    "BoundaryStats",
+    "Controller",
+    "PolicyOptions",
+    "SyncDecision",
+    "build_controller",
+]

@@ -123,7 +123,8 @@ class Trainer:
                 averaged_extras=self._averaged_extras,
                 broadcast_extras=self._broadcast_extras,
             )
-        self.controller = build_controller(cfg.policy, cfg.sync_period)
+        self.controller = build_controller(cfg.policy, cfg.sync_period, cfg.policy_options())
+        self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
         self.sync_period = cfg.sync_period  # K after warmup; changes only at boundaries
         self.observers = list(observers or [])
         if rank == 0 and out_dir is not None:
@@ -291,6 +292,10 @@ class Trainer:
                 bytes_communicated=interval.grad_bytes,
             )
             carried = 0.0
+        at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
+        at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
+        at_k["boundaries"] += 1
+        at_k["steps"] += interval.steps
         decision = self.controller.observe(stats)
         self.sync_period = decision.next_sync_period
         self._emit("on_boundary", stats, decision)
@@ -363,6 +368,7 @@ class Trainer:
             "grad_syncs": self.grad_syncs,
             "param_syncs": self.param_syncs,
             "final_sync_period": self.sync_period,
+            "k_path": [{"sync_period": k, **v} for k, v in self.k_path.items()],
             "param_digest_per_rank": [int(v) for v in slots.tolist()],
             "link": self.cfg.link_profile.name,
             "out_dir": str(self.out_dir) if self.out_dir else "",

@@ -58,6 +58,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 class FileSink:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
+        self._path: list[tuple[int, int, float]] = []  # (step, K in force, LR) per boundary
         # Open for the whole run (appended as it goes), closed in on_end.
         self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
         new_csv = not (out_dir / "epochs.csv").exists()
@@ -67,6 +68,8 @@ class FileSink:
             self._csv.writeheader()
 
     def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        start = stats.global_step - stats.interval_steps + 1  # K held from the interval's start
+        self._path.append((start, stats.sync_period, stats.lr))
         record = stats.as_dict()
         record.pop("warmup")
         record["next_sync_period"] = decision.next_sync_period
@@ -82,6 +85,8 @@ class FileSink:
         self._jsonl.close()
         self._csv_file.close()
         write_json_atomic(self.out_dir / "summary.json", summary)
+        if self._path:
+            plot_k_and_lr(self._path, self.out_dir / "k_lr.png", summary)
 
 
 class ProgressSink:
@@ -109,6 +114,28 @@ class ProgressSink:
         self._bar.close()
 
 
+def plot_k_and_lr(path: list[tuple[int, int, float]], out: Path, summary: dict) -> None:
+    """K in force and LR against the optimizer step, one point per boundary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, ks, lrs = zip(*path, strict=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.step(steps, ks, where="post", color="tab:blue", label="K")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("K (sync period)", color="tab:blue")
+    ax.set_yscale("log", base=2)
+    ax2 = ax.twinx()
+    ax2.plot(steps, lrs, color="tab:orange", label="LR")
+    ax2.set_ylabel("learning rate", color="tab:orange")
+    ax.set_title(f"{summary['strategy']} / {summary['policy']} on {summary['link']}: K and LR")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     wall = summary["wall_seconds"]
     rows = [
@@ -128,6 +155,12 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("boundaries", str(summary["boundaries"])),
         ("grad / param syncs", f"{summary['grad_syncs']} / {summary['param_syncs']}"),
         ("final K", str(summary["final_sync_period"])),
+        (
+            "K path (time at K)",
+            " -> ".join(
+                f"{p['sync_period']}: {p['seconds']:.1f} s" for p in summary.get("k_path", [])
+            ),
+        ),
         ("replicas agree", "yes" if len(set(summary["param_digest_per_rank"])) == 1 else "NO"),
         ("output", summary["out_dir"]),
     ]

@@ -1,0 +1,47 @@
+"""`composite`: the larger of the QSR K and the K that keeps the exposed-sync share under target,
+capped by the drift/loss guard. QSR supplies the generalization-driven floor as the LR decays;
+the share rule supplies the network-driven floor; the guard caps both before drift hurts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from controllers.base import BoundaryStats, SyncDecision
+from controllers.exposed_sync import ExposedSyncController
+from controllers.qsr import QSRController
+
+
+def next_sync_period(qsr_k: int, share_k: int, ceiling: int | None, max_k: int) -> int:
+    k = min(max(qsr_k, share_k), max_k)
+    return min(k, ceiling) if ceiling is not None else k
+
+
+@dataclass
+class CompositeController:
+    share: ExposedSyncController
+    qsr: QSRController
+
+    @property
+    def sync_period(self) -> int:
+        return self.share.sync_period
+
+    def observe(self, stats: BoundaryStats) -> SyncDecision:
+        q = self.qsr.observe(stats)
+        if stats.warmup:
+            self.share.sync_period = q.next_sync_period
+            return SyncDecision(q.next_sync_period, "warmup")
+        s = self.share.observe(stats)  # judges the share at the K that was actually in force
+        k = next_sync_period(
+            q.next_sync_period, s.next_sync_period, self.share.ceiling, self.share.max_sync_period
+        )
+        self.share.sync_period = k
+        source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
+        return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"share": self.share.state_dict(), "qsr": self.qsr.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.share.load_state_dict(state["share"])
+        self.qsr.load_state_dict(state["qsr"])

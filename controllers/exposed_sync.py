@@ -1,0 +1,143 @@
+"""`exposed-sync`: raise K until exposed synchronization no longer dominates; back off on drift.
+
+The study's practical rule ("increase K until exposed synchronization no longer dominates the
+epoch, then stop before accuracy degrades") made online. Over a window of boundaries since the
+last change, the exposed-sync share f = Σexposed / Σ(compute + exposed):
+
+- f > target: raise K ← min(K·growth, ceiling);
+- f ≤ target: hold. With `lower` on, K is lowered when even K/growth would keep the share well
+  under target (hysteresis: predicted f(K/g) < target·(1 − margin)), so a link that got faster
+  brings K back down; off by default, as on a fast link the study found no reason to go below
+  the K the user chose;
+- the guard (drift ratio or loss) fires: K ← max(K/growth, 1), and K may not exceed that value
+  until `cooldown` boundaries pass without the guard firing again.
+
+Predicting f at another K assumes the per-boundary sync cost s is constant and compute grows
+with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from controllers.base import BoundaryStats, SyncDecision
+from controllers.guard import Guard
+
+
+def share_at(share: float, factor: float) -> float:
+    """Predicted exposed-sync share if K were multiplied by `factor`."""
+    if share >= 1.0:
+        return 1.0
+    r = share / (1.0 - share) / factor
+    return r / (1.0 + r)
+
+
+def next_sync_period(
+    k: int,
+    share: float,
+    *,
+    target: float,
+    growth: int,
+    max_k: int,
+    margin: float = 0.25,
+    lower: bool = False,
+    guard_reason: str | None = None,
+    ceiling: int | None = None,
+) -> tuple[int, str]:
+    """The rule, as a pure function of the current K and one window's measurements."""
+    top = min(max_k, ceiling) if ceiling is not None else max_k
+    if guard_reason is not None:
+        return max(1, k // growth), f"back off: {guard_reason}"
+    if share > target:
+        new = min(top, k * growth)
+        if new > k:
+            return new, f"raise: sync share {share:.0%} > target {target:.0%}"
+        return k, f"hold: sync share {share:.0%} > target, K at its cap {top}"
+    if lower and k > 1 and share_at(share, 1.0 / growth) < target * (1.0 - margin):
+        return max(1, k // growth), (
+            f"lower: share {share:.0%}, predicted {share_at(share, 1 / growth):.0%} at K/{growth}"
+        )
+    return min(k, top), f"hold: sync share {share:.0%} <= target {target:.0%}"
+
+
+@dataclass
+class _Window:
+    n: int = 0
+    compute: float = 0.0
+    exposed: float = 0.0
+    drift_ratio: float = 0.0
+    loss: float = 0.0
+
+    def add(self, s: BoundaryStats) -> None:
+        self.n += 1
+        self.compute += s.compute_seconds
+        self.exposed += s.exposed_sync_seconds
+        self.drift_ratio += s.drift_ratio
+        self.loss += s.train_loss if math.isfinite(s.train_loss) else math.inf
+
+    @property
+    def share(self) -> float:
+        total = self.compute + self.exposed
+        return self.exposed / total if total > 0 else 0.0
+
+
+@dataclass
+class ExposedSyncController:
+    sync_period: int
+    target: float = 0.2
+    max_sync_period: int = 64
+    window: int = 4
+    growth: int = 2
+    margin: float = 0.25
+    lower: bool = False
+    cooldown: int = 32
+    guard: Guard = field(default_factory=Guard)
+    ceiling: int | None = None
+    since_fire: int = 0
+    _win: _Window = field(default_factory=_Window)
+
+    def observe(self, stats: BoundaryStats) -> SyncDecision:
+        if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
+            return SyncDecision(self.sync_period, "warmup")
+        self._win.add(stats)
+        if self.ceiling is not None:
+            self.since_fire += 1
+            if self.since_fire >= self.cooldown:
+                self.ceiling = None
+        if self._win.n < self.window:
+            return SyncDecision(self.sync_period, f"measuring ({self._win.n}/{self.window})")
+        w, self._win = self._win, _Window()
+        reason = self.guard.check(w.drift_ratio / w.n, w.loss / w.n)
+        k, why = next_sync_period(
+            self.sync_period,
+            w.share,
+            target=self.target,
+            growth=self.growth,
+            max_k=self.max_sync_period,
+            margin=self.margin,
+            lower=self.lower,
+            guard_reason=reason,
+            ceiling=self.ceiling,
+        )
+        if reason is not None:
+            self.ceiling, self.since_fire = k, 0
+        self.sync_period = k
+        return SyncDecision(k, why)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sync_period": self.sync_period,
+            "ceiling": self.ceiling,
+            "since_fire": self.since_fire,
+            "guard": self.guard.state_dict(),
+            "window": vars(self._win).copy(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync_period = int(state["sync_period"])
+        self.ceiling = state["ceiling"]
+        self.since_fire = int(state["since_fire"])
+        self.guard.load_state_dict(state["guard"])
+        self._win = _Window(**state["window"])

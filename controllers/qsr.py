@@ -1,0 +1,50 @@
+"""`qsr`: the Quadratic Synchronization Rule (Gu et al., 2023), K ∝ η⁻² as the LR decays.
+
+    K = max(K_base, floor((α/η)²))
+
+with η the LR in force. The default α = peak LR · sqrt(K_base) makes K = K_base at the peak LR,
+so K starts to grow as soon as the LR decays from its peak. K_base during warmup.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from controllers.base import BoundaryStats, SyncDecision
+
+
+def next_sync_period(lr: float, *, base: int, alpha: float, max_k: int) -> int:
+    if lr <= 0:
+        return max_k
+    return max(base, min(max_k, math.floor((alpha / lr) ** 2)))
+
+
+def default_alpha(peak_lr: float, base: int) -> float:
+    return peak_lr * math.sqrt(base)
+
+
+@dataclass
+class QSRController:
+    base: int
+    alpha: float
+    max_sync_period: int = 64
+    sync_period: int = 0
+
+    def __post_init__(self) -> None:
+        self.sync_period = self.sync_period or self.base
+
+    def observe(self, stats: BoundaryStats) -> SyncDecision:
+        if stats.warmup:
+            self.sync_period = self.base
+            return SyncDecision(self.base, "warmup: K_base")
+        k = next_sync_period(stats.lr, base=self.base, alpha=self.alpha, max_k=self.max_sync_period)
+        self.sync_period = k
+        return SyncDecision(k, f"qsr: (alpha/lr)^2 = ({self.alpha:.3g}/{stats.lr:.3g})^2")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sync_period": self.sync_period}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync_period = int(state["sync_period"])

@@ -1,0 +1,266 @@
+"""K policies on synthetic BoundaryStats streams: pure logic, no process group."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from controllers import REGISTRY, PolicyOptions, build_controller
+from controllers.adacomm import AdaCommController
+from controllers.adacomm import next_sync_period as adacomm_k
+from controllers.base import BoundaryStats
+from controllers.exposed_sync import ExposedSyncController, share_at
+from controllers.exposed_sync import next_sync_period as share_rule
+from controllers.qsr import QSRController, default_alpha
+from controllers.qsr import next_sync_period as qsr_k
+from tests.optim_helpers import cosine_lr
+
+
+def stats(k, *, step_compute=0.005, sync=0.1, drift_ratio=1.0, loss=1.0, lr=0.1, warmup=False, i=0):
+    """One boundary after K steps: compute grows with K, the boundary's sync cost does not."""
+    return BoundaryStats(
+        boundary=i,
+        global_step=i,
+        epoch=0,
+        sync_period=k,
+        interval_steps=k,
+        compute_seconds=k * step_compute,
+        exposed_sync_seconds=sync,
+        drift_norm=drift_ratio,
+        update_norm=1.0,
+        drift_ratio=drift_ratio,
+        train_loss=loss,
+        bytes_communicated=0,
+        lr=lr,
+        warmup=warmup,
+    )
+
+
+def drive(ctrl, n, **kw):
+    """Feed n boundaries, each measured at the K the controller chose last; return the K path."""
+    ks = []
+    k = ctrl.sync_period
+    for i in range(n):
+        k = ctrl.observe(stats(k, i=i, **kw)).next_sync_period
+        ks.append(k)
+    return ks
+
+
+def changes(ks):
+    return sum(a != b for a, b in zip(ks, ks[1:], strict=False))
+
+
+# ----- exposed-sync ---------------------------------------------------------------------------
+
+
+def test_rises_multiplicatively_under_a_high_share_up_to_the_cap():
+    c = ExposedSyncController(sync_period=1, target=0.2, max_sync_period=64, window=4)
+    ks = drive(c, 60)  # s/c = 20: the share stays above 0.2 until K >= 80 > cap
+    seen = sorted(set(ks))
+    assert seen == [1, 2, 4, 8, 16, 32, 64]
+    assert ks == sorted(ks)  # never goes down
+    assert ks[-1] == 64
+
+
+def test_holds_once_the_share_is_under_target():
+    # s/c = 2.5: f(8) = 0.1/(0.04+0.1)=0.71 ... f(16) = 0.238, f(32) = 0.135 <= 0.2
+    c = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=256, window=4)
+    ks = drive(c, 80, step_compute=0.04 / 8 * 2.5 / 2.5, sync=0.1 * 0.04 / 0.1 / 4)
+    assert ks[-1] == ks[-40]  # settled
+    k = ks[-1]
+    share = stats(k, step_compute=0.005, sync=0.01).sync_share
+    assert share <= 0.2 < stats(k // 2, step_compute=0.005, sync=0.01).sync_share
+
+
+def test_steady_noisy_stream_does_not_oscillate():
+    rng = random.Random(0)
+    c = ExposedSyncController(sync_period=2, target=0.2, max_sync_period=256, window=4, lower=True)
+    ks, k = [], 2
+    for i in range(400):
+        noise = 1 + rng.uniform(-0.15, 0.15)
+        s = stats(k, step_compute=0.005 * noise, sync=0.05, i=i)
+        k = c.observe(s).next_sync_period
+        ks.append(k)
+    # f(32) = 0.05/(0.16+0.05) = 0.24 > 0.2, f(64) = 0.135: it must settle at 64 and stay,
+    # even with lowering on (f(32) predicted from 64 is 0.24 > 0.15).
+    assert ks[-1] == 64
+    assert changes(ks[100:]) == 0
+
+
+def test_hold_at_target_when_lowering_is_off_even_on_an_idle_link():
+    c = ExposedSyncController(sync_period=8, target=0.2, window=4)
+    assert set(drive(c, 40, sync=1e-5)) == {8}
+
+
+def test_lowering_brings_k_down_when_the_link_gets_faster():
+    c = ExposedSyncController(sync_period=32, target=0.2, window=4, lower=True)
+    ks = drive(c, 60, sync=1e-5)
+    assert ks[-1] == 1 and ks == sorted(ks, reverse=True)
+
+
+def test_backs_off_on_a_drift_spike_and_stays_capped_for_the_cooldown():
+    c = ExposedSyncController(sync_period=16, target=0.2, max_sync_period=64, window=4, cooldown=12)
+    drive(c, 4, drift_ratio=1.0)  # first window calibrates the drift level (and raises K)
+    assert c.sync_period == 32
+    d = c.observe(stats(32, drift_ratio=5.0))
+    for i in range(3):
+        d = c.observe(stats(32, drift_ratio=5.0, i=i))
+    assert d.next_sync_period == 16 and d.reason.startswith("back off: drift")
+    # share is still high, but K may not rise above the backed-off value during the cooldown
+    ks = [c.observe(stats(16, i=i)).next_sync_period for i in range(8)]
+    assert set(ks) == {16}
+    ks = [c.observe(stats(16, i=i)).next_sync_period for i in range(4)]
+    assert ks == [16, 16, 16, 32]  # cooldown over at the 12th boundary: the share rule raises
+
+
+def test_backs_off_when_the_loss_rises_over_a_window():
+    c = ExposedSyncController(sync_period=8, target=0.2, max_sync_period=8, window=4)
+    drive(c, 4, loss=1.0)
+    drive(c, 4, loss=0.8)
+    d = [c.observe(stats(8, loss=1.0, i=i)) for i in range(4)][-1]  # +25% over best window
+    assert d.next_sync_period == 4 and "loss" in d.reason
+
+
+def test_non_finite_loss_backs_off():
+    c = ExposedSyncController(sync_period=8, target=0.2, max_sync_period=8, window=2)
+    drive(c, 2)
+    d = [c.observe(stats(8, loss=math.nan, i=i)) for i in range(2)][-1]
+    assert d.next_sync_period == 4
+
+
+def test_warmup_boundaries_do_not_move_k():
+    c = ExposedSyncController(sync_period=4, window=1)
+    assert {c.observe(stats(1, warmup=True)).next_sync_period for _ in range(10)} == {4}
+
+
+def test_share_prediction():
+    # f = s/(Kc+s); at K/2 with s/(Kc) = r: f' = 2r/(1+2r)
+    f = 0.1 / (0.4 + 0.1)
+    assert share_at(f, 0.5) == pytest.approx(0.1 / (0.2 + 0.1))
+    assert share_rule(8, 0.5, target=0.2, growth=2, max_k=64)[0] == 16
+    assert share_rule(8, 0.1, target=0.2, growth=2, max_k=64)[0] == 8
+    assert share_rule(8, 0.5, target=0.2, growth=2, max_k=64, ceiling=8)[0] == 8
+
+
+# ----- QSR -------------------------------------------------------------------------------------
+
+
+def test_qsr_formula_on_exact_values():
+    assert qsr_k(0.25, base=2, alpha=0.5, max_k=1000) == 4
+    assert qsr_k(0.125, base=2, alpha=0.5, max_k=1000) == 16
+    assert qsr_k(0.5, base=2, alpha=0.5, max_k=1000) == 2  # (α/η)² = 1 < K_base
+    assert qsr_k(0.0625, base=2, alpha=0.5, max_k=32) == 32  # capped
+    assert default_alpha(0.1, 4) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "step"])
+def test_qsr_follows_the_lr_schedule(schedule):
+    peak, base = 0.1, 2
+    c = QSRController(base=base, alpha=default_alpha(peak, base), max_sync_period=10**9)
+    total = 200
+    for t in range(total):
+        lr = cosine_lr(t, total, peak) if schedule == "cosine" else peak * 0.1 ** (t // 70)
+        if lr <= 0:
+            continue
+        k = c.observe(stats(2, lr=lr)).next_sync_period
+        alpha = peak * math.sqrt(base)  # the issue's default
+        assert k == max(base, math.floor((alpha / lr) ** 2))
+        assert k >= base
+    assert c.observe(stats(2, lr=peak, warmup=True)).next_sync_period == base
+    # a step schedule dropping the LR tenfold multiplies K by 100
+    if schedule == "step":
+        assert c.observe(stats(2, lr=peak / 10)).next_sync_period in (199, 200)  # 2·10², floored
+
+
+# ----- AdaComm ---------------------------------------------------------------------------------
+
+
+def test_adacomm_formula():
+    assert adacomm_k(2.0, 2.0, 8, max_k=64) == 8
+    assert adacomm_k(0.5, 2.0, 8, max_k=64) == 4  # sqrt(1/4) * 8
+    assert adacomm_k(0.02, 2.0, 8, max_k=64) == 1  # ceil(0.8)
+    assert adacomm_k(0.6, 2.0, 8, max_k=64) == math.ceil(math.sqrt(0.3) * 8)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "step"])
+def test_adacomm_shrinks_k_as_the_loss_falls(schedule):
+    c = AdaCommController(k0=16, window=2)
+    ks, f0 = [], None
+    for t in range(40):
+        loss = 2.3 * (0.93**t if schedule == "cosine" else 0.5 ** (t // 10))
+        k = c.observe(stats(16, loss=loss, i=t)).next_sync_period
+        if t % 2 == 1:
+            window_loss = (
+                loss + 2.3 * (0.93 ** (t - 1) if schedule == "cosine" else 0.5 ** ((t - 1) // 10))
+            ) / 2
+            f0 = f0 or window_loss
+            assert k == max(1, math.ceil(math.sqrt(window_loss / f0) * 16))
+        ks.append(k)
+    assert ks[1] == 16 and ks[-1] < 16 and ks == sorted(ks, reverse=True)
+
+
+# ----- composite -------------------------------------------------------------------------------
+
+
+def test_composite_takes_the_larger_and_the_guard_caps_it():
+    o = PolicyOptions(
+        peak_lr=0.1, target_sync_share=0.2, max_sync_period=64, sync_window=1, qsr_base=2
+    )
+    c = build_controller("composite", 2, o)
+    # Idle link: the share rule holds; QSR raises K as the LR decays.
+    assert c.observe(stats(2, sync=1e-6, lr=0.05)).next_sync_period == 8
+    # Busy link at high LR: the share rule wins.
+    assert c.observe(stats(8, sync=1.0, lr=0.1)).next_sync_period == 16
+    # The guard caps both: loss up by 50%.
+    d = c.observe(stats(16, sync=1e-6, lr=0.02, loss=3.0))
+    assert "back off" in d.reason and d.next_sync_period == 8
+
+
+# ----- state -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_state_dict_round_trip_is_exact(name):
+    o = PolicyOptions(sync_window=3)
+    a = build_controller(name, 4, o)
+    rng = random.Random(1)
+
+    def stream(n, seed):
+        r = random.Random(seed)
+        return [
+            stats(
+                4,
+                sync=r.uniform(0, 0.2),
+                loss=r.uniform(0.5, 2),
+                drift_ratio=r.uniform(0.5, 3),
+                lr=r.uniform(0.01, 0.1),
+                i=i,
+            )
+            for i in range(n)
+        ]
+
+    for s in stream(rng.randint(5, 11), 2):
+        a.observe(s)
+    b = build_controller(name, 4, o)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))  # survives JSON too
+    rest = stream(30, 3)
+    assert [a.observe(s) for s in rest] == [b.observe(s) for s in rest]
+    assert a.state_dict() == b.state_dict()
+
+
+def test_controllers_do_not_import_torch_distributed():
+    import ast
+    import pathlib
+
+    for path in pathlib.Path(__file__).parents[1].joinpath("controllers").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.split(".")[0] == "torch" for n in names), (path, names)
