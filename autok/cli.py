@@ -81,6 +81,8 @@ HELP = {
     "out": "run directory (default: runs/<timestamp>)",
     "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
     "progress": "show the progress bar and the closing summary",
+    "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
+    "metrics_per_rank": "also serve each rank's own compute and wait times on PORT+rank",
     "collective_timeout": "seconds before a collective waiting on a lost peer fails",
 }
 

@@ -83,6 +83,8 @@ class TrainConfig(BaseModel):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     progress: bool = True
     collective_timeout: float = Field(300.0, gt=0.0, description="seconds")
+    metrics_port: int = Field(0, ge=0, le=65535, description="0 disables")
+    metrics_per_rank: bool = False
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainConfig:
@@ -111,6 +113,10 @@ class TrainConfig(BaseModel):
                 raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.metrics_per_rank and self.metrics_port == 0:
+            raise ValueError(
+                "--metrics-per-rank: needs --metrics-port (per-rank ports are PORT+rank)"
+            )
         if self.max_sync_period < self.sync_period:
             raise ValueError(
                 f"--max-sync-period: {self.max_sync_period} is below --sync-period "

@@ -60,6 +60,10 @@ def worker(
             timeout=timedelta(seconds=cfg.collective_timeout),
             device_id=device if backend == "nccl" else None,
         )
+    observers = list(observers or [])
+    exporter = start_exporter(cfg, rank, out_dir)
+    if exporter is not None:
+        observers.append(exporter)
     try:
         trainer = Trainer(
             cfg, rank, world_size, Path(out_dir) if out_dir else None, device, observers
@@ -70,7 +74,31 @@ def worker(
             print_summary(summary)
         return summary
     finally:
+        if exporter is not None:
+            exporter.close()
         dist.destroy_process_group()
+
+
+def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
+    """Rank 0 serves the cluster's metrics on --metrics-port; with --metrics-per-rank every rank
+    also serves its own times (rank r on PORT+r). Up before the first step."""
+    if cfg.metrics_port == 0 or (rank > 0 and not cfg.metrics_per_rank):
+        return None
+    from autok.metrics import MetricsExporter
+
+    exporter = MetricsExporter(
+        cfg.metrics_port + rank,
+        run_id=Path(out_dir).name if out_dir else "run",
+        strategy=cfg.strategy,
+        policy=cfg.policy,
+        link=cfg.link_profile,
+        rank=rank,
+        cluster=rank == 0,
+        per_rank=cfg.metrics_per_rank,
+    )
+    if cfg.progress:
+        print(f"autok: rank {rank} metrics at http://127.0.0.1:{exporter.port}/metrics", flush=True)
+    return exporter
 
 
 def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int) -> None:

@@ -34,6 +34,10 @@ class BoundaryStats:
     bytes_communicated: int
     lr: float
     warmup: bool
+    # Interval counts, all ranks (for counters): samples, gradient AllReduces, averagings.
+    samples: int = 0
+    grad_syncs: int = 0
+    param_syncs: int = 0
 
     @property
     def sync_share(self) -> float:

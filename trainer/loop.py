@@ -191,7 +191,8 @@ class Trainer:
                     loss.backward()
                 t2 = self.now()
                 ready = self.grad_state.last_ready
-                if ready is not None and ready > t1:  # gradient sync ran: split compute / wait
+                wait_seen = ready is not None and ready > t1
+                if wait_seen:  # gradient sync ran: split backward compute from the wait
                     backward, wait = ready - t1, t2 - ready
                     self.grad_syncs += 1
                 else:
@@ -215,6 +216,8 @@ class Trainer:
                 interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
                 interval.exposed_sync_seconds += wait
                 interval.grad_bytes += self.grad_state.nbytes
+                interval.samples += len(y)
+                interval.grad_syncs += wait_seen
                 if is_boundary:
                     carried = self._boundary(interval, epoch, k, lr, times)
                     interval = Interval(exposed_sync_seconds=carried)
@@ -253,7 +256,12 @@ class Trainer:
             interval_steps=interval.steps,
             lr=lr,
             warmup=epoch < self.cfg.warmup_epochs,
+            # DistributedSampler gives every rank equally many samples per step.
+            samples=interval.samples * self.world_size,
+            grad_syncs=interval.grad_syncs,
+            param_syncs=int(self.averager is not None),
         )
+        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
         if self.averager is not None:
             rec = self.averager.reconcile(
                 IntervalTotals(

@@ -33,6 +33,8 @@ class Interval:
     compute_seconds: float = 0.0
     exposed_sync_seconds: float = 0.0  # gradient waits, plus the previous boundary's averaging
     grad_bytes: int = 0
+    samples: int = 0  # this rank's
+    grad_syncs: int = 0
 
 
 @dataclass

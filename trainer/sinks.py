@@ -71,7 +71,8 @@ class FileSink:
         start = stats.global_step - stats.interval_steps + 1  # K held from the interval's start
         self._path.append((start, stats.sync_period, stats.lr))
         record = stats.as_dict()
-        record.pop("warmup")
+        for key in ("warmup", "samples", "grad_syncs", "param_syncs"):
+            record.pop(key)
         record["next_sync_period"] = decision.next_sync_period
         record["reason"] = decision.reason
         self._jsonl.write(json.dumps(record) + "\n")

@@ -1,0 +1,254 @@
+"""Prometheus exporter: rank 0 serves cluster-wide values, already reduced at boundaries.
+
+Names follow the Prometheus conventions: prefix `autok_`, base units in the name (`_seconds`,
+`_bytes`), `_total` on counters, ratios in 0..1. Labels are few and of low cardinality: run_id,
+strategy, policy (and `reason` on K changes, `rank` on per-rank metrics).
+
+All values live under one lock and a collector builds the families from a snapshot, so a scrape
+never sees a histogram half-updated. The text is rendered once per change and cached: fifty
+concurrent scrapes cost one render, not fifty, on the training process.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from controllers.base import BoundaryStats, SyncDecision
+from trainer.link import LinkProfile
+
+# The classic text format, which every Prometheus release parses (all our names are legacy-valid,
+# so prometheus_client's newer "version=1.0.0" output is byte-identical to it).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+SECONDS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+GAUGES = {
+    "sync_period": "K in force for the interval that just ended",
+    "next_sync_period": "K chosen for the next interval",
+    "learning_rate": "learning rate at the last boundary",
+    "sync_share_ratio": "exposed sync / (compute + exposed sync) of the last boundary interval",
+    "drift_norm": "sqrt(mean_i ||theta_i - theta_avg||^2) before the last averaging",
+    "drift_ratio": "drift_norm / update_norm at the last boundary",
+    "update_norm": "||theta_avg - theta_ref|| at the last boundary",
+    "train_loss": "mean training loss over the last interval and the ranks",
+    "test_accuracy_ratio": "test accuracy after the last finished epoch",
+    "epoch": "epoch being trained (0-based)",
+}
+COUNTERS = {
+    "samples": "training samples processed, all ranks",
+    "boundaries": "boundaries (synchronization points)",
+    "grad_syncs": "gradient AllReduce events",
+    "param_syncs": "parameter averaging events",
+    "communicated_bytes": "payload bytes of the collectives, per rank",
+}
+
+
+class _Hist:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(SECONDS_BUCKETS) + 1)
+        self.sum = 0.0
+        self.n = 0
+
+    def observe(self, v: float) -> None:
+        for i, le in enumerate(SECONDS_BUCKETS):
+            if v <= le:
+                self.counts[i] += 1
+        self.counts[-1] += 1
+        self.sum += v
+        self.n += 1
+
+    def buckets(self) -> list[tuple[str, int]]:
+        edges = [repr(le) for le in SECONDS_BUCKETS] + ["+Inf"]
+        return list(zip(edges, self.counts, strict=True))
+
+
+def reason_kind(reason: str) -> str:
+    """The low-cardinality part of a decision's reason: 'raise', 'back_off', 'qsr', ..."""
+    head = reason.split(":", 1)[0].strip().lower()
+    return re.sub(r"[^a-z0-9]+", "_", head).strip("_") or "other"
+
+
+class MetricsExporter:
+    def __init__(
+        self,
+        port: int,
+        *,
+        run_id: str,
+        strategy: str,
+        policy: str,
+        link: LinkProfile | None = None,
+        rank: int = 0,
+        cluster: bool = True,
+        per_rank: bool = False,
+        host: str = "0.0.0.0",
+    ) -> None:
+        self.labels = {"run_id": run_id, "strategy": strategy, "policy": policy}
+        self.link, self.rank = link, rank
+        self.cluster, self.per_rank = cluster, per_rank
+        self._lock = threading.RLock()
+        self._version = 0
+        self._cache: tuple[int, bytes] = (-1, b"")
+        self._gauges: dict[str, float] = {}
+        self._counters = {name: 0.0 for name in COUNTERS}
+        self._k_changes: dict[str, int] = {}
+        self._exposed, self._compute = _Hist(), _Hist()
+        self._rank_compute = self._rank_wait = 0.0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(
+            target=self._server.serve_forever, name="autok-metrics", daemon=True
+        ).start()
+
+    # ----- trainer events ----------------------------------------------------------------------
+
+    def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        with self._lock:
+            g = self._gauges
+            g["sync_period"] = stats.sync_period
+            g["next_sync_period"] = decision.next_sync_period
+            g["learning_rate"] = stats.lr
+            g["sync_share_ratio"] = stats.sync_share
+            g["drift_norm"], g["drift_ratio"] = stats.drift_norm, stats.drift_ratio
+            g["update_norm"], g["train_loss"] = stats.update_norm, stats.train_loss
+            g["epoch"] = stats.epoch
+            self._exposed.observe(stats.exposed_sync_seconds)
+            self._compute.observe(stats.compute_seconds)
+            c = self._counters
+            c["boundaries"] += 1
+            c["samples"] += stats.samples
+            c["grad_syncs"] += stats.grad_syncs
+            c["param_syncs"] += stats.param_syncs
+            c["communicated_bytes"] += stats.bytes_communicated
+            if decision.next_sync_period != stats.sync_period and not stats.warmup:
+                kind = reason_kind(decision.reason)
+                self._k_changes[kind] = self._k_changes.get(kind, 0) + 1
+            self._version += 1
+
+    def on_epoch(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._gauges["test_accuracy_ratio"] = row["test_accuracy"]
+            self._version += 1
+
+    def on_local_interval(self, compute_seconds: float, wait_seconds: float) -> None:
+        """This rank's own, unreduced times: spots stragglers."""
+        with self._lock:
+            self._rank_compute += compute_seconds
+            self._rank_wait += wait_seconds
+            self._version += 1
+
+    def close(self) -> None:
+        """Called by the worker once the summary is written (the server stays up until then)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # ----- exposition --------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        with self._lock:
+            if self._cache[0] != self._version:
+                self._cache = (self._version, generate_latest(self.registry))
+            return self._cache[1]
+
+    def collect(self):
+        names, values = list(self.labels), list(self.labels.values())
+        with self._lock:
+            if self.cluster:
+                for name, doc in GAUGES.items():
+                    if name in self._gauges:
+                        m = GaugeMetricFamily(f"autok_{name}", doc, labels=names)
+                        m.add_metric(values, self._gauges[name])
+                        yield m
+                for name, doc in COUNTERS.items():
+                    m = CounterMetricFamily(f"autok_{name}", doc, labels=names)
+                    m.add_metric(values, self._counters[name])
+                    yield m
+                m = CounterMetricFamily(
+                    "autok_sync_period_changes",
+                    "changes of K by the controller, by reason",
+                    labels=[*names, "reason"],
+                )
+                for kind, n in sorted(self._k_changes.items()):
+                    m.add_metric([*values, kind], n)
+                yield m
+                for name, hist, doc in (
+                    ("exposed_sync_seconds", self._exposed, "exposed sync per boundary interval"),
+                    ("compute_seconds", self._compute, "compute per boundary interval"),
+                ):
+                    h = HistogramMetricFamily(f"autok_{name}", doc, labels=names)
+                    h.add_metric(values, hist.buckets(), hist.sum)
+                    yield h
+                if self.link is not None:
+                    info = GaugeMetricFamily(
+                        "autok_link_info",
+                        "the emulated link profile",
+                        labels=[*names, "profile", "rtt_ms", "bandwidth_gbps", "jitter_ms"],
+                    )
+                    info.add_metric(
+                        [
+                            *values,
+                            self.link.name,
+                            f"{self.link.rtt_ms:g}",
+                            f"{self.link.bandwidth_gbps:g}",
+                            f"{self.link.jitter_ms:g}",
+                        ],
+                        1.0,
+                    )
+                    yield info
+            if self.per_rank:
+                for name, v, doc in (
+                    ("rank_compute_seconds", self._rank_compute, "this rank's compute"),
+                    ("rank_wait_seconds", self._rank_wait, "this rank's exposed sync waits"),
+                ):
+                    m = CounterMetricFamily(f"autok_{name}", doc, labels=[*names, "rank"])
+                    m.add_metric([*values, str(self.rank)], v)
+                    yield m
+
+
+def _handler(exporter: MetricsExporter):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = exporter.render()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
+            pass
+
+    return Handler
