@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -221,53 +219,10 @@ def test_values_match_boundaries_jsonl_and_counters_only_increase(tmp_path):
 def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
     """50 scrapers fire together once a second (as 50 Prometheus servers would) while a run
     trains; every response must parse and pass promtool, and training must not crawl."""
-    from autok.launch import free_port
-    from tests.test_cli import TINY, autok
+    from benchmarks.metrics_load import run_with_scrapers
 
-    def run(port, scrapers: bool):
-        out = tmp_path / f"r{port}"
-        args = ["train", *TINY, "--epochs", "20", "--batch-size", "8"]
-        args += ["--mnist1d-samples", "2000", "--link", "lan"]
-        args += ["--metrics-port", str(port), "--out", str(out)]
-        proc = threading.Thread(target=lambda: results.append(autok(*args)))
-        results: list = []
-        texts: list[str] = []
-        errors: list[str] = []
-        stop = threading.Event()
-
-        def scraper(barrier):
-            while not stop.is_set():
-                try:
-                    barrier.wait(timeout=5)
-                except threading.BrokenBarrierError:
-                    return
-                try:
-                    texts.append(scrape(port))
-                except OSError:
-                    pass  # not up yet, or finished
-                except Exception as exc:  # a malformed response
-                    errors.append(repr(exc))
-                time.sleep(1.0)
-
-        proc.start()
-        threads = []
-        if scrapers:
-            barrier = threading.Barrier(50)
-            threads = [
-                threading.Thread(target=scraper, args=(barrier,), daemon=True) for _ in range(50)
-            ]
-            for t in threads:
-                t.start()
-        proc.join(timeout=300)
-        stop.set()
-        for t in threads:
-            t.join(timeout=10)
-        assert results and results[0].returncode == 0, results[0].stderr if results else ""
-        wall = json.loads((out / "summary.json").read_text())["wall_seconds"]
-        return wall, texts, errors
-
-    base, _, _ = run(free_port(), scrapers=False)
-    loaded, texts, errors = run(free_port(), scrapers=True)
+    base, _, _ = run_with_scrapers(tmp_path / "base", 0)
+    loaded, texts, errors = run_with_scrapers(tmp_path / "loaded", 50)
     assert not errors, errors[:3]
     assert len(texts) >= 200, len(texts)
     for t in texts[:: max(1, len(texts) // 20)]:
