@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from autok.config import ConfigError, TrainConfig, flag, load_config
+from autok.sweep import OBJECTIVES
 from trainer.link import PROFILES
 
 EXIT_USAGE = 2
@@ -107,28 +108,27 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return annotation, None
 
 
-def add_train_flags(p: argparse.ArgumentParser) -> None:
+def add_train_flags(p: argparse.ArgumentParser, renamed: dict[str, str] | None = None) -> None:
+    """One flag per TrainConfig field; `renamed` maps a field to another flag (dest unchanged)."""
+    renamed = renamed or {}
     p.add_argument("--config", type=Path, help="YAML file of settings; flags given here win")
     for name, field in TrainConfig.model_fields.items():
         text = HELP.get(name, field.description or "")
         if "(default" not in text:  # a default that depends on other flags is spelled out
             text += f" (default: {'unset' if field.default is None else field.default})"
         conv, choices = _arg_type(field.annotation)
+        names = dict(dest=name, default=argparse.SUPPRESS, help=text)
         if conv is bool:
             p.add_argument(
-                flag(name),
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=text,
+                renamed.get(name, flag(name)), action=argparse.BooleanOptionalAction, **names
             )
         else:
             p.add_argument(
-                flag(name),
+                renamed.get(name, flag(name)),
                 type=conv,
                 choices=choices,
-                default=argparse.SUPPRESS,
                 metavar=name.upper() if not choices else None,
-                help=text,
+                **names,
             )
 
 
@@ -137,10 +137,71 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     train = sub.add_parser("train", help="train with ddp, localsgd or cpdp")
     add_train_flags(train)
+    sweep = sub.add_parser(
+        "sweep",
+        help="joint search over K, beta, LR (any train flag); each trial a full run",
+        description="Every `autok train` flag given here is the fixed part of each trial; "
+        "--out is the sweep directory.",
+    )
+    s = sweep.add_argument_group("sweep")
+    s.add_argument(
+        "--backend",
+        choices=["optuna", "ray"],
+        default="optuna",
+        help="optuna: embedded (sqlite in --out); ray: Ray Tune (default: optuna)",
+    )
+    s.add_argument("--trials", type=int, default=10, help="trials to run now (default: 10)")
+    s.add_argument("--jobs", type=int, default=1, help="trials at a time (default: 1)")
+    s.add_argument(
+        "--space",
+        type=Path,
+        default=None,
+        help="YAML search space (default: experiments/spaces/default.yaml)",
+    )
+    s.add_argument("--resume", action="store_true", help="continue the study in --out")
+    s.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage URL, e.g. postgresql://user:pw@host/db for several "
+        "machines (default: sqlite file in --out)",
+    )
+    s.add_argument("--study-name", default="autok", help="(default: autok)")
+    s.add_argument(
+        "--objective",
+        choices=list(OBJECTIVES),
+        default="pareto",
+        help="pareto: maximize peak accuracy and minimize wall-clock; accuracy or "
+        "time-to-accuracy: one objective, with pruning (default: pareto)",
+    )
+    s.add_argument(
+        "--pruner",
+        choices=["median", "hyperband"],
+        default="median",
+        help="pruner for single-objective sweeps (default: median)",
+    )
+    s.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.9,
+        help="accuracy that time-to-accuracy measures the time to (default: 0.9)",
+    )
+    s.add_argument("--sampler-seed", type=int, default=0, help="(default: 0)")
+    s.add_argument(
+        "--address",
+        default=None,
+        help="ray: cluster address, auto or ray://HOST:PORT (default: a local Ray)",
+    )
+    # `--backend` is the sweep's (optuna|ray); the trials' process-group backend is renamed.
+    add_train_flags(sweep, renamed={"backend": "--dist-backend"})
     return parser
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    return load_config({}, given_values(ns))
+
+
+def given_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """The settings the user gave: the --config file's, overridden by the flags on the line."""
     values = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
     file_values: dict[str, Any] = {}
     if ns.config is not None:
@@ -152,7 +213,9 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
             raise ConfigError(f"--config: {ns.config} is not valid YAML ({exc})") from None
         if not isinstance(file_values, dict):
             raise ConfigError(f"--config: {ns.config} must hold a mapping of settings")
-    return load_config(file_values, values)
+    merged = {str(k).replace("-", "_"): v for k, v in file_values.items()}
+    merged.update(values)
+    return merged
 
 
 def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
@@ -181,18 +244,68 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+SWEEP_KEYS = (
+    "backend",
+    "trials",
+    "jobs",
+    "space",
+    "resume",
+    "storage",
+    "study_name",
+    "objective",
+    "pruner",
+    "target_accuracy",
+    "sampler_seed",
+    "address",
+)
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    from autok.space import load_space
+    from autok.sweep import SweepOptions, sweep_optuna, table
+
+    sweep_args = {k: getattr(ns, k) for k in SWEEP_KEYS}
+    train_args = argparse.Namespace(
+        **{k: v for k, v in vars(ns).items() if k not in SWEEP_KEYS and k != "out"}
+    )
+    out = getattr(ns, "out", None) or Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
+    if sweep_args["trials"] < 1:
+        raise ConfigError("--trials: must be at least 1")
+    if sweep_args["jobs"] < 1:
+        raise ConfigError("--jobs: must be at least 1")
+    # The fixed part is what the user gave (defaults that depend on searched settings, such as
+    # beta on a searched strategy, stay free); it must be a valid run by itself.
+    fixed = given_values(train_args)
+    load_config({}, fixed)
+    fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
+    space = load_space(sweep_args.pop("space"))
+    opts = SweepOptions(out=Path(out), seed=sweep_args.pop("sampler_seed"), **sweep_args)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if opts.backend == "ray":
+        from autok.sweep_ray import sweep_ray
+
+        rows = sweep_ray(opts, fixed, space)
+    else:
+        rows = sweep_optuna(opts, fixed, space)
+    print(table(rows, space))
+    print(f"\nautok: {len(rows)} trials in {out}: trials.csv, pareto.csv, pareto.png, best.yaml")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
         if ns.command == "train":
             return cmd_train(ns)
+        if ns.command == "sweep":
+            return cmd_sweep(ns)
         return EXIT_USAGE
     except (UsageError, ConfigError) as exc:
         print(f"autok: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("autok: interrupted", file=sys.stderr)
+        print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
     except Exception as exc:  # a worker failed: its own traceback is already on stderr
         last = str(exc).strip().splitlines()

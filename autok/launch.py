@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autok.config import TrainConfig
+from autok.procs import die_with_parent
 from trainer.data import prepare_mnist1d
 
 
@@ -102,6 +103,7 @@ def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
 
 
 def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int) -> None:
+    die_with_parent()  # a killed launcher (Ctrl-C, a sweep's kill) takes its workers along
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -126,13 +128,28 @@ def launch(cfg: TrainConfig, out_dir: Path | None) -> None:
         )
         return
     prepare_data(cfg)
-    mp.start_processes(
+    ctx = mp.start_processes(
         _spawned,
         args=(cfg.workers, cfg_json, out, free_port()),
         nprocs=cfg.workers,
-        join=True,
+        join=False,
         start_method="spawn",
     )
+    join_all(ctx)
+
+
+def join_all(ctx) -> None:
+    """Wait for every worker; on any error or signal, stop the rest rather than orphan them."""
+    try:
+        while not ctx.join():
+            pass
+    except BaseException:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in ctx.processes:
+            p.join(timeout=10)
+        raise
 
 
 def _run_worker_entry(rank: int, world_size: int, port: int, fn, args, result_dir: str) -> None:
@@ -154,11 +171,12 @@ def run_workers(fn, world_size: int, *args) -> list:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(
+        ctx = mp.start_processes(
             _run_worker_entry,
             args=(world_size, free_port(), fn, args, d),
             nprocs=world_size,
-            join=True,
+            join=False,
             start_method="spawn",
         )
+        join_all(ctx)
         return [torch.load(Path(d) / f"{r}.pt", weights_only=False) for r in range(world_size)]

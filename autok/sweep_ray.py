@@ -1,0 +1,159 @@
+"""`autok sweep --backend ray`: Ray Tune over the same space and trials as the Optuna backend.
+
+A Tuner with OptunaSearch (define-by-run over the space file) and an ASHA scheduler on per-epoch
+test accuracy; each trial reserves as many CPUs as it has workers and runs the multi-worker
+training as a subprocess, exactly like an Optuna trial. Works on a local Ray, against a cluster
+(`--address auto` or `ray://HOST:PORT`), and as a Ray job (`ray job submit -- autok sweep ...`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from autok.space import Dim
+from autok.sweep import (
+    SweepOptions,
+    check_settings,
+    objective_values,
+    write_outputs,
+)
+from autok.trials import COMPLETE, FAIL, PRUNED, run_trial
+
+
+def _trainable(
+    config: dict[str, Any], fixed: dict[str, Any], out: str, target: float, objective: str
+) -> None:
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    run_dir = Path(out) / "trials" / f"ray-{trial_id}"
+    if why := check_settings(fixed, config):
+        raise ValueError(f"invalid settings: {why}")
+    t0, peak = time.time(), 0.0
+
+    def report(epoch: int, acc: float) -> bool:
+        nonlocal peak
+        peak = max(peak, acc)
+        tune.report(
+            {
+                "test_accuracy": acc,
+                "peak_test_accuracy": peak,
+                "epoch": epoch,
+                "wall_seconds": time.time() - t0,
+                "run_dir": str(run_dir),
+            }
+        )
+        return False  # ASHA stops the trial itself; the subprocess dies with this process
+
+    res = run_trial({**fixed, **config}, run_dir, report, target)
+    if res.state == FAIL:
+        raise RuntimeError(res.reason)
+    values = objective_values(SweepOptions(objective=objective), res)
+    tune.report(
+        {
+            "test_accuracy": res.peak_test_accuracy,
+            "peak_test_accuracy": res.peak_test_accuracy,
+            "wall_seconds": res.wall_seconds,
+            "epoch": res.epochs,
+            "time_to_accuracy": res.time_to_accuracy,
+            "objective": values[0],
+            "run_dir": str(run_dir),
+            "completed": True,
+        }
+    )
+
+
+def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> list[dict]:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from autok.config import TrainConfig
+
+    workers = int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
+    epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
+    if not ray.is_initialized():
+        ray.init(
+            address=opts.address,
+            include_dashboard=False,
+            log_to_driver=False,
+            num_cpus=None if opts.address else os.cpu_count(),
+        )
+
+    def define(trial):
+        for d in space:
+            d.suggest(trial)
+
+    if opts.objective == "pareto":
+        metric, mode = ["peak_test_accuracy", "wall_seconds"], ["max", "min"]
+    elif opts.objective == "accuracy":
+        metric, mode = "peak_test_accuracy", "max"
+    else:
+        metric, mode = "time_to_accuracy", "min"
+    search = OptunaSearch(define, metric=metric, mode=mode, seed=opts.seed)
+    scheduler = ASHAScheduler(
+        metric="test_accuracy",
+        mode="max",
+        time_attr="epoch",
+        max_t=epochs,
+        grace_period=1,
+        reduction_factor=2,
+    )
+    out = opts.out.resolve()
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            _trainable,
+            fixed=fixed,
+            out=str(out),
+            target=opts.target_accuracy,
+            objective=opts.objective,
+        ),
+        {"cpu": workers},
+    )
+    storage = str(out / "ray")
+    if opts.resume and tune.Tuner.can_restore(os.path.join(storage, opts.study_name)):
+        tuner = tune.Tuner.restore(
+            os.path.join(storage, opts.study_name),
+            trainable,
+            resume_errored=False,
+            restart_errored=False,
+        )
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                search_alg=search,
+                scheduler=scheduler,
+                num_samples=opts.trials,
+                max_concurrent_trials=opts.jobs,
+            ),
+            run_config=tune.RunConfig(storage_path=storage, name=opts.study_name, verbose=0),
+        )
+    grid = tuner.fit()
+    rows = []
+    for i, result in enumerate(grid):
+        m = result.metrics or {}
+        if result.error is not None:
+            state, reason = FAIL, str(result.error).strip().splitlines()[-1][:300]
+        elif m.get("completed"):
+            state, reason = COMPLETE, ""
+        else:
+            state, reason = PRUNED, f"stopped by ASHA after epoch {m.get('epoch')}"
+        rows.append(
+            {
+                "number": i,
+                "state": state,
+                **{d.name: (result.config or {}).get(d.name) for d in space},
+                "peak_test_accuracy": m.get("peak_test_accuracy"),
+                "wall_seconds": m.get("wall_seconds") if state == COMPLETE else None,
+                "time_to_accuracy": m.get("time_to_accuracy"),
+                "run_dir": m.get("run_dir", ""),
+                "reason": reason,
+            }
+        )
+    write_outputs(opts, fixed, space, rows)
+    return rows

@@ -1,0 +1,129 @@
+"""One sweep trial = one full `autok train` run in its own processes, watched from outside.
+
+The trial writes its run dir as any run does; the driver tails `epochs.csv` to report each
+epoch's test accuracy (for pruning) and to spot divergence, and kills the run when told to stop.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autok.procs import die_with_parent
+
+COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
+
+
+@dataclass
+class TrialResult:
+    state: str
+    run_dir: str
+    reason: str = ""
+    peak_test_accuracy: float = math.nan
+    wall_seconds: float = math.nan
+    time_to_accuracy: float = math.inf  # training seconds until the target accuracy
+    epochs: int = 0
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if r.get("lr")]  # a half-written row has no lr
+
+
+def _last_error(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("autok:"):
+            return ln
+    return lines[-1] if lines else "no output"
+
+
+def run_trial(
+    settings: dict[str, Any],
+    run_dir: Path,
+    report: Callable[[int, float], bool] | None = None,
+    target_accuracy: float = 0.9,
+    poll_seconds: float = 0.5,
+) -> TrialResult:
+    """Train with `settings` into `run_dir`. `report(epoch, test_accuracy)` is called once per
+    finished epoch; returning True stops the run (pruned)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_file = run_dir / "trial.yaml"
+    cfg_file.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "out"}))
+    log = run_dir / "train.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "autok.cli",
+        "train",
+        "--config",
+        str(cfg_file),
+        "--out",
+        str(run_dir),
+        "--no-progress",
+    ]
+    with open(log, "w") as log_f:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log_f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
+        seen, stop = 0, None
+        try:
+            while True:
+                done = proc.poll() is not None
+                rows = _rows(run_dir / "epochs.csv")
+                for row in rows[seen:]:
+                    epoch, acc = int(row["epoch"]), float(row["test_accuracy"])
+                    if not math.isfinite(float(row["train_loss"])):
+                        stop = (FAIL, f"diverged: non-finite training loss at epoch {epoch}")
+                    elif report is not None and report(epoch, acc):
+                        stop = (PRUNED, f"pruned at epoch {epoch} (test accuracy {acc:.4f})")
+                    if stop:
+                        break
+                seen = len(rows)
+                if stop or done:
+                    break
+                time.sleep(poll_seconds)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    rows = _rows(run_dir / "epochs.csv")
+    result = TrialResult(state=COMPLETE, run_dir=str(run_dir), epochs=len(rows))
+    if rows:
+        accs = [float(r["test_accuracy"]) for r in rows]
+        result.peak_test_accuracy = max(accs)
+        elapsed = 0.0
+        for r, acc in zip(rows, accs, strict=True):
+            elapsed += float(r["epoch_seconds"])
+            if acc >= target_accuracy:
+                result.time_to_accuracy = elapsed
+                break
+    if stop:
+        result.state, result.reason = stop
+    elif proc.returncode != 0:
+        result.state, result.reason = FAIL, _last_error(log)
+    else:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        result.peak_test_accuracy = summary["peak_test_accuracy"]
+        result.wall_seconds = summary["wall_seconds"]
+    return result
