@@ -187,6 +187,12 @@ def build_parser() -> Parser:
     )
     s.add_argument("--sampler-seed", type=int, default=0, help="(default: 0)")
     s.add_argument(
+        "--enqueue",
+        type=Path,
+        default=None,
+        help="YAML list of settings to evaluate first, e.g. known-good K and beta (default: none)",
+    )
+    s.add_argument(
         "--address",
         default=None,
         help="ray: cluster address, auto or ray://HOST:PORT (default: a local Ray)",
@@ -257,11 +263,12 @@ SWEEP_KEYS = (
     "target_accuracy",
     "sampler_seed",
     "address",
+    "enqueue",
 )
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    from autok.space import load_space
+    from autok.space import load_enqueue, load_space
     from autok.sweep import SweepOptions, sweep_optuna, table
 
     sweep_args = {k: getattr(ns, k) for k in SWEEP_KEYS}
@@ -279,6 +286,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     load_config({}, fixed)
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
     space = load_space(sweep_args.pop("space"))
+    sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
     opts = SweepOptions(out=Path(out), seed=sweep_args.pop("sampler_seed"), **sweep_args)
     Path(out).mkdir(parents=True, exist_ok=True)
     if opts.backend == "ray":

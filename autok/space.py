@@ -31,6 +31,28 @@ class Dim:
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
 
+def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
+    """A YAML list of {setting: value} over the space's dimensions, to evaluate first."""
+    if path is None:
+        return ()
+    if not path.is_file():
+        raise ConfigError(f"--enqueue: no such file {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--enqueue: {path} is not valid YAML ({exc})") from None
+    names = {d.name for d in space}
+    if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
+        raise ConfigError(f"--enqueue: {path} must be a list of mappings")
+    out = []
+    for p in raw:
+        p = {str(k).replace("-", "_"): v for k, v in p.items()}
+        if unknown := set(p) - names:
+            raise ConfigError(f"--enqueue: {sorted(unknown)} not in the search space")
+        out.append(p)
+    return tuple(out)
+
+
 def load_space(path: Path | None) -> list[Dim]:
     """Parse and validate a space file; every problem is a ConfigError naming --space."""
     path = path or DEFAULT_SPACE

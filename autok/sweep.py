@@ -37,6 +37,7 @@ class SweepOptions:
     target_accuracy: float = 0.9
     seed: int = 0
     address: str | None = None  # ray
+    enqueue: tuple[dict, ...] = ()  # settings to evaluate first (warm start)
 
 
 class TrialFailed(Exception):
@@ -120,6 +121,8 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
     )
     if not opts.resume:
         study.set_user_attr("fixed", {k: _plain(v) for k, v in fixed.items()})
+    for params in opts.enqueue:
+        study.enqueue_trial(params, skip_if_exists=True)
 
     def objective(trial: optuna.Trial) -> list[float] | float:
         params = {d.name: d.suggest(trial) for d in space}

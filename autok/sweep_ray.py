@@ -94,7 +94,13 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
         metric, mode = "peak_test_accuracy", "max"
     else:
         metric, mode = "time_to_accuracy", "min"
-    search = OptunaSearch(define, metric=metric, mode=mode, seed=opts.seed)
+    search = OptunaSearch(
+        define,
+        metric=metric,
+        mode=mode,
+        seed=opts.seed,
+        points_to_evaluate=list(opts.enqueue) or None,
+    )
     scheduler = ASHAScheduler(
         metric="test_accuracy",
         mode="max",

@@ -55,7 +55,7 @@ def run_trial(
     run_dir: Path,
     report: Callable[[int, float], bool] | None = None,
     target_accuracy: float = 0.9,
-    poll_seconds: float = 0.5,
+    poll_seconds: float = 0.2,
 ) -> TrialResult:
     """Train with `settings` into `run_dir`. `report(epoch, test_accuracy)` is called once per
     finished epoch; returning True stops the run (pruned)."""
