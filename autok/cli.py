@@ -302,8 +302,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    command = "autok"
     try:
         ns = parser.parse_args(argv)
+        command = ns.command
         if ns.command == "train":
             return cmd_train(ns)
         if ns.command == "sweep":
@@ -315,11 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
-    except Exception as exc:  # a worker failed: its own traceback is already on stderr
+    except Exception as exc:  # e.g. a worker failed: its own traceback is already on stderr
         last = str(exc).strip().splitlines()
-        print(
-            f"autok: training failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr
-        )
+        what = "training" if command == "train" else command
+        print(f"autok: {what} failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr)
         return 1
 
 

@@ -74,7 +74,10 @@ def _storage(opts: SweepOptions):
     import optuna
 
     if opts.storage:
-        return optuna.storages.RDBStorage(opts.storage)
+        try:
+            return optuna.storages.RDBStorage(opts.storage)
+        except Exception as exc:  # a bad URL, a missing driver, an unreachable server
+            raise ConfigError(f"--storage: {opts.storage}: {exc}") from None
     url = f"sqlite:///{(opts.out / 'study.db').resolve()}"
     # Parallel trials write from several threads: wait for the lock instead of failing fast
     # ("database is locked"), and let SQLite's WAL journal keep readers off the writer.

@@ -8,6 +8,7 @@ training as a subprocess, exactly like an Optuna trial. Works on a local Ray, ag
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +22,17 @@ from autok.sweep import (
     write_outputs,
 )
 from autok.trials import COMPLETE, FAIL, PRUNED, run_trial
+
+
+class DefineSpace:
+    """Optuna define-by-run over the space; a class, since Ray pickles its searcher."""
+
+    def __init__(self, space: list[Dim]) -> None:
+        self.space = space
+
+    def __call__(self, trial) -> None:
+        for d in self.space:
+            d.suggest(trial)
 
 
 def _trainable(
@@ -52,18 +64,18 @@ def _trainable(
     if res.state == FAIL:
         raise RuntimeError(res.reason)
     values = objective_values(SweepOptions(objective=objective), res)
-    tune.report(
-        {
-            "test_accuracy": res.peak_test_accuracy,
-            "peak_test_accuracy": res.peak_test_accuracy,
-            "wall_seconds": res.wall_seconds,
-            "epoch": res.epochs,
-            "time_to_accuracy": res.time_to_accuracy,
-            "objective": values[0],
-            "run_dir": str(run_dir),
-            "completed": True,
-        }
-    )
+    final = {
+        "test_accuracy": res.peak_test_accuracy,
+        "peak_test_accuracy": res.peak_test_accuracy,
+        "wall_seconds": res.wall_seconds,
+        "epoch": res.epochs,
+        "objective": values[0],
+        "time_to_accuracy": res.time_to_accuracy,
+        "run_dir": str(run_dir),
+        "completed": True,
+    }
+    # Ray's loggers warn on inf: a target never reached is reported as missing.
+    tune.report({k: v for k, v in final.items() if not (isinstance(v, float) and math.isinf(v))})
 
 
 def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> list[dict]:
@@ -84,10 +96,6 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             num_cpus=None if opts.address else os.cpu_count(),
         )
 
-    def define(trial):
-        for d in space:
-            d.suggest(trial)
-
     if opts.objective == "pareto":
         metric, mode = ["peak_test_accuracy", "wall_seconds"], ["max", "min"]
     elif opts.objective == "accuracy":
@@ -95,7 +103,7 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
     else:
         metric, mode = "time_to_accuracy", "min"
     search = OptunaSearch(
-        define,
+        DefineSpace(space),
         metric=metric,
         mode=mode,
         seed=opts.seed,

@@ -306,7 +306,10 @@ def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = trials(out)
-    assert len(rows) == 2 and all(r["state"] == "COMPLETE" for r in rows), rows
-    for r in rows:
+    # ASHA may stop the weaker trial after its first epoch (grace period 1)
+    assert len(rows) == 2 and {r["state"] for r in rows} <= {"COMPLETE", "PRUNED"}, rows
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    assert done
+    for r in done:
         assert json.loads((Path(r["run_dir"]) / "summary.json").read_text())["world_size"] == 2
     assert (out / "best.yaml").exists() and (out / "pareto.png").exists()
