@@ -82,6 +82,16 @@ HELP = {
     "out": "run directory (default: runs/<timestamp>)",
     "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
     "progress": "show the progress bar and the closing summary",
+    "checkpoint_every": "checkpoint every E epochs (0: only the final one); each keeps the "
+    "previous good one",
+    "stop_after_epochs": "stop cleanly after this many epochs, with a checkpoint; continue with "
+    "--resume (default: unset)",
+    "max_restarts": "restart all workers from the last checkpoint this many times when one dies",
+    "on_divergence": "non-finite loss or parameters, or loss far above its running minimum: "
+    "stop, or rollback to the last checkpoint with K halved",
+    "divergence_factor": "diverged when the mean loss of 4 boundaries exceeds this multiple of "
+    "its running minimum",
+    "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
     "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
     "metrics_per_rank": "also serve each rank's own compute and wait times on PORT+rank",
     "collective_timeout": "seconds before a collective waiting on a lost peer fails",
@@ -136,6 +146,15 @@ def build_parser() -> Parser:
     parser = Parser(prog="autok", description="CPDP training with an online sync period K.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     train = sub.add_parser("train", help="train with ddp, localsgd or cpdp")
+    train.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="continue the run in DIR from its last good checkpoint (same "
+        "settings; only --epochs, --stop-after-epochs, --max-restarts, "
+        "--metrics-port, --progress may change)",
+    )
     add_train_flags(train)
     sweep = sub.add_parser(
         "sweep",
@@ -206,9 +225,40 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return load_config({}, given_values(ns))
 
 
+RESUME_MAY_CHANGE = {
+    "epochs",
+    "stop_after_epochs",
+    "max_restarts",
+    "metrics_port",
+    "progress",
+    "metrics_per_rank",
+    "collective_timeout",
+}
+
+
+def resume_config(ns: argparse.Namespace) -> TrainConfig:
+    """The run's own resolved config.json, with the few settings a resume may change."""
+    run = ns.resume
+    if not (run / "config.json").is_file():
+        raise ConfigError(f"--resume: {run} holds no run (config.json missing)")
+    saved = json.loads((run / "config.json").read_text())
+    saved.pop("link_profile", None)
+    saved.pop("stop_after_epochs", None)  # a one-shot instruction, not a property of the run
+    given = given_values(ns)
+    if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume"}):
+        raise ConfigError(
+            f"--resume: {flag(changed[0])} cannot change when resuming; it "
+            f"continues {run} as configured"
+        )
+    saved.update(given)
+    saved["out"] = str(run)
+    saved.pop("resume", None)
+    return load_config({}, saved)
+
+
 def given_values(ns: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave: the --config file's, overridden by the flags on the line."""
-    values = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
+    values = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "resume")}
     file_values: dict[str, Any] = {}
     if ns.config is not None:
         if not ns.config.is_file():
@@ -233,18 +283,35 @@ def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
     if taken:
         raise ConfigError(f"--out: {out} already holds a run ({taken[0]}); choose a new directory")
     if write:
-        out.mkdir(parents=True, exist_ok=True)
-        resolved = cfg.model_dump(mode="json") | {"out": str(out)}
-        resolved["link_profile"] = cfg.link_profile.__dict__
-        (out / "config.json").write_text(json.dumps(resolved, indent=2) + "\n")
+        write_config(cfg, out)
     return out
 
 
-def cmd_train(ns: argparse.Namespace) -> int:
-    from autok.launch import launch, under_torchrun
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    from trainer.sinks import write_json_atomic
 
-    cfg = config_from_args(ns)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = cfg.model_dump(mode="json") | {"out": str(out)}
+    resolved["link_profile"] = cfg.link_profile.__dict__
+    write_json_atomic(out / "config.json", resolved)
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from autok.launch import launch, torchrun_restart, under_torchrun
+
     rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
+    if ns.resume is not None or torchrun_restart():
+        # An explicit --resume, or torchrun restarting its workers after a failure: continue
+        # the run in place from its last good checkpoint.
+        cfg = resume_config(ns) if ns.resume is not None else config_from_args(ns)
+        if cfg.out is None:
+            raise ConfigError("--out: a job that torchrun restarts needs --out to find its run")
+        out = Path(cfg.out)
+        if rank0:
+            write_config(cfg, out)
+        launch(cfg, out, resume=True)
+        return 0
+    cfg = config_from_args(ns)
     out = prepare_out_dir(cfg, write=rank0)
     launch(cfg, out)
     return 0

@@ -83,6 +83,13 @@ class TrainConfig(BaseModel):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     progress: bool = True
     collective_timeout: float = Field(300.0, gt=0.0, description="seconds")
+    # --- checkpoints and failures
+    checkpoint_every: int = Field(0, ge=0, description="epochs; 0: only the final checkpoint")
+    stop_after_epochs: int | None = Field(None, ge=1)
+    max_restarts: int = Field(0, ge=0)
+    on_divergence: Literal["stop", "rollback"] = "stop"
+    divergence_factor: float = Field(4.0, gt=1.0)
+    max_rollbacks: int = Field(3, ge=0)
     metrics_port: int = Field(0, ge=0, le=65535, description="0 disables")
     metrics_per_rank: bool = False
 

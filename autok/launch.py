@@ -38,9 +38,20 @@ def prepare_data(cfg: TrainConfig) -> None:
         prepare_mnist1d(cfg.mnist1d_samples, 42)
 
 
+def torchrun_restart() -> bool:
+    """torchrun is restarting its workers after a failure (--max-restarts)."""
+    return under_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
 def worker(
-    rank: int, world_size: int, cfg_json: str, out_dir: str | None, local_rank: int, observers=None
-) -> dict:
+    rank: int,
+    world_size: int,
+    cfg_json: str,
+    out_dir: str | None,
+    local_rank: int,
+    observers=None,
+    resume: bool = False,
+) -> dict | None:
     from trainer.loop import Trainer, print_summary
 
     cfg = TrainConfig.model_validate_json(cfg_json)
@@ -67,9 +78,23 @@ def worker(
         observers.append(exporter)
     try:
         trainer = Trainer(
-            cfg, rank, world_size, Path(out_dir) if out_dir else None, device, observers
+            cfg,
+            rank,
+            world_size,
+            Path(out_dir) if out_dir else None,
+            device,
+            observers,
+            resume=resume,
         )
         summary = trainer.run()
+        if summary is None:  # --stop-after-epochs
+            if rank == 0:
+                print(
+                    f"autok: stopped after {cfg.stop_after_epochs} epochs with a checkpoint;"
+                    f" continue with: autok train --resume {out_dir}",
+                    flush=True,
+                )
+            return None
         trainer.finish()
         if rank == 0 and cfg.progress:
             print_summary(summary)
@@ -102,7 +127,9 @@ def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
     return exporter
 
 
-def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int) -> None:
+def _spawned(
+    rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int, resume: bool
+) -> None:
     die_with_parent()  # a killed launcher (Ctrl-C, a sweep's kill) takes its workers along
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -112,30 +139,41 @@ def _spawned(rank: int, world_size: int, cfg_json: str, out_dir: str | None, por
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
-    worker(rank, world_size, cfg_json, out_dir, local_rank=rank)
+    worker(rank, world_size, cfg_json, out_dir, local_rank=rank, resume=resume)
 
 
-def launch(cfg: TrainConfig, out_dir: Path | None) -> None:
+def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None:
     cfg_json = cfg.model_dump_json()
     out = str(out_dir) if out_dir else None
-    if under_torchrun():
-        worker(
-            int(os.environ["RANK"]),
-            int(os.environ["WORLD_SIZE"]),
-            cfg_json,
-            out,
-            int(os.environ.get("LOCAL_RANK", 0)),
-        )
+    if under_torchrun():  # torchrun restarts failed workers itself (its --max-restarts)
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        worker(rank, world, cfg_json, out, int(os.environ.get("LOCAL_RANK", 0)), resume=resume)
         return
     prepare_data(cfg)
-    ctx = mp.start_processes(
-        _spawned,
-        args=(cfg.workers, cfg_json, out, free_port()),
-        nprocs=cfg.workers,
-        join=False,
-        start_method="spawn",
-    )
-    join_all(ctx)
+    restarts = 0
+    while True:
+        ctx = mp.start_processes(
+            _spawned,
+            args=(cfg.workers, cfg_json, out, free_port(), resume),
+            nprocs=cfg.workers,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            join_all(ctx)
+            return
+        except mp.ProcessExitedException as exc:
+            # A worker died without raising (killed, out of memory): restart them all from the
+            # last good checkpoint. A worker that raised an error is not retried: it would again.
+            if restarts >= cfg.max_restarts or out is None:
+                raise
+            restarts += 1
+            resume = True
+            print(
+                f"autok: {str(exc).strip().splitlines()[-1]}; restarting all workers from the "
+                f"last checkpoint ({restarts} of --max-restarts {cfg.max_restarts})",
+                flush=True,
+            )
 
 
 def join_all(ctx) -> None:

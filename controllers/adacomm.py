@@ -47,15 +47,21 @@ class AdaCommController:
         self.sync_period = k
         return SyncDecision(k, f"adacomm: sqrt({loss:.4g}/{self.initial_loss:.4g}) x {self.k0}")
 
+    def rollback(self, sync_period: int) -> None:
+        self.sync_period = sync_period
+        self.max_sync_period = sync_period
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "sync_period": self.sync_period,
             "initial_loss": self.initial_loss,
             "sum": self._sum,
             "n": self._n,
+            "max_sync_period": self.max_sync_period,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sync_period = int(state["sync_period"])
         self.initial_loss = state["initial_loss"]
         self._sum, self._n = float(state["sum"]), int(state["n"])
+        self.max_sync_period = int(state["max_sync_period"])

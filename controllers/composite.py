@@ -39,6 +39,10 @@ class CompositeController:
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")
 
+    def rollback(self, sync_period: int) -> None:
+        self.share.rollback(sync_period)
+        self.qsr.rollback(sync_period)
+
     def state_dict(self) -> dict[str, Any]:
         return {"share": self.share.state_dict(), "qsr": self.qsr.state_dict()}
 

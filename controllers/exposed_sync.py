@@ -126,6 +126,12 @@ class ExposedSyncController:
         self.sync_period = k
         return SyncDecision(k, why)
 
+    def rollback(self, sync_period: int) -> None:
+        """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
+        self.sync_period = sync_period
+        self.ceiling, self.since_fire = sync_period, 0
+        self._win = _Window()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "sync_period": self.sync_period,

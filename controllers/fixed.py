@@ -18,6 +18,10 @@ class FixedController:
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         return SyncDecision(next_sync_period(self.sync_period), "fixed")
 
+    def rollback(self, sync_period: int) -> None:
+        """The trainer rolled back after divergence and halved K: keep the smaller K."""
+        self.sync_period = sync_period
+
     def state_dict(self) -> dict[str, Any]:
         return {"sync_period": self.sync_period}
 

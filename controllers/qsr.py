@@ -43,8 +43,14 @@ class QSRController:
         self.sync_period = k
         return SyncDecision(k, f"qsr: (alpha/lr)^2 = ({self.alpha:.3g}/{stats.lr:.3g})^2")
 
+    def rollback(self, sync_period: int) -> None:
+        """After a divergence rollback the LR-driven K may not exceed the halved K."""
+        self.sync_period = sync_period
+        self.max_sync_period = max(self.base, sync_period)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"sync_period": self.sync_period}
+        return {"sync_period": self.sync_period, "max_sync_period": self.max_sync_period}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sync_period = int(state["sync_period"])
+        self.max_sync_period = int(state["max_sync_period"])

@@ -28,13 +28,15 @@ from trainer.averaging import (
     param_digest,
     reconcile_buffers,
 )
+from trainer.checkpoint import latest_valid, load_rank_file, publish, write_rank_file
 from trainer.data import build_splits
+from trainer.divergence import Diverged, DivergenceGuard, Rollback
 from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
 from trainer.link import LinkClock, allreduce_sum_
 from trainer.models import build_model
 from trainer.optim import build_optimizer, build_scheduler, state_tensors
 from trainer.profiler import Clock, EpochTimes, Interval
-from trainer.sinks import FileSink, ProgressSink, summary_table
+from trainer.sinks import FileSink, ProgressSink, rewind_outputs, summary_table
 from trainer.strategies import STRATEGIES
 
 
@@ -53,6 +55,7 @@ class Trainer:
         out_dir: Path | None,
         device: torch.device | None = None,
         observers: list[Any] | None = None,
+        resume: bool = False,
     ) -> None:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.out_dir = out_dir
@@ -126,20 +129,35 @@ class Trainer:
         self.controller = build_controller(cfg.policy, cfg.sync_period, cfg.policy_options())
         self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
         self.sync_period = cfg.sync_period  # K after warmup; changes only at boundaries
+        # ddp's loss is rank-local (no averaging collective carries it): only non-finite values
+        # are judged there, which gradient averaging spreads to every rank alike.
+        self.divergence = DivergenceGuard(
+            factor=cfg.divergence_factor, ratio_check=self.averager is not None
+        )
+        self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
+        self.total_compute = 0.0  # mean over ranks, summed over epochs
+        self.total_exposed = 0.0
+        self.history: list[float] = []  # test accuracy per epoch
+        self.carried_sync = 0.0
+        self.rollbacks = 0
+        self.start_epoch = 0
+        self.wall_before, self.wall0 = 0.0, time.perf_counter()
+        if resume and out_dir is not None:
+            epoch = self.restore_latest()
+            if rank == 0:
+                rewind_outputs(out_dir, epoch)  # rows after the checkpoint would be re-written
+                print(
+                    f"autok: resuming after epoch {epoch}"
+                    if epoch >= 0
+                    else "autok: no checkpoint yet; starting over",
+                    flush=True,
+                )
         self.observers = list(observers or [])
         if rank == 0 and out_dir is not None:
             self.observers.append(FileSink(out_dir))
             self.observers.append(
-                ProgressSink(cfg.epochs * self.steps_per_epoch, enabled=cfg.progress)
+                ProgressSink(cfg.epochs * self.steps_per_epoch, cfg.progress, self.global_step)
             )
-
-        # Counters
-        self.global_step = 0
-        self.boundary = 0
-        self.grad_syncs = 0
-        self.param_syncs = 0
-        self.total_compute = 0.0  # mean over ranks, summed over epochs
-        self.total_exposed = 0.0
 
     # ----- what rides with the parameters ------------------------------------------------------
 
@@ -163,86 +181,220 @@ class Trainer:
     def k_in_force(self, epoch: int) -> int:
         return 1 if epoch < self.cfg.warmup_epochs else self.sync_period
 
-    def run(self) -> dict[str, Any]:
-        criterion = nn.CrossEntropyLoss()
-        history: list[float] = []
-        wall0 = time.perf_counter()
-        # An interval opens when the previous boundary has packed its buffer, so it starts with
-        # that boundary's averaging time; the last step of an epoch is always a boundary.
-        interval = Interval()
-        for epoch in range(self.cfg.epochs):
-            self.sampler.set_epoch(epoch)
-            self.ddp.train()
-            times = EpochTimes()
-            grad_syncs0, param_syncs0 = self.grad_syncs, self.param_syncs
-            epoch_start = step_end = self.now()
-            for i, (x, y) in enumerate(self.train_loader):
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                k = self.k_in_force(epoch)
-                is_boundary = interval.steps + 1 >= k or i == self.steps_per_epoch - 1
-                self.optimizer.zero_grad(set_to_none=True)
-                self.grad_state.reset()
-
-                t0 = self.now()
-                with self.strategy.backward_context(self.ddp, is_boundary):
-                    out = self.ddp(x)
-                    loss = criterion(out, y)
-                    t1 = self.now()
-                    loss.backward()
-                t2 = self.now()
-                ready = self.grad_state.last_ready
-                wait_seen = ready is not None and ready > t1
-                if wait_seen:  # gradient sync ran: split backward compute from the wait
-                    backward, wait = ready - t1, t2 - ready
-                    self.grad_syncs += 1
-                else:
-                    backward, wait = t2 - t1, 0.0
-                lr = self.scheduler.get_last_lr()[0]
-                self.optimizer.step()
-                self.scheduler.step()
-                t3 = self.now()
-
-                loss_value = loss.item()
-                times.forward_seconds += t1 - t0
-                times.backward_seconds += backward
-                times.optimizer_seconds += t3 - t2
-                times.sync_seconds += wait
-                times.train_loss_sum += loss_value * len(y)
-                times.train_correct += (out.argmax(1) == y).sum().item()
-                times.train_seen += len(y)
-                times.steps += 1
-                interval.steps += 1
-                interval.loss_sum += loss_value
-                interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
-                interval.exposed_sync_seconds += wait
-                interval.grad_bytes += self.grad_state.nbytes
-                interval.samples += len(y)
-                interval.grad_syncs += wait_seen
-                if is_boundary:
-                    carried = self._boundary(interval, epoch, k, lr, times)
-                    interval = Interval(exposed_sync_seconds=carried)
-                self._emit("on_step", self, is_boundary)
-                self.global_step += 1
-                step_end = self.now()
-            times.epoch_seconds = step_end - epoch_start
-
-            if self.averager is None and self.float_buffers and self.cfg.buffer_policy != "local":
-                # ddp has no averaging collective; reconcile buffers where each epoch ends.
-                reconcile_buffers(
-                    self.float_buffers,
-                    self.cfg.buffer_policy,
-                    self.rank,
-                    self.world_size,
-                    self.clock,
-                )
-            # `lr` is the LR of the epoch's last step
-            row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
-            history.append(row["test_accuracy"])
-            self._emit("on_epoch", row)
-
-        summary = self._summary(history, time.perf_counter() - wall0)
+    def run(self) -> dict[str, Any] | None:
+        """Train to the last epoch and return the summary; None when stopped early on purpose
+        (--stop-after-epochs), with a checkpoint to continue from."""
+        cfg = self.cfg
+        epoch = self.start_epoch
+        self.wall0 = time.perf_counter()
+        while epoch < cfg.epochs:
+            try:
+                self._train_epoch(epoch)
+            except Rollback as rb:
+                epoch = self._roll_back(rb)
+                continue
+            last = epoch == cfg.epochs - 1
+            stop = cfg.stop_after_epochs == epoch + 1
+            every = cfg.checkpoint_every
+            if self.out_dir is not None and (last or stop or (every and (epoch + 1) % every == 0)):
+                self.save_checkpoint(epoch)
+            if stop and not last:
+                self._emit("on_stop", epoch)
+                return None
+            epoch += 1
+        summary = self._summary(self.history, self.wall_before + time.perf_counter() - self.wall0)
         self._emit("on_end", summary)
         return summary
+
+    def _train_epoch(self, epoch: int) -> None:
+        criterion = nn.CrossEntropyLoss()
+        self.sampler.set_epoch(epoch)
+        self.ddp.train()
+        times = EpochTimes()
+        grad_syncs0, param_syncs0 = self.grad_syncs, self.param_syncs
+        # An interval opens when the previous boundary has packed its buffer, so it starts with
+        # that boundary's averaging time; the last step of an epoch is always a boundary.
+        interval = Interval(exposed_sync_seconds=self.carried_sync)
+        epoch_start = step_end = self.now()
+        for i, (x, y) in enumerate(self.train_loader):
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            k = self.k_in_force(epoch)
+            is_boundary = interval.steps + 1 >= k or i == self.steps_per_epoch - 1
+            self.optimizer.zero_grad(set_to_none=True)
+            self.grad_state.reset()
+
+            t0 = self.now()
+            with self.strategy.backward_context(self.ddp, is_boundary):
+                out = self.ddp(x)
+                loss = criterion(out, y)
+                t1 = self.now()
+                loss.backward()
+            t2 = self.now()
+            ready = self.grad_state.last_ready
+            wait_seen = ready is not None and ready > t1
+            if wait_seen:  # gradient sync ran: split backward compute from the wait
+                backward, wait = ready - t1, t2 - ready
+                self.grad_syncs += 1
+            else:
+                backward, wait = t2 - t1, 0.0
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            t3 = self.now()
+
+            loss_value = loss.item()
+            times.forward_seconds += t1 - t0
+            times.backward_seconds += backward
+            times.optimizer_seconds += t3 - t2
+            times.sync_seconds += wait
+            times.train_loss_sum += loss_value * len(y)
+            times.train_correct += (out.argmax(1) == y).sum().item()
+            times.train_seen += len(y)
+            times.steps += 1
+            interval.steps += 1
+            interval.loss_sum += loss_value
+            interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
+            interval.exposed_sync_seconds += wait
+            interval.grad_bytes += self.grad_state.nbytes
+            interval.samples += len(y)
+            interval.grad_syncs += wait_seen
+            if is_boundary:
+                carried = self._boundary(interval, epoch, k, lr, times)
+                interval = Interval(exposed_sync_seconds=carried)
+            self._emit("on_step", self, is_boundary)
+            self.global_step += 1
+            step_end = self.now()
+        times.epoch_seconds = step_end - epoch_start
+        self.carried_sync = interval.exposed_sync_seconds
+
+        if self.averager is None and self.float_buffers and self.cfg.buffer_policy != "local":
+            # ddp has no averaging collective; reconcile buffers where each epoch ends.
+            reconcile_buffers(
+                self.float_buffers, self.cfg.buffer_policy, self.rank, self.world_size, self.clock
+            )
+        # `lr` is the LR of the epoch's last step
+        row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
+        self.history.append(row["test_accuracy"])
+        self._emit("on_epoch", row)
+
+    # ----- checkpoints, resume, rollback -------------------------------------------------------
+
+    def state_dict(self, epoch: int) -> dict[str, Any]:
+        """Everything needed to continue exactly after `epoch` (this rank's part)."""
+        return {
+            "epoch": epoch,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "averager": self.averager.state_dict() if self.averager else None,
+            "controller": self.controller.state_dict(),
+            "divergence": self.divergence.state_dict(),
+            "link": self.clock.state_dict() if self.clock else None,
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
+            },
+            "trainer": {
+                "sync_period": self.sync_period,
+                "global_step": self.global_step,
+                "boundary": self.boundary,
+                "grad_syncs": self.grad_syncs,
+                "param_syncs": self.param_syncs,
+                "total_compute": self.total_compute,
+                "total_exposed": self.total_exposed,
+                "k_path": self.k_path,
+                "history": self.history,
+                "carried_sync": self.carried_sync,
+                "wall_seconds": self.wall_before + time.perf_counter() - self.wall0,
+                "rollbacks": self.rollbacks,
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.averager is not None:
+            self.averager.load_state_dict(state["averager"])
+        self.controller.load_state_dict(state["controller"])
+        self.divergence.load_state_dict(state["divergence"])
+        if self.clock is not None and state["link"] is not None:
+            self.clock.load_state_dict(state["link"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+        if rng["cuda"] is not None:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        t = state["trainer"]
+        self.sync_period = t["sync_period"]
+        self.global_step, self.boundary = t["global_step"], t["boundary"]
+        self.grad_syncs, self.param_syncs = t["grad_syncs"], t["param_syncs"]
+        self.total_compute, self.total_exposed = t["total_compute"], t["total_exposed"]
+        self.k_path = {int(k): v for k, v in t["k_path"].items()}
+        self.history = list(t["history"])
+        self.carried_sync = t["carried_sync"]
+        self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
+        self.rollbacks = t["rollbacks"]
+        self.start_epoch = state["epoch"] + 1
+
+    def save_checkpoint(self, epoch: int) -> bool:
+        """Collective: every rank writes its part. Skipped, keeping the last good checkpoint,
+        when any rank holds non-finite weights."""
+        bad = sum(int(not torch.isfinite(p).all()) for p in self.model.parameters())
+        flag = torch.tensor([float(bad)], dtype=torch.float64, device=self.device)
+        allreduce_sum_(flag, self.clock)
+        if flag.item() > 0:
+            if self.rank == 0:
+                print(f"autok: not checkpointing epoch {epoch}: non-finite weights", flush=True)
+            return False
+        write_rank_file(self.out_dir, epoch, self.rank, self.state_dict(epoch))
+        allreduce_sum_(torch.zeros(1, dtype=torch.float64, device=self.device), self.clock)
+        if self.rank == 0:
+            publish(self.out_dir, epoch, self.world_size)
+        return True
+
+    def restore_latest(self) -> int:
+        """Load the newest valid checkpoint (refusing corrupt ones); return its epoch or -1."""
+        found = latest_valid(self.out_dir, self.world_size)
+        if self.rank == 0:
+            for name, why in found.refused:
+                print(f"autok: checkpoint {name} refused: {why}", flush=True)
+        if found.path is None:
+            return -1
+        self.load_state(load_rank_file(found.path, self.rank))
+        return found.epoch
+
+    def _roll_back(self, rb: Rollback) -> int:
+        """Divergence with --on-divergence rollback: the last good checkpoint, K halved."""
+        if self.out_dir is None or self.rollbacks >= self.cfg.max_rollbacks:
+            raise Diverged(
+                f"training diverged: {rb.reason}; rollbacks exhausted "
+                f"({self.rollbacks} of --max-rollbacks {self.cfg.max_rollbacks})"
+            )
+        rollbacks = self.rollbacks + 1
+        epoch = self.restore_latest()
+        if epoch < 0:
+            raise Diverged(
+                f"training diverged: {rb.reason}; no checkpoint to roll back to "
+                "(set --checkpoint-every)"
+            )
+        self.rollbacks = rollbacks
+        self.sync_period = max(1, rb.sync_period // 2)
+        rollback = getattr(self.controller, "rollback", None)
+        if rollback is not None:
+            rollback(self.sync_period)
+        self._emit("on_rewind", epoch)
+        if self.rank == 0:
+            print(
+                f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
+                f"K -> {self.sync_period} (rollback {self.rollbacks} of "
+                f"{self.cfg.max_rollbacks})",
+                flush=True,
+            )
+        return epoch + 1
 
     def _boundary(
         self, interval: Interval, epoch: int, k: int, lr: float, times: EpochTimes
@@ -300,6 +452,13 @@ class Trainer:
                 bytes_communicated=interval.grad_bytes,
             )
             carried = 0.0
+        if why := self.divergence.check(stats):
+            if self.cfg.on_divergence == "rollback":
+                raise Rollback(why, self.sync_period)
+            raise Diverged(
+                f"training diverged: {why}; lower --lr or --slowmo-beta, or use "
+                "--on-divergence rollback with --checkpoint-every"
+            )
         at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
         at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
         at_k["boundaries"] += 1

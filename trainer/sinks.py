@@ -55,10 +55,46 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def rewind_outputs(out_dir: Path, last_epoch: int) -> None:
+    """Drop the rows of epochs after `last_epoch` (they are about to be trained again), so a
+    resumed or rolled-back run has no duplicate and no missing row. Atomic per file."""
+    csv_path, jsonl_path = out_dir / "epochs.csv", out_dir / "boundaries.jsonl"
+    if csv_path.exists():
+        lines = csv_path.read_text().splitlines(keepends=True)
+        kept = lines[:1] + [ln for ln in lines[1:] if int(ln.split(",", 1)[0]) <= last_epoch]
+        _write_atomic(csv_path, "".join(kept))
+    if jsonl_path.exists():
+        kept = [
+            ln
+            for ln in jsonl_path.read_text().splitlines(keepends=True)
+            if ln.strip() and json.loads(ln)["epoch"] <= last_epoch
+        ]
+        _write_atomic(jsonl_path, "".join(kept))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class FileSink:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
-        self._path: list[tuple[int, int, float]] = []  # (step, K in force, LR) per boundary
+        self._open()
+
+    def _open(self) -> None:
+        out_dir = self.out_dir
+        # (step, K in force, LR) per boundary, for k_lr.png; a resumed run starts from its file.
+        self._path: list[tuple[int, int, float]] = []
+        if (out_dir / "boundaries.jsonl").exists():
+            for line in (out_dir / "boundaries.jsonl").read_text().splitlines():
+                r = json.loads(line)
+                start = r["global_step"] - r["interval_steps"] + 1
+                self._path.append((start, r["sync_period"], r["lr"]))
         # Open for the whole run (appended as it goes), closed in on_end.
         self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
         new_csv = not (out_dir / "epochs.csv").exists()
@@ -82,9 +118,20 @@ class FileSink:
         self._csv_file.flush()
         self._jsonl.flush()
 
-    def on_end(self, summary: dict[str, Any]) -> None:
+    def on_rewind(self, last_epoch: int) -> None:
+        self._close()
+        rewind_outputs(self.out_dir, last_epoch)
+        self._open()
+
+    def on_stop(self, epoch: int) -> None:
+        self._close()
+
+    def _close(self) -> None:
         self._jsonl.close()
         self._csv_file.close()
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        self._close()
         write_json_atomic(self.out_dir / "summary.json", summary)
         if self._path:
             plot_k_and_lr(self._path, self.out_dir / "k_lr.png", summary)
@@ -93,12 +140,14 @@ class FileSink:
 class ProgressSink:
     """A tqdm bar over all optimizer steps: loss, accuracy, K and the exposed-sync share."""
 
-    def __init__(self, total_steps: int, enabled: bool) -> None:
+    def __init__(self, total_steps: int, enabled: bool, done: int = 0) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total_steps, unit="step", disable=not enabled, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total_steps, initial=done, unit="step", disable=not enabled, dynamic_ncols=True
+        )
         self._post: dict[str, str] = {}
-        self._done = 0
+        self._done = done
 
     def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
         self._bar.update(stats.global_step + 1 - self._done)
@@ -110,6 +159,12 @@ class ProgressSink:
     def on_epoch(self, row: dict[str, Any]) -> None:
         self._post["acc"] = f"{row['test_accuracy']:.3f}"
         self._bar.set_postfix(self._post)
+
+    def on_rewind(self, last_epoch: int) -> None:
+        self._done = 0  # counts resume from the next boundary
+
+    def on_stop(self, epoch: int) -> None:
+        self._bar.close()
 
     def on_end(self, summary: dict[str, Any]) -> None:
         self._bar.close()

@@ -1,0 +1,64 @@
+"""Divergence guard, judged at boundaries from values the averaging collective already carries
+(loss, drift and update norms, reduced over ranks), so every rank reaches the same verdict."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controllers.base import BoundaryStats
+
+
+class Diverged(RuntimeError):
+    """Training diverged and the run stops (or has no checkpoint to roll back to)."""
+
+
+class Rollback(Exception):
+    def __init__(self, reason: str, sync_period: int) -> None:
+        super().__init__(reason)
+        self.reason, self.sync_period = reason, sync_period
+
+
+def diverged(window_loss: float, best_window_loss: float, factor: float) -> bool:
+    return math.isfinite(best_window_loss) and window_loss > factor * best_window_loss
+
+
+@dataclass
+class DivergenceGuard:
+    factor: float = 4.0  # window loss this many times its running minimum: diverged
+    window: int = 4
+    ratio_check: bool = True  # off for ddp, whose loss is rank-local (no reduced scalars)
+    best: float = math.inf
+    _recent: deque = field(default_factory=deque)
+
+    def check(self, s: BoundaryStats) -> str | None:
+        values = (s.train_loss, s.drift_norm, s.update_norm)
+        if not all(math.isfinite(v) for v in values):
+            return (
+                f"non-finite values at boundary {s.boundary} (loss {s.train_loss}, drift "
+                f"{s.drift_norm}, update {s.update_norm})"
+            )
+        if not self.ratio_check:
+            return None
+        self._recent.append(s.train_loss)
+        if len(self._recent) > self.window:
+            self._recent.popleft()
+        if len(self._recent) < self.window:
+            return None
+        mean = sum(self._recent) / len(self._recent)
+        if diverged(mean, self.best, self.factor):
+            return (
+                f"loss {mean:.4g} over the last {self.window} boundaries is more than "
+                f"{self.factor:g}x its running minimum {self.best:.4g} (boundary {s.boundary})"
+            )
+        self.best = min(self.best, mean)
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "recent": list(self._recent)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state["best"]
+        self._recent = deque(state["recent"])
