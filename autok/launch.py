@@ -65,11 +65,20 @@ def worker(
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     if not dist.is_initialized():
+        timeout = timedelta(seconds=cfg.collective_timeout)
+        store = None
+        if under_torchrun():
+            # torchrun's store outlives a restart of the workers; fresh keys per attempt keep a
+            # restarted group from reading the dead workers' addresses.
+            base, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"autok/attempt-{attempt}", base)
         dist.init_process_group(
             backend,
+            store=store,
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=cfg.collective_timeout),
+            timeout=timeout,
             device_id=device if backend == "nccl" else None,
         )
     observers = list(observers or [])
@@ -190,11 +199,13 @@ def join_all(ctx) -> None:
         raise
 
 
-def _run_worker_entry(rank: int, world_size: int, port: int, fn, args, result_dir: str) -> None:
+def _run_worker_entry(
+    rank: int, world_size: int, port: int, fn, args, result_dir: str, timeout: float = 300
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=300)
+        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
     )
     try:
         out = fn(rank, world_size, *args)
@@ -203,7 +214,7 @@ def _run_worker_entry(rank: int, world_size: int, port: int, fn, args, result_di
     torch.save(out, Path(result_dir) / f"{rank}.pt")
 
 
-def run_workers(fn, world_size: int, *args) -> list:
+def run_workers(fn, world_size: int, *args, timeout: float = 300) -> list:
     """fn(rank, world_size, *args) on `world_size` spawned processes joined by gloo on localhost;
     returns the per-rank results. For tests and benchmarks that drive the engine directly."""
     import tempfile
@@ -211,7 +222,7 @@ def run_workers(fn, world_size: int, *args) -> list:
     with tempfile.TemporaryDirectory() as d:
         ctx = mp.start_processes(
             _run_worker_entry,
-            args=(world_size, free_port(), fn, args, d),
+            args=(world_size, free_port(), fn, args, d, timeout),
             nprocs=world_size,
             join=False,
             start_method="spawn",

@@ -11,6 +11,7 @@ profiler and the replica check need, so a boundary costs one latency on a WAN (D
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -155,7 +156,9 @@ class ParameterAverager:
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         torch.sub(theta_avg, self.ref, out=self._scratch)
         update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
-        drift_sq = max(0.0, (red[S_HI] + red[S_LO]) / n - update_sq)
+        drift_sq = (red[S_HI] + red[S_LO]) / n - update_sq
+        if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
+            drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
 
         theta_new = slowmo_update_(self.ref, self.velocity, theta_avg, self.beta, lr, self.lr_aware)
         self._write_back(self.params, theta_new)

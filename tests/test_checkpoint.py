@@ -1,0 +1,241 @@
+"""Checkpoints, exact resume, worker failure, divergence guard, collective timeout."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import tiny_cfg
+from tests.test_cli import TINY, autok
+from trainer.checkpoint import latest_valid
+
+pytestmark = pytest.mark.dist
+
+
+def epochs_of(run: Path) -> list[int]:
+    return [int(r["epoch"]) for r in csv.DictReader((run / "epochs.csv").open())]
+
+
+def boundaries_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "boundaries.jsonl").open()]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    sa, sb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_stop_and_resume_ends_exactly_like_the_uninterrupted_run(tmp_path):
+    args = [
+        *TINY,
+        "--epochs",
+        "4",
+        "--sync-period",
+        "3",
+        "--slowmo-beta",
+        "0.5",
+        "--sync-optimizer-state",
+        "--link",
+        "lan",
+        "--link-jitter-ms",
+        "1",
+    ]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert autok("train", *args, "--out", str(whole)).returncode == 0
+    res = autok("train", *args, "--stop-after-epochs", "2", "--out", str(split))
+    assert res.returncode == 0 and "--resume" in res.stdout
+    assert epochs_of(split) == [0, 1] and not (split / "summary.json").exists()
+    res = autok("train", "--resume", str(split), "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert same_weights(whole, split)
+    assert epochs_of(split) == [0, 1, 2, 3]
+    b = boundaries_of(split)
+    assert (
+        [r["boundary"] for r in b]
+        == list(range(len(b)))
+        == [r["boundary"] for r in boundaries_of(whole)]
+    )
+    summary = json.loads((split / "summary.json").read_text())
+    assert summary["boundaries"] == len(b)
+    # a resume may not change how the run trains
+    res = autok("train", "--resume", str(split), "--lr", "0.5")
+    assert res.returncode == 2 and "--lr" in res.stderr
+
+
+def _workers_of(pid: int, marker: bytes = b"spawn_main") -> list[int]:
+    """The training workers among a launcher's children (not multiprocessing's helpers)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        if marker in cmd:
+            out.append(int(child))
+    return out
+
+
+def _kill_a_worker_after_first_checkpoint(proc, out: Path, marker: bytes) -> None:
+    deadline = time.time() + 180
+    while not (out / "checkpoints" / "epoch-0001").exists():
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(0.3)  # mid-epoch 2
+    victims = _workers_of(proc.pid, marker)
+    assert len(victims) == 2
+    os.kill(victims[1], signal.SIGKILL)
+
+
+def _assert_finished_consistently(out: Path) -> None:
+    assert epochs_of(out) == [0, 1, 2, 3, 4, 5]  # no lost and no duplicated epoch
+    b = boundaries_of(out)
+    assert [r["boundary"] for r in b] == list(range(len(b)))
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(set(summary["param_digest_per_rank"])) == 1
+
+
+CHAOS = [
+    "--epochs",
+    "6",
+    "--batch-size",
+    "8",
+    "--mnist1d-samples",
+    "1000",
+    "--checkpoint-every",
+    "1",
+    "--collective-timeout",
+    "30",
+]
+
+
+def test_a_worker_killed_mid_epoch_restarts_from_the_checkpoint_and_finishes(tmp_path):
+    out = tmp_path / "chaos"
+    cmd = [
+        sys.executable,
+        "-m",
+        "autok.cli",
+        "train",
+        *TINY,
+        *CHAOS,
+        "--max-restarts",
+        "2",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _kill_a_worker_after_first_checkpoint(proc, out, b"spawn_main")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "restarting all workers from the last checkpoint" in stdout
+    _assert_finished_consistently(out)
+
+
+def test_under_torchrun_its_elastic_restart_resumes_from_the_checkpoint(tmp_path):
+    out = tmp_path / "elastic"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    cmd = [
+        torchrun,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "-m",
+        "autok.cli",
+        "train",
+        *TINY,
+        *CHAOS,
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _kill_a_worker_after_first_checkpoint(proc, out, b"autok.cli")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "autok: resuming after epoch" in stdout
+    _assert_finished_consistently(out)
+
+
+@pytest.mark.parametrize("reaction", ["stop", "rollback"])
+def test_high_lr_and_beta_095_trip_the_divergence_guard(tmp_path, reaction):
+    out = tmp_path / reaction
+    # LR 3 is reached through a 6-epoch warmup, so the run diverges after its first checkpoints
+    args = [*TINY, "--epochs", "8", "--mnist1d-samples", "1000", "--lr", "3"]
+    args += ["--lr-warmup-epochs", "6", "--slowmo-beta", "0.95", "--sync-period", "8"]
+    args += ["--checkpoint-every", "1", "--on-divergence", reaction, "--max-rollbacks", "2"]
+    res = autok("train", *args, "--out", str(out))
+    text = res.stdout + res.stderr
+    if reaction == "stop":
+        assert res.returncode == 1
+        assert "training diverged" in text and "--on-divergence rollback" in text
+    else:
+        assert "rolled back to the end of epoch" in text, text[-3000:]
+        assert "K -> 4" in text  # K halved from 8
+        # it then either recovers and finishes, or gives up cleanly after the last rollback
+        assert res.returncode == 0 or "rollbacks exhausted" in text
+        rows = epochs_of(out)
+        assert rows == sorted(set(rows))  # the rolled-back epochs were not written twice
+    # a checkpoint never holds non-finite weights
+    found = latest_valid(out, 2)
+    assert found.path is not None
+    state = torch.load(found.path / "rank0.pt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_a_corrupted_checkpoint_is_refused_and_the_previous_one_used(tmp_path):
+    run = tmp_path / "c"
+    res = autok(
+        "train",
+        *TINY,
+        "--epochs",
+        "5",
+        "--checkpoint-every",
+        "1",
+        "--stop-after-epochs",
+        "3",
+        "--out",
+        str(run),
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    latest = run / "checkpoints" / "epoch-0002"
+    data = (latest / "rank1.pt").read_bytes()
+    (latest / "rank1.pt").write_bytes(data[: len(data) // 2])  # truncated
+    res = autok("train", "--resume", str(run), "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "checkpoint epoch-0002 refused: rank1.pt does not match its checksum" in res.stdout
+    assert "resuming after epoch 1" in res.stdout
+    assert epochs_of(run) == [0, 1, 2, 3, 4]
+
+
+def _stall_worker(rank, world):
+    from trainer.loop import Trainer
+
+    cfg = tiny_cfg(workers=world, collective_timeout=5)
+
+    class Stall:
+        def on_step(self, tr, is_boundary):
+            if rank == 1 and tr.global_step == 3:
+                time.sleep(30)  # alive but stuck: no error, no progress
+
+    t0 = time.time()
+    try:
+        Trainer(cfg, rank, world, None, observers=[Stall()]).run()
+    except Exception as exc:
+        return rank, time.time() - t0, f"{type(exc).__name__}: {exc}"
+    return rank, time.time() - t0, None
+
+
+def test_a_stalled_worker_makes_the_others_fail_fast_on_the_collective_timeout():
+    from autok.launch import run_workers
+
+    results = run_workers(_stall_worker, 2, timeout=5)
+    rank0 = results[0]
+    assert rank0[2] is not None and "timed out" in rank0[2].lower(), rank0
+    assert rank0[1] < 25  # failed after the 5 s timeout, not after the 30 s stall
