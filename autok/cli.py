@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import types
@@ -367,6 +368,15 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     return 0
 
 
+def error_line(text: str) -> str:
+    """The `Type: message` line of a (worker's) traceback, else its last line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Diverged|Mismatch)\b: ", ln):
+            return ln
+    return lines[-1] if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     command = "autok"
@@ -385,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
     except Exception as exc:  # e.g. a worker failed: its own traceback is already on stderr
-        last = str(exc).strip().splitlines()
+        last = [error_line(str(exc))]
         what = "training" if command == "train" else command
         print(f"autok: {what} failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr)
         return 1
