@@ -50,6 +50,11 @@ HELP = {
     "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
     "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",
     "sync_optimizer_state": "also average momentum buffers / Adam moments at boundaries",
+    "boundary": "cpdp boundary: fused (one collective carrying parameters and gradients, "
+    "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
+    "(fused when exact)",
+    "overlap_boundary": "start parameter averaging asynchronously and apply it one local step "
+    "later, hiding the link latency behind compute (changes the algorithm: see README)",
     "buffer_policy": "BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
     "optimizer": "sgd (momentum, weight decay, Nesterov) or adamw",
     "lr": "peak learning rate",
@@ -217,6 +222,9 @@ def build_parser() -> Parser:
         default=None,
         help="ray: cluster address, auto or ray://HOST:PORT (default: a local Ray)",
     )
+    sub.add_parser(
+        "bench", add_help=False, help="side-by-side engine measurements (autok bench --help)"
+    )
     # `--backend` is the sweep's (optuna|ray); the trials' process-group backend is renamed.
     add_train_flags(sweep, renamed={"backend": "--dist-backend"})
     return parser
@@ -380,6 +388,12 @@ def error_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     command = "autok"
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its flags are the benchmark's own
+        from benchmarks.engine import main as bench
+
+        bench(argv[1:])
+        return 0
     try:
         ns = parser.parse_args(argv)
         command = ns.command

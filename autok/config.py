@@ -43,6 +43,8 @@ class TrainConfig(BaseModel):
     slowmo_lr_aware: bool = False
     sync_optimizer_state: bool = False
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
+    boundary: Literal["auto", "fused", "two-phase"] = "auto"
+    overlap_boundary: bool = False
     # --- K policy options (see controllers/)
     target_sync_share: float = Field(0.2, gt=0.0, lt=1.0)
     max_sync_period: int = Field(64, ge=1)
@@ -120,6 +122,18 @@ class TrainConfig(BaseModel):
                 raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.boundary == "fused" and not self.fused_is_exact:
+            raise ValueError(
+                "--boundary: fused is exact only for cpdp with --optimizer sgd "
+                "(AdamW is not linear in the gradient); use two-phase or auto"
+            )
+        if self.overlap_boundary and self.strategy == "ddp":
+            raise ValueError("--overlap-boundary: ddp has no parameter averaging to overlap")
+        if self.overlap_boundary and self.boundary == "fused":
+            raise ValueError(
+                "--overlap-boundary: needs --boundary two-phase (or auto): the "
+                "fused boundary's momentum correction cannot arrive a step late"
+            )
         if self.metrics_per_rank and self.metrics_port == 0:
             raise ValueError(
                 "--metrics-per-rank: needs --metrics-port (per-rank ports are PORT+rank)"
@@ -138,6 +152,17 @@ class TrainConfig(BaseModel):
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
         return self
+
+    @property
+    def fused_is_exact(self) -> bool:
+        return self.strategy == "cpdp" and self.optimizer == "sgd"
+
+    @property
+    def fused_boundary(self) -> bool:
+        """auto: fused whenever it is exact (and no overlap asks for the two-phase path)."""
+        if self.boundary == "auto":
+            return self.fused_is_exact and not self.overlap_boundary
+        return self.boundary == "fused"
 
     def policy_options(self) -> PolicyOptions:
         return PolicyOptions(

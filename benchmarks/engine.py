@@ -1,11 +1,17 @@
-"""Engine measurements, side by side in one run, printed as ratios.
+"""Engine measurements, side by side in one run, printed as ratios (`autok bench`).
 
-    python -m benchmarks.engine [--rounds 3] [--skip-default-job]
+    autok bench [--rounds 3] [--only a,b,c,d,e,f,job]      (or python -m benchmarks.engine)
 
 (a) overhead: autok `ddp` step time / a plain hand-written torch DDP loop (same model, data,
     optimizer, schedule, world size; link `none`), interleaved rounds, median of per-epoch times;
-(b) WAN: exposed sync and wall-clock of `ddp` vs `cpdp` K=4 on the emulated `wan` link;
-(c) the default job (`make train`): wall-clock and peak accuracy.
+(b) boundary cost: median exposed sync per `cpdp` K=4 boundary / per `ddp` step on a
+    latency-bound link (20 ms RTT, 10 Gbit/s), fused and two-phase;
+(c) WAN: training time of `cpdp` K=4 / `ddp` on `wan`, beside the ideal
+    (compute + comm/K) / (compute + comm) from the ddp run's own compute and comm per step;
+(d) scaling: step time against world size (2, 4, 8) and model size (link `none`);
+(e) overlap: exposed sync per boundary and accuracy with and without --overlap-boundary;
+(f) the plain WAN comparison of the engine issue (4 workers, with warmup);
+(job) the default job (`make train`): wall-clock and peak accuracy.
 Writes benchmarks/results/engine.{json,md} with a machine description.
 """
 
@@ -16,6 +22,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -145,6 +152,114 @@ def wan(world: int = 4, epochs: int = 4) -> dict:
     return out
 
 
+def _median_exposed(records: list, warmup: int) -> float:
+    return statistics.median(r.exposed_sync_seconds for r in records if r.epoch >= warmup)
+
+
+def _records(rank: int, world: int, cfg_json: str) -> dict:
+    from trainer.loop import Trainer
+
+    cfg = TrainConfig.model_validate_json(cfg_json)
+    records, rows = [], []
+
+    class Keep:
+        def on_boundary(self, stats, decision):
+            records.append(stats)
+
+        def on_epoch(self, row):
+            rows.append(row)
+
+    tr = Trainer(cfg, rank, world, None, observers=[Keep()])
+    summary = tr.run()
+    return {"records": records, "rows": rows, "summary": summary, "steps": tr.steps_per_epoch}
+
+
+def _run(world: int = 2, **kw) -> dict:
+    cfg = TrainConfig(workers=world, progress=False, **kw)
+    prepare_data(cfg)
+    return run_workers(_records, world, cfg.model_dump_json())[0]
+
+
+def boundary_cost(world: int = 2) -> dict:
+    link = dict(link="none", link_rtt_ms=20.0, link_bandwidth_gbps=10.0)
+    base = dict(epochs=3, warmup_epochs=1, mnist1d_samples=2000, **link)
+    ddp = _median_exposed(_run(world, strategy="ddp", **base)["records"], 1)
+    out = {"ddp_step_s": ddp, "world_size": world, "link": "20 ms RTT, 10 Gbit/s"}
+    for mode in ("fused", "two-phase"):
+        cp = _run(world, strategy="cpdp", sync_period=4, boundary=mode, **base)
+        out[f"cpdp_{mode}_boundary_s"] = _median_exposed(cp["records"], 1)
+        out[f"ratio_{mode}"] = out[f"cpdp_{mode}_boundary_s"] / ddp
+    return out
+
+
+def wan_vs_ideal(world: int = 4, k: int = 4) -> dict:
+    base = dict(link="wan", epochs=4, warmup_epochs=0)
+    ddp = _run(world, strategy="ddp", **base)
+    cpdp = _run(world, strategy="cpdp", sync_period=k, **base)
+    steps = ddp["steps"] * base["epochs"]
+
+    def per_step(res: dict, key: str) -> float:
+        return sum(r[key] for r in res["rows"]) / steps
+
+    compute = sum(per_step(ddp, key) for key in ("forward_seconds", "backward_seconds"))
+    compute += per_step(ddp, "overhead_seconds")
+    comm = per_step(ddp, "sync_seconds")
+    train = {
+        n: sum(r["epoch_seconds"] for r in res["rows"]) for n, res in (("ddp", ddp), ("cpdp", cpdp))
+    }
+    ideal = (compute + comm / k) / (compute + comm)
+    measured = train["cpdp"] / train["ddp"]
+    return {
+        "world_size": world,
+        "k": k,
+        "ddp_train_s": train["ddp"],
+        "cpdp_train_s": train["cpdp"],
+        "compute_per_step_s": compute,
+        "comm_per_step_s": comm,
+        "measured_ratio": measured,
+        "ideal_ratio": ideal,
+        "measured_over_ideal": measured / ideal,
+        "ddp_peak": ddp["summary"]["peak_test_accuracy"],
+        "cpdp_peak": cpdp["summary"]["peak_test_accuracy"],
+    }
+
+
+def scaling() -> list[dict]:
+    rows = []
+    for model in ("cnn1d", "mlp"):
+        for world in (2, 4, 8):
+            res = _run(world, strategy="ddp", link="none", epochs=3, warmup_epochs=1, model=model)
+            step = statistics.median(r["epoch_seconds"] for r in res["rows"][1:]) / res["steps"]
+            rows.append({"model": model, "world_size": world, "step_s": step})
+    return rows
+
+
+def overlap(world: int = 2) -> dict:
+    # A link whose allreduce time (about 2 x 2.5 ms for 2 ranks) one local step can cover.
+    base = dict(
+        strategy="localsgd",
+        sync_period=4,
+        link="none",
+        link_rtt_ms=5.0,
+        link_bandwidth_gbps=10.0,
+        epochs=30,
+        warmup_epochs=1,
+    )
+    out = {"world_size": world, "link": "5 ms RTT, 10 Gbit/s", "strategy": "localsgd K=4"}
+    for name, flag in (("sync", False), ("overlap", True)):
+        res = _run(world, overlap_boundary=flag, **base)
+        post = [r for r in res["records"] if r.epoch >= 1]
+        out[name] = {
+            "exposed_per_boundary_s": statistics.median(r.exposed_sync_seconds for r in post),
+            "compute_per_step_s": statistics.median(
+                r.compute_seconds / r.interval_steps for r in post
+            ),
+            "peak_test_accuracy": res["summary"]["peak_test_accuracy"],
+            "wall_seconds": res["summary"]["wall_seconds"],
+        }
+    return out
+
+
 def default_job() -> dict:
     cfg = TrainConfig(progress=False)
     prepare_data(cfg)
@@ -173,7 +288,6 @@ def machine() -> dict:
 
 
 def render(res: dict) -> str:
-    o, w = res["overhead"], res["wan"]
     lines = [
         "# Engine benchmark",
         "",
@@ -182,23 +296,65 @@ def render(res: dict) -> str:
         "",
         "| measure | value |",
         "|---|---|",
-        f"| (a) step time, plain torch DDP (world {o['world_size']}, link none) "
-        f"| {o['plain_step_s'] * 1e3:.2f} ms |",
-        f"| (a) step time, autok ddp | {o['autok_step_s'] * 1e3:.2f} ms |",
-        f"| (a) **overhead ratio** autok / plain | **{o['ratio']:.3f}** |",
     ]
-    for name in ("ddp", "cpdp K=4"):
-        r = w[name]
-        lines.append(
-            f"| (b) {name} on wan, {w['world_size']} workers, {w['epochs']} epochs: wall / "
-            f"exposed sync / peak acc | {r['wall_seconds']:.1f} s / "
-            f"{r['exposed_sync_seconds']:.1f} s / {r['peak_test_accuracy']:.3f} |"
-        )
-    lines += [
-        f"| (b) **exposed-sync ratio** cpdp K=4 / ddp | **{w['exposed_ratio']:.3f}** |",
-        f"| (b) exposed-sync ratio per epoch after warmup | {w['post_warmup_exposed_ratio']:.3f} |",
-        f"| (b) wall-clock ratio cpdp K=4 / ddp | {w['wall_ratio']:.3f} |",
-    ]
+    if "overhead" in res:
+        o = res["overhead"]
+        lines += [
+            f"| (a) step time, plain torch DDP (world {o['world_size']}, link none) "
+            f"| {o['plain_step_s'] * 1e3:.2f} ms |",
+            f"| (a) step time, autok ddp | {o['autok_step_s'] * 1e3:.2f} ms |",
+            f"| (a) **overhead ratio** autok / plain | **{o['ratio']:.3f}** |",
+        ]
+    if "wan" in res:
+        w = res["wan"]
+        for name in ("ddp", "cpdp K=4"):
+            r = w[name]
+            lines.append(
+                f"| (f) {name} on wan, {w['world_size']} workers, {w['epochs']} epochs: wall / "
+                f"exposed sync / peak acc | {r['wall_seconds']:.1f} s / "
+                f"{r['exposed_sync_seconds']:.1f} s / {r['peak_test_accuracy']:.3f} |"
+            )
+        lines += [
+            f"| (f) exposed-sync ratio cpdp K=4 / ddp | {w['exposed_ratio']:.3f} |",
+            f"| (f) exposed-sync ratio per epoch after warmup | "
+            f"{w['post_warmup_exposed_ratio']:.3f} |",
+            f"| (f) wall-clock ratio cpdp K=4 / ddp | {w['wall_ratio']:.3f} |",
+        ]
+    if "boundary_cost" in res:
+        b = res["boundary_cost"]
+        lines += [
+            f"| (b) exposed per ddp step, {b['link']}, world {b['world_size']} "
+            f"| {b['ddp_step_s'] * 1e3:.1f} ms |",
+            f"| (b) exposed per cpdp K=4 boundary, fused / two-phase "
+            f"| {b['cpdp_fused_boundary_s'] * 1e3:.1f} / "
+            f"{b['cpdp_two-phase_boundary_s'] * 1e3:.1f} ms |",
+            f"| (b) **boundary-cost ratio** cpdp / ddp, fused (two-phase) "
+            f"| **{b['ratio_fused']:.3f}** ({b['ratio_two-phase']:.3f}) |",
+        ]
+    if "wan_vs_ideal" in res:
+        c = res["wan_vs_ideal"]
+        lines += [
+            f"| (c) wan, world {c['world_size']}: ddp per step compute / comm "
+            f"| {c['compute_per_step_s'] * 1e3:.1f} / {c['comm_per_step_s'] * 1e3:.1f} ms |",
+            f"| (c) **training-time ratio** cpdp K={c['k']} / ddp, measured vs ideal "
+            f"| **{c['measured_ratio']:.3f}** vs {c['ideal_ratio']:.3f} "
+            f"({c['measured_over_ideal']:.3f}x the ideal) |",
+        ]
+    if "scaling" in res:
+        for r in res["scaling"]:
+            lines.append(
+                f"| (d) ddp step time, {r['model']}, world {r['world_size']} "
+                f"(link none) | {r['step_s'] * 1e3:.2f} ms |"
+            )
+    if "overlap" in res:
+        o = res["overlap"]
+        for name in ("sync", "overlap"):
+            v = o[name]
+            lines.append(
+                f"| (e) {o['strategy']} {o['link']}, {name}: exposed per boundary / compute "
+                f"per step / peak acc | {v['exposed_per_boundary_s'] * 1e3:.2f} ms / "
+                f"{v['compute_per_step_s'] * 1e3:.2f} ms / {v['peak_test_accuracy']:.3f} |"
+            )
     if "default_job" in res:
         d = res["default_job"]
         lines.append(
@@ -209,14 +365,26 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--skip-default-job", action="store_true")
-    args = ap.parse_args()
-    res = {"machine": machine(), "overhead": overhead(args.rounds), "wan": wan()}
-    if not args.skip_default_job:
-        res["default_job"] = default_job()
+PARTS = {
+    "a": "overhead",
+    "b": "boundary_cost",
+    "c": "wan_vs_ideal",
+    "d": "scaling",
+    "e": "overlap",
+    "f": "wan",
+    "job": "default_job",
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="autok bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for (a)")
+    ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")
+    args = ap.parse_args(argv)
+    res: dict = {"machine": machine()}
+    for part in args.only.split(","):
+        name = PARTS[part.strip()]
+        res[name] = overhead(args.rounds) if name == "overhead" else globals()[name]()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "engine.json").write_text(json.dumps(res, indent=2) + "\n")
     text = render(res)
@@ -225,4 +393,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -289,3 +289,41 @@ def test_deterministic_given_seed(optimizer, nesterov):
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
     assert torch.isfinite(a).all() and 0.0 <= sa["final_test_accuracy"] <= 1.0
+
+
+def _boundary_mode_worker(rank, world, boundary, nesterov, weight_decay, beta, sync_opt):
+    cfg = tiny_cfg(
+        strategy="cpdp",
+        sync_period=3,
+        workers=world,
+        boundary=boundary,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+        slowmo_beta=beta,
+        sync_optimizer_state=sync_opt,
+        epochs=2,
+    )
+    tr = Trainer(cfg, rank, world, None)
+    summary = tr.run()
+    momenta = [s["momentum_buffer"].clone() for s in tr.optimizer.state.values()]
+    return _flat(tr.model), torch.cat([m.reshape(-1) for m in momenta]), summary
+
+
+@pytest.mark.parametrize(
+    "nesterov, weight_decay, beta, sync_opt",
+    [
+        (False, 0.0, 0.0, False),
+        (True, 5e-4, 0.0, False),
+        (False, 5e-4, 0.3, False),
+        (True, 5e-4, 0.5, True),
+    ],
+)
+def test_fused_boundary_matches_the_two_collective_path(nesterov, weight_decay, beta, sync_opt):
+    fused = run_dist(_boundary_mode_worker, 2, "fused", nesterov, weight_decay, beta, sync_opt)
+    two = run_dist(_boundary_mode_worker, 2, "two-phase", nesterov, weight_decay, beta, sync_opt)
+    for (pf, mf, sf), (pt, mt, st) in zip(fused, two, strict=True):
+        assert torch.allclose(pf, pt, rtol=1e-4, atol=1e-6), (pf - pt).abs().max()
+        assert torch.allclose(mf, mt, rtol=1e-4, atol=1e-6), (mf - mt).abs().max()
+        # same sync events, one collective fewer per boundary on the wire
+        assert sf["grad_syncs"] == st["grad_syncs"] == sf["boundaries"]
+    assert torch.equal(fused[0][0], fused[1][0])  # replicas agree

@@ -2,7 +2,9 @@
 
 Layout of the persistent buffer (float32, reused across boundaries):
 
-    [ averaged: params | optimizer state* | buffers* ][ broadcast: buffers* ][ scalars ]
+    [ averaged: params | gradients** | optim state* | buffers* ][ broadcast: buffers* ][ scalars ]
+
+(** the fused cpdp boundary, below.)
 
 (* only when the options ask for it). Rank 0 writes the broadcast segment and the others write
 zeros, so a SUM all-reduce broadcasts it inside the same collective. The scalars carry what the
@@ -17,8 +19,9 @@ import zlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from trainer.link import LinkClock, allreduce_sum_
+from trainer.link import LinkClock, allreduce_sum_, delayed
 from trainer.slowmo import slowmo_update_
 
 # Scalar slots at the tail of the buffer.
@@ -53,6 +56,21 @@ class ReplicaMismatch(RuntimeError):
     pass
 
 
+@dataclass
+class _Pending:
+    """A boundary whose collective has been launched."""
+
+    avg_tensors: list[torch.Tensor]
+    bc_tensors: list[torch.Tensor]
+    n_grads: int
+    n_avg: int
+    n_bc: int
+    lr: float
+    overlap: bool
+    future: torch.futures.Future | None = None
+    seconds: float = 0.0  # this rank's time spent in start()
+
+
 def split_hi_lo(x: float) -> tuple[float, float]:
     """A float64 as two float32s whose sum restores it to ~48 bits (it rides a float32 buffer)."""
     hi = float(torch.tensor(x, dtype=torch.float32))
@@ -65,6 +83,10 @@ def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
     for t in tensors:
         crc = zlib.crc32(t.detach().cpu().contiguous().numpy().view("uint8"), crc)
     return crc & ((1 << bits) - 1)
+
+
+def digest_of(flat: torch.Tensor, bits: int) -> int:
+    return param_digest([flat], bits)
 
 
 def digest_bits(world_size: int) -> int:
@@ -83,7 +105,14 @@ class ParameterAverager:
         lr_aware: bool,
         averaged_extras=lambda: [],  # -> list of tensors averaged with the params
         broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
+        fused_sgd: torch.optim.SGD | None = None,
     ) -> None:
+        """With `fused_sgd`, a cpdp boundary is one collective (DESIGN §1): the boundary step was
+        a *local* SGD step with the local gradient g_i; its gradients ride with the parameters,
+        and each momentum buffer is corrected by (ḡ − g_i). For an optimizer linear in the
+        gradient this gives the parameters of gradient AllReduce + synchronized step +
+        averaging: the synchronized step differs from the local one by η·c·(ḡ − g_i) on rank i,
+        which averages to zero, and the buffers differ by exactly ḡ − g_i."""
         self.params = params
         self.rank, self.world_size = rank, world_size
         self.beta, self.lr_aware = beta, lr_aware
@@ -94,9 +123,15 @@ class ParameterAverager:
         self.velocity = torch.zeros_like(flat) if beta > 0 else None
         self._scratch = torch.empty_like(flat)
         self._buf: torch.Tensor | None = None
+        self._snapshot: torch.Tensor | None = None  # overlap: what was sent
         self._bits = digest_bits(world_size)
         self.last_digest = param_digest(params, self._bits)
         self.boundaries = 0
+        self.fused_sgd = fused_sgd
+        if fused_sgd is not None:
+            group = fused_sgd.param_groups[0]
+            if group.get("dampening", 0) != 0:
+                raise ValueError("the fused boundary needs SGD without dampening")
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._buf is None or self._buf.numel() != n:
@@ -104,8 +139,17 @@ class ParameterAverager:
         return self._buf
 
     def reconcile(self, totals: IntervalTotals, lr: float, clock: LinkClock | None) -> Reconciled:
+        """One boundary, synchronously: pack, all-reduce, SlowMo, write back."""
+        return self.finish(self.start(totals, lr, clock, overlap=False))
+
+    def start(
+        self, totals: IntervalTotals, lr: float, clock: LinkClock | None, overlap: bool
+    ) -> _Pending:
+        """Pack this rank's part and launch the collective; with `overlap` it runs in the
+        background and finish() applies it later (delayed averaging)."""
         t0 = time.perf_counter()
-        avg_tensors = [p.detach() for p in self.params] + self._averaged_extras()
+        grads = [p.grad for p in self.params] if self.fused_sgd is not None else []
+        avg_tensors = [p.detach() for p in self.params] + grads + self._averaged_extras()
         bc_tensors = self._broadcast_extras()
         n_avg = sum(t.numel() for t in avg_tensors)
         n_bc = sum(t.numel() for t in bc_tensors)
@@ -119,7 +163,7 @@ class ParameterAverager:
             else:
                 bc_seg.zero_()
 
-        # s_i = ||θ_i − θ_ref||², in float64; see drift below.
+        # s_i = ||θ_i − θ_ref||², in float64; see drift in finish().
         torch.sub(avg_seg[: self.numel], self.ref, out=self._scratch)
         s = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
         s_hi, s_lo = split_hi_lo(s)
@@ -138,9 +182,28 @@ class ParameterAverager:
                 dtype=buf.dtype,
             )
         )
+        pending = _Pending(avg_tensors, bc_tensors, len(grads), n_avg, n_bc, lr, overlap)
+        if overlap:
+            # What this rank held when the average was taken: the local step taken meanwhile
+            # is kept on top of the average when it arrives.
+            if self._snapshot is None or self._snapshot.numel() != n_avg + n_bc:
+                self._snapshot = torch.empty(n_avg + n_bc, dtype=buf.dtype, device=buf.device)
+            self._snapshot.copy_(buf[: n_avg + n_bc])
+            fut = dist.all_reduce(buf, async_op=True).get_future()
+            if clock is not None:
+                fut = delayed(fut, clock.reserve(buf.numel() * buf.element_size()))
+            pending.future = fut
+        else:
+            allreduce_sum_(buf, clock)
+        pending.seconds = time.perf_counter() - t0
+        return pending
 
-        allreduce_sum_(buf, clock)
-        n = self.world_size
+    def finish(self, pending: _Pending) -> Reconciled:
+        t0 = time.perf_counter()
+        if pending.future is not None:
+            pending.future.wait()
+        buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
+        avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
         red = scalars.tolist()
         if red[DIGEST] != n * red[DIGEST0]:
             when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
@@ -151,7 +214,8 @@ class ParameterAverager:
         self.boundaries += 1
         avg_seg.div_(n)
         theta_avg = avg_seg[: self.numel]
-
+        if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
+            theta_now = self._snapshot[: self.numel]
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         torch.sub(theta_avg, self.ref, out=self._scratch)
@@ -160,13 +224,40 @@ class ParameterAverager:
         if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
             drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
 
-        theta_new = slowmo_update_(self.ref, self.velocity, theta_avg, self.beta, lr, self.lr_aware)
-        self._write_back(self.params, theta_new)
-        if len(avg_tensors) > len(self.params):
-            self._write_back(avg_tensors[len(self.params) :], avg_seg[self.numel :])
-        if n_bc:
-            self._write_back(bc_tensors, bc_seg)
-        self.last_digest = param_digest(self.params, self._bits)
+        theta_new = slowmo_update_(
+            self.ref,
+            self.velocity,
+            theta_avg,
+            self.beta,
+            pending.lr,
+            self.lr_aware,
+            self._scratch,
+        )
+        n_params = len(self.params)
+        rest_tensors = pending.avg_tensors[n_params + pending.n_grads :]
+        rest = self.numel * (2 if pending.n_grads else 1)
+        if pending.overlap:
+            # Delayed averaging: add (target − what was sent) to what the rank holds now.
+            torch.sub(theta_new, theta_now, out=self._scratch)
+            self._add_back(self.params, self._scratch)
+            if rest_tensors:
+                self._add_back(rest_tensors, avg_seg[rest:].sub_(self._snapshot[rest:n_avg]))
+            if n_bc:
+                self._add_back(pending.bc_tensors, bc_seg.sub_(self._snapshot[n_avg:]))
+            # Replicas now differ by their step since the boundary; what they agree on is θ_new.
+            self.last_digest = digest_of(theta_new, self._bits)
+        else:
+            self._write_back(self.params, theta_new)
+            if pending.n_grads:
+                self._correct_momentum(
+                    pending.avg_tensors[n_params : n_params + pending.n_grads],
+                    avg_seg[self.numel : 2 * self.numel],
+                )
+            if rest_tensors:
+                self._write_back(rest_tensors, avg_seg[rest:])
+            if n_bc:
+                self._write_back(pending.bc_tensors, bc_seg)
+            self.last_digest = param_digest(self.params, self._bits)
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
@@ -176,13 +267,37 @@ class ParameterAverager:
             compute_seconds=red[COMPUTE] / n,
             exposed_sync_seconds=red[EXPOSED] / n,
             nbytes=buf.numel() * buf.element_size(),
-            wall_seconds=time.perf_counter() - t0,
+            wall_seconds=pending.seconds + time.perf_counter() - t0,
         )
 
     @staticmethod
-    def _write_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    def _add_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            torch._foreach_add_(
+                [t.detach() for t in tensors], ParameterAverager._views(flat, tensors)
+            )
+
+    def _correct_momentum(self, grads: list[torch.Tensor], gbar: torch.Tensor) -> None:
+        """m_i += ḡ − g_i: the buffer the synchronized step would have left (local ops)."""
+        state = self.fused_sgd.state
+        pairs = [
+            (state[p]["momentum_buffer"], g, v)
+            for p, g, v in zip(self.params, grads, self._views(gbar, grads), strict=True)
+            if state.get(p, {}).get("momentum_buffer") is not None
+        ]
+        if pairs:
+            bufs, gs, vs = (list(t) for t in zip(*pairs, strict=True))
+            torch._foreach_add_(bufs, vs)
+            torch._foreach_sub_(bufs, gs)
+
+    @staticmethod
+    def _views(flat: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         chunks = flat.split([t.numel() for t in tensors])
-        views = [c.view_as(t) for c, t in zip(chunks, tensors, strict=True)]
+        return [c.view_as(t) for c, t in zip(chunks, tensors, strict=True)]
+
+    @staticmethod
+    def _write_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+        views = ParameterAverager._views(flat, tensors)
         with torch.no_grad():
             torch._foreach_copy_([t.detach() for t in tensors], views)
 

@@ -37,7 +37,7 @@ from trainer.models import build_model
 from trainer.optim import build_optimizer, build_scheduler, state_tensors
 from trainer.profiler import Clock, EpochTimes, Interval
 from trainer.sinks import FileSink, ProgressSink, rewind_outputs, summary_table
-from trainer.strategies import STRATEGIES
+from trainer.strategies import STRATEGIES, fused
 
 
 def seed_everything(seed: int) -> None:
@@ -61,6 +61,8 @@ class Trainer:
         self.out_dir = out_dir
         self.device = device or torch.device("cpu")
         self.strategy = STRATEGIES[cfg.strategy]
+        if cfg.fused_boundary:
+            self.strategy = fused(self.strategy)
         self.now = Clock(self.device)
 
         splits = build_splits(
@@ -125,6 +127,7 @@ class Trainer:
                 lr_aware=cfg.slowmo_lr_aware,
                 averaged_extras=self._averaged_extras,
                 broadcast_extras=self._broadcast_extras,
+                fused_sgd=self.optimizer if self.strategy.fused_gradients else None,
             )
         self.controller = build_controller(cfg.policy, cfg.sync_period, cfg.policy_options())
         self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
@@ -141,6 +144,7 @@ class Trainer:
         self.carried_sync = 0.0
         self.rollbacks = 0
         self.start_epoch = 0
+        self._pending = None  # a launched averaging not yet applied (overlap)
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
         if resume and out_dir is not None:
             epoch = self.restore_latest()
@@ -241,6 +245,8 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             t3 = self.now()
+            if self._pending is not None:  # an overlapped average arrives one local step later
+                interval.exposed_sync_seconds += self._finish_boundary(times)
 
             loss_value = loss.item()
             times.forward_seconds += t1 - t0
@@ -259,7 +265,14 @@ class Trainer:
             interval.samples += len(y)
             interval.grad_syncs += wait_seen
             if is_boundary:
-                carried = self._boundary(interval, epoch, k, lr, times)
+                # Overlap after warmup, but never at an epoch's end: epochs start identical.
+                overlap = (
+                    self.cfg.overlap_boundary
+                    and self.averager is not None
+                    and epoch >= self.cfg.warmup_epochs
+                    and i < self.steps_per_epoch - 1
+                )
+                carried = self._boundary(interval, epoch, k, lr, times, overlap)
                 interval = Interval(exposed_sync_seconds=carried)
             self._emit("on_step", self, is_boundary)
             self.global_step += 1
@@ -397,9 +410,19 @@ class Trainer:
         return epoch + 1
 
     def _boundary(
-        self, interval: Interval, epoch: int, k: int, lr: float, times: EpochTimes
+        self,
+        interval: Interval,
+        epoch: int,
+        k: int,
+        lr: float,
+        times: EpochTimes,
+        overlap: bool = False,
     ) -> float:
-        """Close the interval; return this rank's averaging wall time (counted in the next one)."""
+        """Close the interval; return this rank's averaging wall time (counted in the next one).
+        With `overlap` the averaging only starts here; _finish_overlap() completes it."""
+        if self.strategy.fused_gradients:  # its gradient AllReduce rides in the averaging
+            self.grad_syncs += 1
+            interval.grad_syncs += 1
         common = dict(
             boundary=self.boundary,
             global_step=self.global_step,
@@ -414,31 +437,7 @@ class Trainer:
             param_syncs=int(self.averager is not None),
         )
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        if self.averager is not None:
-            rec = self.averager.reconcile(
-                IntervalTotals(
-                    interval.loss_sum,
-                    interval.steps,
-                    interval.compute_seconds,
-                    interval.exposed_sync_seconds,
-                ),
-                lr,
-                self.clock,
-            )
-            self.param_syncs += 1
-            times.sync_seconds += rec.wall_seconds
-            stats = BoundaryStats(
-                **common,
-                compute_seconds=rec.compute_seconds,
-                exposed_sync_seconds=rec.exposed_sync_seconds,
-                drift_norm=rec.drift_norm,
-                update_norm=rec.update_norm,
-                drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
-                train_loss=rec.train_loss,
-                bytes_communicated=interval.grad_bytes + rec.nbytes,
-            )
-            carried = rec.wall_seconds
-        else:
+        if self.averager is None:
             # ddp: replicas never drift; there is no averaging collective to carry reduced
             # scalars, so a ddp record holds this rank's own timing and loss.
             stats = BoundaryStats(
@@ -451,7 +450,45 @@ class Trainer:
                 train_loss=interval.loss_sum / interval.steps,
                 bytes_communicated=interval.grad_bytes,
             )
-            carried = 0.0
+            self._close_boundary(stats, k, interval.steps)
+            return 0.0
+        totals = IntervalTotals(
+            interval.loss_sum,
+            interval.steps,
+            interval.compute_seconds,
+            interval.exposed_sync_seconds,
+        )
+        pending = self.averager.start(totals, lr, self.clock, overlap=overlap)
+        self.param_syncs += 1
+        times.sync_seconds += pending.seconds
+        self._pending = (pending, common, interval.grad_bytes, k, interval.steps)
+        if overlap:
+            return pending.seconds
+        return pending.seconds + self._finish_boundary(times)
+
+    def _finish_boundary(self, times: EpochTimes) -> float:
+        """Complete the launched averaging; return the seconds this rank spent waiting for it
+        and applying it."""
+        pending, common, grad_bytes, k, steps = self._pending
+        self._pending = None
+        rec = self.averager.finish(pending)
+        finish_seconds = rec.wall_seconds - pending.seconds
+        times.sync_seconds += finish_seconds
+        stats = BoundaryStats(
+            **common,
+            compute_seconds=rec.compute_seconds,
+            exposed_sync_seconds=rec.exposed_sync_seconds,
+            drift_norm=rec.drift_norm,
+            update_norm=rec.update_norm,
+            drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
+            train_loss=rec.train_loss,
+            bytes_communicated=grad_bytes + rec.nbytes,
+        )
+        self._close_boundary(stats, k, steps)
+        return finish_seconds
+
+    def _close_boundary(self, stats: BoundaryStats, k: int, steps: int) -> None:
+        """Judge, decide, report: the guard, the K path, the controller, the sinks."""
         if why := self.divergence.check(stats):
             if self.cfg.on_divergence == "rollback":
                 raise Rollback(why, self.sync_period)
@@ -462,12 +499,11 @@ class Trainer:
         at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
         at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
         at_k["boundaries"] += 1
-        at_k["steps"] += interval.steps
+        at_k["steps"] += steps
         decision = self.controller.observe(stats)
         self.sync_period = decision.next_sync_period
         self._emit("on_boundary", stats, decision)
         self.boundary += 1
-        return carried
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:

@@ -22,6 +22,8 @@ class SyncStrategy:
     name: str
     grad_sync_at_boundary: bool  # DDP's gradient AllReduce runs in the boundary step's backward
     averages_parameters: bool  # the boundary ends with parameter averaging (+ SlowMo)
+    # cpdp's gradient AllReduce rides inside the averaging collective (one latency, not two)
+    fused_gradients: bool = False
 
     def backward_context(
         self, model: DistributedDataParallel, is_boundary: bool
@@ -31,6 +33,14 @@ class SyncStrategy:
         if is_boundary and self.grad_sync_at_boundary:
             return nullcontext()
         return model.no_sync()
+
+
+def fused(strategy: SyncStrategy) -> SyncStrategy:
+    """The fused cpdp boundary: a local step in the boundary's backward, gradients averaged
+    with the parameters afterwards (trainer/averaging.py derives why that is exact for SGD)."""
+    return SyncStrategy(
+        strategy.name, grad_sync_at_boundary=False, averages_parameters=True, fused_gradients=True
+    )
 
 
 STRATEGIES: dict[str, SyncStrategy] = {
