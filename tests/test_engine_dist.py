@@ -327,3 +327,106 @@ def test_fused_boundary_matches_the_two_collective_path(nesterov, weight_decay, 
         # same sync events, one collective fewer per boundary on the wire
         assert sf["grad_syncs"] == st["grad_syncs"] == sf["boundaries"]
     assert torch.equal(fused[0][0], fused[1][0])  # replicas agree
+
+
+def _overlap_worker(rank, world):
+    cfg = tiny_cfg(
+        strategy="localsgd",
+        sync_period=3,
+        workers=world,
+        overlap_boundary=True,
+        mnist1d_samples=1000,
+        slowmo_beta=0.0,
+    )
+    tr = Trainer(cfg, rank, world, None)
+    av, finish, checks = tr.averager, tr.averager.finish, []
+
+    def gather(t):
+        out = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(out, t.contiguous())  # test-only collective
+        return out
+
+    def watched(pending):
+        if not pending.overlap:
+            return finish(pending)
+        before, sent = _flat(tr.model).clone(), av._snapshot[: av.numel].clone()
+        rec = finish(pending)
+        after, theta_new = _flat(tr.model), av.ref.clone()
+        news, sents = gather(theta_new), gather(sent)
+        checks.append(
+            {
+                # what the replicas agree on after the correction: bit-identical everywhere
+                "agree": all(torch.equal(news[0], t) for t in news),
+                # ...and it is the average of what they sent (β = 0)
+                "is_mean": torch.allclose(theta_new, torch.stack(sents).mean(0), atol=1e-6),
+                # each rank keeps the local step it took while the average was in flight
+                "kept_step": torch.allclose(after - before, theta_new - sent, atol=1e-6),
+                "moved": not torch.equal(before, sent),
+            }
+        )
+        return rec
+
+    av.finish = watched
+    summary = tr.run()
+    return checks, summary
+
+
+def test_overlapped_averaging_is_applied_one_step_later_and_replicas_agree():
+    for checks, summary in run_dist(_overlap_worker, 2):
+        assert checks and all(c["agree"] and c["is_mean"] and c["kept_step"] for c in checks)
+        assert all(c["moved"] for c in checks)  # a local step really happened in between
+        assert len(set(summary["param_digest_per_rank"])) == 1  # epoch ends are synchronous
+
+
+def _count_worker(rank, world, strategy, boundary):
+    """Counts the real collectives per boundary (wrapping, not replacing, all_reduce)."""
+    import trainer.averaging
+    import trainer.grad_hook
+    import trainer.link
+
+    calls = {"n": 0}
+    real = dist.all_reduce
+
+    def counting(*a, **kw):
+        calls["n"] += 1
+        return real(*a, **kw)
+
+    for mod in (trainer.averaging, trainer.grad_hook, trainer.link):
+        mod.dist.all_reduce = counting  # the same module object: one patch covers all
+    cfg = tiny_cfg(
+        strategy=strategy,
+        sync_period=3,
+        boundary=boundary,
+        workers=world,
+        warmup_epochs=0,
+        epochs=1,
+    )
+    per_boundary, ptrs = [], set()
+
+    class Count:
+        last = 0
+
+        def on_boundary(self, stats, decision):
+            per_boundary.append(calls["n"] - self.last)
+            self.last = calls["n"]
+            if tr.averager is not None:
+                ptrs.add(tr.averager._buf.data_ptr())
+
+    tr = Trainer(cfg, rank, world, None, observers=[Count()])
+    tr.run()
+    dist.all_reduce = real
+    return per_boundary, ptrs
+
+
+@pytest.mark.parametrize(
+    "strategy, boundary, per_boundary",
+    [
+        ("cpdp", "fused", 1),  # parameters and gradients in ONE collective
+        ("cpdp", "two-phase", 2),  # one gradient bucket (this model) + the parameter average
+        ("localsgd", "auto", 1),
+    ],
+)
+def test_one_flat_collective_per_boundary_and_a_persistent_buffer(strategy, boundary, per_boundary):
+    counts, ptrs = run_dist(_count_worker, 2, strategy, boundary)[0]
+    assert counts and set(counts) == {per_boundary}, counts
+    assert len(ptrs) == 1  # the flat buffer is reused, never reallocated
