@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.engine $(ARGS)
+	$(BIN)/autok bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -210,3 +210,15 @@ def test_torchrun_joins_the_world(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2
+
+
+def test_every_train_flag_is_documented_in_the_readme():
+    from autok.config import TrainConfig
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [
+        f"--{n.replace('_', '-')}"
+        for n in TrainConfig.model_fields
+        if f"--{n.replace('_', '-')}" not in readme
+    ]
+    assert not missing, missing
