@@ -1,0 +1,278 @@
+"""`autok report DIR`: the study's table format over an experiment's runs.
+
+report.md: per method (and varied setting) mean ± std over seeds of peak and final test accuracy
+(%), wall-clock and exposed sync; Δ vs DDP in percentage points; a Welch two-sided t-test p-value
+against DDP's seeds. report.csv: one row per run. PNGs: the accuracy-time frontier over K, test
+accuracy against wall-clock per method, the K paths of the adaptive policies, exposed sync vs
+compute per method.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASELINE = "ddp"
+
+
+@dataclass
+class RunResult:
+    label: str
+    seed: int
+    dir: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    epochs: list[dict[str, str]]
+
+    @property
+    def method(self) -> str:
+        return self.label.split(" ", 1)[0]
+
+    @property
+    def variant(self) -> str:
+        """The varied settings, e.g. 'lr=0.4' ('' when nothing varies)."""
+        return self.label.split(" ", 1)[1] if " " in self.label else ""
+
+
+def collect(root: Path) -> list[RunResult]:
+    runs = []
+    for tag in sorted(root.rglob("experiment.json")):
+        d = tag.parent
+        if not (d / "summary.json").exists():
+            continue  # unfinished
+        meta = json.loads(tag.read_text())
+        with open(d / "epochs.csv", newline="") as f:
+            epochs = list(csv.DictReader(f))
+        runs.append(
+            RunResult(
+                meta["label"],
+                meta["seed"],
+                d,
+                json.loads((d / "config.json").read_text()),
+                json.loads((d / "summary.json").read_text()),
+                epochs,
+            )
+        )
+    return runs
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof = 1; 0 for a single value)."""
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Two-sided Welch t-test p-value (nan when either side has fewer than 2 values)."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    from scipy import stats
+
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+@dataclass
+class Row:
+    label: str
+    n: int
+    peak: tuple[float, float]
+    final: tuple[float, float]
+    wall: tuple[float, float]
+    exposed: tuple[float, float]
+    delta_pp: float  # mean peak accuracy minus DDP's, percentage points
+    p_value: float
+    peaks: list[float]
+
+
+def table_rows(runs: list[RunResult]) -> list[Row]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    rows = []
+    for label, rs in groups.items():
+        peaks = [r.summary["peak_test_accuracy"] for r in rs]
+        variant = rs[0].variant
+        base_label = f"{BASELINE} {variant}".strip()
+        base = [r.summary["peak_test_accuracy"] for r in groups.get(base_label, [])]
+        delta = (
+            100 * (statistics.fmean(peaks) - statistics.fmean(base))
+            if base and label != base_label
+            else math.nan
+        )
+        rows.append(
+            Row(
+                label=label,
+                n=len(rs),
+                peak=mean_std(peaks),
+                final=mean_std([r.summary["final_test_accuracy"] for r in rs]),
+                wall=mean_std([r.summary["wall_seconds"] for r in rs]),
+                exposed=mean_std([r.summary["exposed_sync_seconds"] for r in rs]),
+                delta_pp=delta,
+                p_value=welch_p(peaks, base) if label != base_label else math.nan,
+                peaks=peaks,
+            )
+        )
+    return rows
+
+
+def _pm(ms: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
+    return f"{ms[0] * scale:.{digits}f} ± {ms[1] * scale:.{digits}f}"
+
+
+def render(rows: list[Row], title: str) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        "Mean ± standard deviation over seeds (n). Δ vs DDP: difference of mean peak accuracy "
+        "in percentage points, with the two-sided Welch t-test p-value against DDP's seeds.",
+        "",
+        "| method | n | peak acc (%) | final acc (%) | wall (s) | exposed sync (s) | "
+        "Δ vs DDP (pp) | p (Welch) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        delta = "—" if math.isnan(r.delta_pp) else f"{r.delta_pp:+.2f}"
+        p = "—" if math.isnan(r.p_value) else f"{r.p_value:.3g}"
+        lines.append(
+            f"| {r.label} | {r.n} | {_pm(r.peak, 100)} | {_pm(r.final, 100)} | "
+            f"{_pm(r.wall, digits=1)} | {_pm(r.exposed, digits=1)} | {delta} | {p} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(runs: list[RunResult], path: Path) -> None:
+    cols = [
+        "label",
+        "seed",
+        "strategy",
+        "policy",
+        "sync_period",
+        "slowmo_beta",
+        "lr",
+        "workers",
+        "peak_test_accuracy",
+        "final_test_accuracy",
+        "wall_seconds",
+        "compute_seconds",
+        "exposed_sync_seconds",
+        "boundaries",
+        "grad_syncs",
+        "param_syncs",
+        "final_sync_period",
+        "run_dir",
+    ]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in runs:
+            w.writerow(
+                {
+                    "label": r.label,
+                    "seed": r.seed,
+                    "run_dir": str(r.dir),
+                    **{k: r.config.get(k) for k in cols[2:8]},
+                    **{k: r.summary.get(k) for k in cols[8:17]},
+                }
+            )
+
+
+def plots(runs: list[RunResult], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    # 1. the accuracy-time frontier over K
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = [r.config.get("sync_period") or 1 for r in runs]
+    sc = ax.scatter(
+        [r.summary["wall_seconds"] for r in runs],
+        [r.summary["peak_test_accuracy"] for r in runs],
+        c=ks,
+        cmap="viridis",
+    )
+    fig.colorbar(sc, ax=ax, label="K (starting sync period)")
+    for r in runs:
+        if r.seed == runs[0].seed:
+            ax.annotate(
+                r.label, (r.summary["wall_seconds"], r.summary["peak_test_accuracy"]), fontsize=6
+            )
+    ax.set(
+        xlabel="wall-clock (s)", ylabel="peak test accuracy", title="accuracy-time frontier over K"
+    )
+    made.append(_save(fig, out / "frontier.png"))
+    # 2. test accuracy against wall-clock, per method (first seed of each)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    seen = set()
+    for r in runs:
+        if r.label in seen:
+            continue
+        seen.add(r.label)
+        t, accs = 0.0, []
+        for e in r.epochs:
+            t += float(e["epoch_seconds"])
+            accs.append((t, float(e["test_accuracy"])))
+        ax.plot(*zip(*accs, strict=True), label=r.label, lw=1)
+    ax.set(xlabel="training time (s)", ylabel="test accuracy", title="test accuracy vs time")
+    ax.legend(fontsize=6)
+    made.append(_save(fig, out / "accuracy_vs_time.png"))
+    # 3. the K paths of adaptive policies
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in runs:
+        if r.config.get("policy", "fixed") == "fixed" or r.seed != runs[0].seed:
+            continue
+        pts = [json.loads(line) for line in (r.dir / "boundaries.jsonl").open()]
+        ax.step(
+            [p["global_step"] for p in pts],
+            [p["sync_period"] for p in pts],
+            where="post",
+            label=r.label,
+        )
+    ax.set(xlabel="optimizer step", ylabel="K", yscale="log", title="K paths (adaptive)")
+    if ax.lines:
+        ax.legend(fontsize=6)
+    made.append(_save(fig, out / "k_paths.png"))
+    # 4. exposed sync vs compute per method
+    rows = table_rows(runs)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(rows))
+    comp = [
+        statistics.fmean(r.summary["compute_seconds"] for r in runs if r.label == row.label)
+        for row in rows
+    ]
+    ax.bar(xs, comp, label="compute")
+    ax.bar(xs, [row.exposed[0] for row in rows], bottom=comp, label="exposed sync")
+    ax.set_xticks(list(xs), [row.label for row in rows], rotation=45, ha="right", fontsize=6)
+    ax.set(ylabel="seconds (mean rank, mean seed)", title="exposed sync vs compute")
+    ax.legend()
+    made.append(_save(fig, out / "exposed_vs_compute.png"))
+    return made
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def report(root: Path) -> str:
+    runs = collect(root)
+    if not runs:
+        raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
+    rows = table_rows(runs)
+    text = render(rows, f"autok report: {root}")
+    (root / "report.md").write_text(
+        text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots(runs, root)) + "\n"
+    )
+    write_csv(runs, root / "report.csv")
+    return text

@@ -1,0 +1,163 @@
+"""`autok experiment` and `autok report`: statistics against scipy, rendering, end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from autok.report import collect, mean_std, render, report, table_rows, welch_p
+from tests.test_cli import autok
+
+
+def fake_run(
+    root: Path, label: str, seed: int, peak: float, wall: float, k: int = 1, policy: str = "fixed"
+) -> None:
+    d = root / label.replace(" ", "_") / f"seed-{seed}"
+    d.mkdir(parents=True)
+    (d / "experiment.json").write_text(json.dumps({"label": label, "seed": seed}))
+    (d / "config.json").write_text(
+        json.dumps({"sync_period": k, "policy": policy, "lr": 0.1, "strategy": label.split()[0]})
+    )
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "peak_test_accuracy": peak,
+                "final_test_accuracy": peak - 0.01,
+                "wall_seconds": wall,
+                "compute_seconds": wall / 3,
+                "exposed_sync_seconds": wall / 2,
+                "boundaries": 10,
+                "grad_syncs": 10,
+                "param_syncs": 0,
+                "final_sync_period": k,
+            }
+        )
+    )
+    with open(d / "epochs.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["epoch", "test_accuracy", "epoch_seconds"])
+        w.writeheader()
+        for e in range(3):
+            w.writerow({"epoch": e, "test_accuracy": peak * (e + 1) / 3, "epoch_seconds": 1.0})
+    (d / "boundaries.jsonl").write_text(
+        "".join(
+            json.dumps({"global_step": 4 * i, "sync_period": k * (1 + i // 2)}) + "\n"
+            for i in range(6)
+        )
+    )
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    rng = random.Random(0)
+    peaks = {}
+    for label, mu, k in (("ddp", 0.90, 1), ("cpdp-k4", 0.92, 4), ("localsgd-k4", 0.88, 4)):
+        peaks[label] = [mu + rng.gauss(0, 0.01) for _ in range(3)]
+        for seed, p in zip((42, 123, 777), peaks[label], strict=True):
+            fake_run(tmp_path, label, seed, p, 100 / k + seed / 100, k)
+    fake_run(tmp_path, "cpdp-es", 42, 0.91, 30, 4, policy="exposed-sync")
+    return tmp_path, peaks
+
+
+def test_statistics_match_scipy(synthetic):
+    root, peaks = synthetic
+    rows = {r.label: r for r in table_rows(collect(root))}
+    for label, values in peaks.items():
+        mean, std = rows[label].peak
+        assert mean == pytest.approx(np.mean(values))
+        assert std == pytest.approx(np.std(values, ddof=1))
+    want = stats.ttest_ind(peaks["cpdp-k4"], peaks["ddp"], equal_var=False).pvalue
+    assert rows["cpdp-k4"].p_value == pytest.approx(want)
+    assert rows["cpdp-k4"].delta_pp == pytest.approx(
+        100 * (np.mean(peaks["cpdp-k4"]) - np.mean(peaks["ddp"]))
+    )
+    assert math.isnan(rows["ddp"].p_value) and math.isnan(rows["ddp"].delta_pp)
+    assert math.isnan(rows["cpdp-es"].p_value)  # one seed: no test
+    assert mean_std([0.5]) == (0.5, 0.0)
+    assert math.isnan(welch_p([1.0], [1.0, 2.0]))
+
+
+def test_report_renders_tables_csv_and_plots(synthetic):
+    root, _ = synthetic
+    text = report(root)
+    assert "| cpdp-k4 | 3 |" in text and "Δ vs DDP" in text
+    md = (root / "report.md").read_text()
+    for png in ("frontier", "accuracy_vs_time", "k_paths", "exposed_vs_compute"):
+        assert (root / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in md
+    rows = list(csv.DictReader((root / "report.csv").open()))
+    assert len(rows) == 10 and {"label", "seed", "peak_test_accuracy"} <= set(rows[0])
+
+
+def test_render_formats_percent_and_delta():
+    from autok.report import Row
+
+    text = render(
+        [Row("cpdp-k4", 3, (0.9, 0.01), (0.89, 0.01), (10, 1), (5, 0.5), 2.44, 0.012, [])], "t"
+    )
+    assert (
+        "| cpdp-k4 | 3 | 90.00 ± 1.00 | 89.00 ± 1.00 | 10.0 ± 1.0 | 5.0 ± 0.5 | +2.44 | 0.012 |"
+        in text
+    )
+
+
+def test_a_tiny_experiment_end_to_end(tmp_path):
+    exp = tmp_path / "tiny.yaml"
+    exp.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "seeds": [1, 2],
+                "quick": {
+                    "base": {
+                        "dataset": "mnist1d",
+                        "mnist1d_samples": 500,
+                        "workers": 2,
+                        "link": "none",
+                        "epochs": 2,
+                        "warmup_epochs": 1,
+                    }
+                },
+                "runs": [
+                    {"name": "ddp", "strategy": "ddp"},
+                    {"name": "cpdp-k3", "strategy": "cpdp", "sync_period": 3},
+                ],
+            }
+        )
+    )
+    out = tmp_path / "out"
+    res = autok("experiment", "run", str(exp), "--out", str(out), timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "[4/4]" in res.stdout
+    again = autok("experiment", "run", str(exp), "--out", str(out), timeout=600)
+    assert again.returncode == 0 and again.stdout.count("skipped") == 4
+    res = autok("report", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "| cpdp-k3 | 2 |" in (out / "report.md").read_text()
+    bad = autok("experiment", "run", "no-such-experiment", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "no-such-experiment" in bad.stderr
+
+
+def test_the_named_experiments_expand_to_valid_runs():
+    from autok.experiment import available, expand, load_experiment
+
+    assert set(available()) >= {"paper-wan", "k-sweep", "beta-sensitivity", "profiler", "scaling"}
+    for name in available():
+        exp = load_experiment(name)
+        quick = expand(exp, "quick")
+        assert quick and all(r.settings["dataset"] in ("mnist1d", "digits") for r in quick)
+        full = exp["full"]["base"]
+        assert full["dataset"] == "cifar100" and full["model"] == "resnet50"
+    labels = {r.label for r in expand(load_experiment("paper-wan"), "quick")}
+    assert {
+        "ddp lr=0.1",
+        "ddp lr=0.4",
+        "localsgd-slowmo-k4 lr=0.1",
+        "cpdp-exposed-sync lr=0.4",
+    } <= labels
