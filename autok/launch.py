@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -51,6 +53,7 @@ def worker(
     local_rank: int,
     observers=None,
     resume: bool = False,
+    init_method: str | None = None,
 ) -> dict | None:
     from trainer.loop import Trainer, print_summary
 
@@ -75,6 +78,7 @@ def worker(
             store = dist.PrefixStore(f"autok/attempt-{attempt}", base)
         dist.init_process_group(
             backend,
+            init_method=init_method if store is None else None,
             store=store,
             rank=rank,
             world_size=world_size,
@@ -137,18 +141,28 @@ def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
 
 
 def _spawned(
-    rank: int, world_size: int, cfg_json: str, out_dir: str | None, port: int, resume: bool
+    rank: int, world_size: int, cfg_json: str, out_dir: str | None, store: str, resume: bool
 ) -> None:
     die_with_parent()  # a killed launcher (Ctrl-C, a sweep's kill) takes its workers along
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    worker(
+        rank,
+        world_size,
+        cfg_json,
+        out_dir,
+        local_rank=rank,
+        resume=resume,
+        init_method=f"file://{store}",
     )
-    worker(rank, world_size, cfg_json, out_dir, local_rank=rank, resume=resume)
+
+
+def store_file() -> str:
+    """A fresh rendezvous file for one local launch. A file store needs no port, so nothing can
+    take it between choosing and binding (free_port's race)."""
+    fd, path = tempfile.mkstemp(prefix="autok-rdzv-")
+    os.close(fd)
+    os.unlink(path)  # FileStore creates it; it must not exist from an earlier launch
+    return path
 
 
 def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None:
@@ -161,9 +175,10 @@ def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None
     prepare_data(cfg)
     restarts = 0
     while True:
+        store = store_file()
         ctx = mp.start_processes(
             _spawned,
-            args=(cfg.workers, cfg_json, out, free_port(), resume),
+            args=(cfg.workers, cfg_json, out, store, resume),
             nprocs=cfg.workers,
             join=False,
             start_method="spawn",
@@ -178,11 +193,19 @@ def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None
                 raise
             restarts += 1
             resume = True
+            why = str(exc).strip().splitlines()[-1]
             print(
-                f"autok: {str(exc).strip().splitlines()[-1]}; restarting all workers from the "
-                f"last checkpoint ({restarts} of --max-restarts {cfg.max_restarts})",
+                f"autok: {why}; restarting all workers from the last checkpoint ({restarts} "
+                f"of --max-restarts {cfg.max_restarts})",
                 flush=True,
             )
+        finally:
+            _remove(store)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def join_all(ctx) -> None:
@@ -200,12 +223,15 @@ def join_all(ctx) -> None:
 
 
 def _run_worker_entry(
-    rank: int, world_size: int, port: int, fn, args, result_dir: str, timeout: float = 300
+    rank: int, world_size: int, store: str, fn, args, result_dir: str, timeout: float = 300
 ) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout),
     )
     try:
         out = fn(rank, world_size, *args)
@@ -217,15 +243,16 @@ def _run_worker_entry(
 def run_workers(fn, world_size: int, *args, timeout: float = 300) -> list:
     """fn(rank, world_size, *args) on `world_size` spawned processes joined by gloo on localhost;
     returns the per-rank results. For tests and benchmarks that drive the engine directly."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         ctx = mp.start_processes(
             _run_worker_entry,
-            args=(world_size, free_port(), fn, args, d, timeout),
+            args=(world_size, store := store_file(), fn, args, d, timeout),
             nprocs=world_size,
             join=False,
             start_method="spawn",
         )
-        join_all(ctx)
+        try:
+            join_all(ctx)
+        finally:
+            _remove(store)
         return [torch.load(Path(d) / f"{r}.pt", weights_only=False) for r in range(world_size)]

@@ -43,8 +43,10 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
-def run_with_scrapers(out: Path, scrapers: int, extra: list[str] | None = None):
-    """One `autok train` run, with `scrapers` concurrent scrapers bursting once a second.
+def run_with_scrapers(
+    out: Path, scrapers: int, extra: list[str] | None = None, interval: float = 1.0
+):
+    """One `autok train` run, with `scrapers` concurrent scrapers bursting every `interval` s.
     Returns (wall_seconds, scraped texts, errors other than connection refusals)."""
     port = free_port()
     cmd = [
@@ -75,7 +77,7 @@ def run_with_scrapers(out: Path, scrapers: int, extra: list[str] | None = None):
                 pass  # not up yet, or already finished
             except Exception as exc:  # a malformed response
                 errors.append(repr(exc))
-            time.sleep(1.0)
+            time.sleep(interval)
 
     threads = []
     if scrapers:

@@ -102,11 +102,14 @@ def test_train_writes_the_five_files_with_every_field(run_dir):
 
 
 def test_an_existing_run_is_never_overwritten(run_dir):
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    def files():
+        return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    before = files()
     res = autok("train", *TINY, "--out", str(run_dir))
     assert res.returncode == 2
     assert res.stderr.strip().startswith("autok: error: --out:")
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert files() == before
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ def _rank_fill_worker(rank, world, strategy, k, beta):
         slowmo_beta=beta,
         momentum=0.0,
         weight_decay=0.0,
+        divergence_factor=1e12,  # parameters set to constants: the loss is meant to jump
         workers=world,
     )
     log = []
@@ -124,19 +125,30 @@ def _counts_worker(rank, world, strategy, k, beta):
     return {"summary": tr.run(), "steps_per_epoch": tr.steps_per_epoch}
 
 
-def _final_params_worker(rank, world, strategy, k, beta):
-    cfg = tiny_cfg(strategy=strategy, sync_period=k, slowmo_beta=beta, workers=world, epochs=2)
+def _final_params_worker(rank, world, strategy, k, beta, boundary="auto"):
+    cfg = tiny_cfg(
+        strategy=strategy,
+        sync_period=k,
+        slowmo_beta=beta,
+        workers=world,
+        epochs=2,
+        boundary=boundary,
+    )
     tr = Trainer(cfg, rank, world, None)
     tr.run()
     return {n: p.detach().clone() for n, p in tr.model.state_dict().items()}
 
 
 def test_cpdp_k1_beta0_is_exactly_ddp():
+    """DESIGN §1, bit for bit on the two-collective path; the fused path (the default, one
+    collective) is the same math in another summation order: equal to rounding."""
     ddp = run_dist(_final_params_worker, 2, "ddp", 1, 0.0)
-    cpdp = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0)
-    for a, b in zip(ddp, cpdp, strict=True):
+    two = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0, "two-phase")
+    fused = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0, "fused")
+    for a, b, c in zip(ddp, two, fused, strict=True):
         for name in a:
             assert torch.equal(a[name], b[name]), name
+            assert torch.allclose(a[name], c[name], rtol=1e-4, atol=1e-6), name
 
 
 def _replica_check_worker(rank, world, strategy):

@@ -173,7 +173,7 @@ def _run_with_exporter(rank, world, out_dir):
                 seen.append(scrape(exp.port))
 
     obs = [o for o in (exp, Watch()) if o is not None]
-    tr = Trainer(cfg, rank, world, Path(out_dir) if rank == 0 else None, observers=obs)
+    tr = Trainer(cfg, rank, world, Path(out_dir), observers=obs)
     tr.run()
     if exp is None:
         return None
@@ -222,7 +222,7 @@ def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
     from benchmarks.metrics_load import run_with_scrapers
 
     base, _, _ = run_with_scrapers(tmp_path / "base", 0)
-    loaded, texts, errors = run_with_scrapers(tmp_path / "loaded", 50)
+    loaded, texts, errors = run_with_scrapers(tmp_path / "loaded", 50, interval=0.25)
     assert not errors, errors[:3]
     assert len(texts) >= 200, len(texts)
     for t in texts[:: max(1, len(texts) // 20)]:

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from autok.pareto import dominates, pareto_front
 from tests.test_cli import autok
 
-FIXED = ["--workers", "2", "--epochs", "2", "--mnist1d-samples", "500", "--link", "none"]
+# beta 0: trials this small at K=2 and beta 0.3 can blow up, which the guard rightly fails
+FIXED = ["--workers", "2", "--epochs", "2", "--mnist1d-samples", "500", "--link", "none",
+         "--slowmo-beta", "0"]
 
 
 def write(path: Path, obj) -> Path:
@@ -187,7 +189,8 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
     rows = trials(out)
     assert [r["state"] for r in rows] == ["FAIL", "FAIL", "COMPLETE"], rows
     assert "invalid settings: --sync-period" in rows[0]["reason"]
-    assert rows[1]["reason"].startswith("diverged: non-finite training loss")
+    # stopped by the trainer's divergence guard (or, failing that, by the sweep's own check)
+    assert "diverged" in rows[1]["reason"], rows[1]["reason"]
 
 
 @pytest.mark.parametrize(

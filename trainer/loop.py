@@ -146,6 +146,12 @@ class Trainer:
         self.start_epoch = 0
         self._pending = None  # a launched averaging not yet applied (overlap)
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
+        # Checkpoints are collectives: every rank must take them, so every rank needs the run
+        # directory (rank 0 alone writes the run's files). A mismatch would hang, not fail.
+        has_dir = torch.tensor([float(out_dir is not None)], dtype=torch.float64)
+        allreduce_sum_(has_dir, None)  # once, at start-up: not worth modelling on the link
+        if 0 < has_dir.item() < world_size:
+            raise ValueError("the run directory must be given to every rank or to none")
         if resume and out_dir is not None:
             epoch = self.restore_latest()
             if rank == 0:
