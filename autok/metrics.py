@@ -121,7 +121,7 @@ class MetricsExporter:
         self._rank_compute = self._rank_wait = 0.0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server = _Server((host, port), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         threading.Thread(
@@ -233,6 +233,12 @@ class MetricsExporter:
                     m = CounterMetricFamily(f"autok_{name}", doc, labels=[*names, "rank"])
                     m.add_metric([*values, str(self.rank)], v)
                     yield m
+
+
+class _Server(ThreadingHTTPServer):
+    # The default listen backlog (5) refuses connections when many scrapers arrive together.
+    request_queue_size = 128
+    daemon_threads = True
 
 
 def _handler(exporter: MetricsExporter):

@@ -424,7 +424,9 @@ def _count_worker(rank, world, strategy, boundary):
             if tr.averager is not None:
                 ptrs.add(tr.averager._buf.data_ptr())
 
-    tr = Trainer(cfg, rank, world, None, observers=[Count()])
+    counter = Count()
+    tr = Trainer(cfg, rank, world, None, observers=[counter])
+    counter.last = calls["n"]  # start-up collectives are not a boundary's
     tr.run()
     dist.all_reduce = real
     return per_boundary, ptrs

@@ -95,29 +95,12 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tmp_path):
                 assert prom.poll() is None, prom.stderr.read().decode()[-2000:]
                 time.sleep(0.5)
         start = time.time()
-        res = autok(
-            "train",
-            *TINY,
-            "--epochs",
-            "8",
-            "--mnist1d-samples",
-            "2000",
-            "--link",
-            "wan",
-            "--policy",
-            "exposed-sync",
-            "--sync-period",
-            "1",
-            "--sync-window",
-            "2",
-            "--warmup-epochs",
-            "0",
-            "--metrics-port",
-            str(mport),
-            "--metrics-per-rank",
-            "--out",
-            str(tmp_path / "run"),
-        )
+        # ~10 s of training with K changing, scraped every second
+        args = ["train", *TINY, "--epochs", "12", "--batch-size", "8"]
+        args += ["--mnist1d-samples", "2000", "--link", "wan", "--policy", "exposed-sync"]
+        args += ["--sync-period", "4", "--sync-window", "2", "--warmup-epochs", "1"]
+        args += ["--metrics-port", str(mport), "--metrics-per-rank"]
+        res = autok(*args, "--out", str(tmp_path / "run"))
         assert res.returncode == 0, res.stderr[-2000:]
         end = time.time()
         time.sleep(2.5)  # the last scrapes land

@@ -20,8 +20,18 @@ from autok.pareto import dominates, pareto_front
 from tests.test_cli import autok
 
 # beta 0: trials this small at K=2 and beta 0.3 can blow up, which the guard rightly fails
-FIXED = ["--workers", "2", "--epochs", "2", "--mnist1d-samples", "500", "--link", "none",
-         "--slowmo-beta", "0"]
+FIXED = [
+    "--workers",
+    "2",
+    "--epochs",
+    "2",
+    "--mnist1d-samples",
+    "500",
+    "--link",
+    "none",
+    "--slowmo-beta",
+    "0",
+]
 
 
 def write(path: Path, obj) -> Path:
