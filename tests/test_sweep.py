@@ -17,21 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autok.pareto import dominates, pareto_front
-from tests.test_cli import autok
+from tests.test_cli import TINY, autok
 
 # beta 0: trials this small at K=2 and beta 0.3 can blow up, which the guard rightly fails
-FIXED = [
-    "--workers",
-    "2",
-    "--epochs",
-    "2",
-    "--mnist1d-samples",
-    "500",
-    "--link",
-    "none",
-    "--slowmo-beta",
-    "0",
-]
+FIXED = [a for a in TINY if a != "--no-progress"] + ["--slowmo-beta", "0"]
 
 
 def write(path: Path, obj) -> Path:
