@@ -122,7 +122,6 @@ class MetricsExporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._server = _Server((host, port), _handler(self))
-        self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         threading.Thread(
             target=self._server.serve_forever, name="autok-metrics", daemon=True
@@ -238,7 +237,10 @@ class MetricsExporter:
 class _Server(ThreadingHTTPServer):
     # The default listen backlog (5) refuses connections when many scrapers arrive together.
     request_queue_size = 128
-    daemon_threads = True
+    # close() waits for responses in flight: a scrape racing the end of the run gets a whole
+    # body, not a truncated one.
+    daemon_threads = False
+    block_on_close = True
 
 
 def _handler(exporter: MetricsExporter):
