@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from autok.config import TrainConfig
 from autok.procs import die_with_parent
-from trainer.data import prepare_mnist1d
+from trainer.data import DATA_SEED, prepare_mnist1d
 
 
 def under_torchrun() -> bool:
@@ -37,7 +37,7 @@ def pick_backend(cfg: TrainConfig) -> str:
 def prepare_data(cfg: TrainConfig) -> None:
     """Work done once before the workers start, so N processes do not repeat it."""
     if cfg.dataset == "mnist1d":
-        prepare_mnist1d(cfg.mnist1d_samples, 42)
+        prepare_mnist1d(cfg.mnist1d_samples, DATA_SEED)
 
 
 def torchrun_restart() -> bool:
