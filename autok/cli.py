@@ -17,9 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from autok.config import ConfigError, TrainConfig, flag, load_config
+from autok.config import ConfigError, TrainConfig, flag, load_config, read_yaml
 from autok.sweep import OBJECTIVES
 from trainer.link import PROFILES
 
@@ -300,12 +298,7 @@ def given_values(ns: argparse.Namespace) -> dict[str, Any]:
     values = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "resume")}
     file_values: dict[str, Any] = {}
     if ns.config is not None:
-        if not ns.config.is_file():
-            raise ConfigError(f"--config: no such file {ns.config}")
-        try:
-            file_values = yaml.safe_load(ns.config.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--config: {ns.config} is not valid YAML ({exc})") from None
+        file_values = read_yaml(ns.config, "--config") or {}
         if not isinstance(file_values, dict):
             raise ConfigError(f"--config: {ns.config} must hold a mapping of settings")
     merged = {str(k).replace("-", "_"): v for k, v in file_values.items()}

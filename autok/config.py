@@ -5,9 +5,11 @@ Every error names the flag to change: the CLI prints it on one line and exits wi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controllers import REGISTRY as POLICIES
@@ -165,25 +167,25 @@ class TrainConfig(BaseModel):
         return self.boundary == "fused"
 
     def policy_options(self) -> PolicyOptions:
-        return PolicyOptions(
-            peak_lr=self.lr,
-            target_sync_share=self.target_sync_share,
-            max_sync_period=self.max_sync_period,
-            sync_window=self.sync_window,
-            k_growth=self.k_growth,
-            drift_limit=self.drift_limit,
-            loss_rise=self.loss_rise,
-            guard_cooldown=self.guard_cooldown,
-            k_lowering=self.k_lowering,
-            qsr_base=self.qsr_base,
-            qsr_alpha=self.qsr_alpha,
-        )
+        """Every PolicyOptions field is the setting of the same name; the peak LR is --lr."""
+        names = [f.name for f in dataclasses.fields(PolicyOptions) if f.name != "peak_lr"]
+        return PolicyOptions(peak_lr=self.lr, **{n: getattr(self, n) for n in names})
 
     @property
     def link_profile(self) -> LinkProfile:
         return resolve_profile(
             self.link, self.link_rtt_ms, self.link_bandwidth_gbps, self.link_jitter_ms
         )
+
+
+def read_yaml(path: Path, flag_name: str) -> Any:
+    """A YAML file's content; a missing or malformed file is a ConfigError naming the flag."""
+    if not path.is_file():
+        raise ConfigError(f"{flag_name}: no such file {path}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{flag_name}: {path} is not valid YAML ({exc})") from None
 
 
 def load_config(file_values: dict, cli_values: dict) -> TrainConfig:

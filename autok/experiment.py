@@ -11,7 +11,6 @@ import itertools
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from autok.config import ConfigError, load_config
-from autok.procs import die_with_parent
+from autok.procs import start_logged
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -111,16 +110,10 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
         json.dumps({"label": run.label, "seed": run.seed, "settings": run.settings}, indent=2)
     )
     with open(run_dir / "train.log", "a") as log:
-        res = subprocess.run(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
-    if res.returncode != 0:
+        returncode = start_logged(cmd, log).wait()
+    if returncode != 0:
         lines = (run_dir / "train.log").read_text().strip().splitlines()
-        return f"FAILED: {lines[-1] if lines else res.returncode}", time.time() - t0
+        return f"FAILED: {lines[-1] if lines else returncode}", time.time() - t0
     return how, time.time() - t0
 
 

@@ -5,8 +5,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+import subprocess
 
 _PR_SET_PDEATHSIG = 1
+
+
+def start_logged(cmd: list[str], log) -> subprocess.Popen:
+    """A child with stdout and stderr in `log`, no stdin, dying with this process."""
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

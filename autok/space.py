@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from autok.config import ConfigError, TrainConfig
+from autok.config import ConfigError, TrainConfig, read_yaml
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "experiments" / "spaces" / "default.yaml"
 
@@ -35,12 +33,7 @@ def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
     """A YAML list of {setting: value} over the space's dimensions, to evaluate first."""
     if path is None:
         return ()
-    if not path.is_file():
-        raise ConfigError(f"--enqueue: no such file {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--enqueue: {path} is not valid YAML ({exc})") from None
+    raw = read_yaml(path, "--enqueue")
     names = {d.name for d in space}
     if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
         raise ConfigError(f"--enqueue: {path} must be a list of mappings")
@@ -56,12 +49,7 @@ def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
 def load_space(path: Path | None) -> list[Dim]:
     """Parse and validate a space file; every problem is a ConfigError naming --space."""
     path = path or DEFAULT_SPACE
-    if not path.is_file():
-        raise ConfigError(f"--space: no such file {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--space: {path} is not valid YAML ({exc})") from None
+    raw = read_yaml(path, "--space")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"--space: {path} must map setting names to ranges")
     dims = []

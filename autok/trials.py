@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from autok.procs import die_with_parent
+from autok.procs import start_logged
 
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
 
@@ -75,13 +75,7 @@ def run_trial(
         "--no-progress",
     ]
     with open(log, "w") as log_f:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log_f,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
+        proc = start_logged(cmd, log_f)
         seen, stop = 0, None
         try:
             while True:

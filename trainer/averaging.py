@@ -231,7 +231,7 @@ class ParameterAverager:
             self.beta,
             pending.lr,
             self.lr_aware,
-            self._scratch,
+            delta=self._scratch,  # θ_avg − θ_ref, computed above for the update norm
         )
         n_params = len(self.params)
         rest_tensors = pending.avg_tensors[n_params + pending.n_grads :]

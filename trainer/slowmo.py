@@ -18,7 +18,7 @@ def slowmo_update_(
     beta: float,
     lr: float,
     lr_aware: bool = False,
-    scratch: torch.Tensor | None = None,
+    delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from the averaged parameters; return the new θ (= ref).
 
@@ -28,8 +28,9 @@ def slowmo_update_(
     if beta == 0.0 or velocity is None:
         ref.copy_(avg)
         return ref
-    # Δ = θ_avg − θ_ref, into a persistent scratch buffer when given (no allocation per boundary)
-    delta = torch.sub(avg, ref, out=scratch) if scratch is not None else avg.sub(ref)
+    # Δ = θ_avg − θ_ref; the averager passes the one it has already computed for the update norm
+    if delta is None:
+        delta = avg.sub(ref)
     if lr_aware:
         velocity.mul_(beta).add_(delta, alpha=1.0 / lr)
         ref.add_(velocity, alpha=lr)
