@@ -18,6 +18,15 @@ from autok.procs import die_with_parent
 from trainer.data import DATA_SEED, prepare_mnist1d
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: taskset, cgroup cpusets and Slurm narrow them, and
+    os.cpu_count() does not see that."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity
+        return os.cpu_count() or 1
+
+
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
@@ -66,7 +75,7 @@ def worker(
     else:
         # Share the cores among the local ranks instead of each grabbing all of them.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        torch.set_num_threads(max(1, usable_cpus() // local))
     if not dist.is_initialized():
         timeout = timedelta(seconds=cfg.collective_timeout)
         store = None
@@ -225,7 +234,7 @@ def join_all(ctx) -> None:
 def _run_worker_entry(
     rank: int, world_size: int, store: str, fn, args, result_dir: str, timeout: float = 300
 ) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(max(1, usable_cpus() // world_size))
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",

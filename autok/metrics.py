@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,6 +22,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from autok.metrics_http import MetricsHTTPServer
 from controllers.base import BoundaryStats, SyncDecision
 from trainer.link import LinkProfile
 
@@ -121,11 +121,10 @@ class MetricsExporter:
         self._rank_compute = self._rank_wait = 0.0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server = _Server((host, port), _handler(self))
-        self.port = self._server.server_address[1]
-        threading.Thread(
-            target=self._server.serve_forever, name="autok-metrics", daemon=True
-        ).start()
+        self._server: MetricsHTTPServer | None = MetricsHTTPServer(
+            host, port, self.render, CONTENT_TYPE
+        )
+        self.port = self._server.port
 
     # ----- trainer events ----------------------------------------------------------------------
 
@@ -167,8 +166,7 @@ class MetricsExporter:
     def close(self) -> None:
         """Called by the worker once the summary is written (the server stays up until then)."""
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
     # ----- exposition --------------------------------------------------------------------------
@@ -232,31 +230,3 @@ class MetricsExporter:
                     m = CounterMetricFamily(f"autok_{name}", doc, labels=[*names, "rank"])
                     m.add_metric([*values, str(self.rank)], v)
                     yield m
-
-
-class _Server(ThreadingHTTPServer):
-    # The default listen backlog (5) refuses connections when many scrapers arrive together.
-    request_queue_size = 128
-    # close() waits for responses in flight: a scrape racing the end of the run gets a whole
-    # body, not a truncated one.
-    daemon_threads = False
-    block_on_close = True
-
-
-def _handler(exporter: MetricsExporter):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            body = exporter.render()
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not news
-            pass
-
-    return Handler

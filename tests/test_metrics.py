@@ -4,6 +4,7 @@ files, and valid text under concurrent scrapes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import urllib.request
@@ -217,18 +218,36 @@ def test_values_match_boundaries_jsonl_and_counters_only_increase(tmp_path):
 
 
 def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
-    """50 scrapers fire together once a second (as 50 Prometheus servers would) while a run
-    trains; every response must parse and pass promtool, and training must not crawl."""
-    from benchmarks.metrics_load import run_with_scrapers
+    """50 keep-alive scrapers fire together twice a second (as 50 Prometheus servers would)
+    while a run trains; every response must parse and pass promtool, and training must not
+    crawl."""
+    from benchmarks.metrics_load import LAYOUTS, run_with_scrapers
 
-    base, _, _ = run_with_scrapers(tmp_path / "base", 0)
-    loaded, texts, errors = run_with_scrapers(tmp_path / "loaded", 50, interval=0.5)
+    # Training on one core, the scrapers on the other, when there are two: the scrapers' own
+    # client work is then not charged to training (Prometheus runs elsewhere in real use).
+    train_cpus, scraper_cpus = (
+        LAYOUTS["isolated"]
+        if len(os.sched_getaffinity(0)) >= 2
+        else (
+            None,
+            None,
+        )
+    )
+    short = ["--epochs", "8"]
+    base = run_with_scrapers(tmp_path / "base", 0, train_cpus=train_cpus, extra=short)[0]
+    loaded, texts, errors, scrapes = run_with_scrapers(
+        tmp_path / "loaded",
+        50,
+        interval=0.5,
+        train_cpus=train_cpus,
+        scraper_cpus=scraper_cpus,
+        extra=short,
+    )
     assert not errors, errors[:3]
-    assert len(texts) >= 200, len(texts)
+    assert scrapes >= 300, scrapes
     for t in texts[:: max(1, len(texts) // 20)]:
         families(t)
         promtool_check(t)
-    # The figure itself is measured by benchmarks/metrics_load.py; here, a guard against a
-    # pathological slowdown on a noisy shared machine.
-    # (the scrapers share this machine's two cores with training; measured 1.09 at 1 s bursts)
-    assert loaded / base < 1.5, (loaded, base)
+    # The figure itself is measured by benchmarks/metrics_load.py (see its results); here, a
+    # guard against a pathological slowdown that still tolerates a noisy shared machine.
+    assert loaded / base < 1.3, (loaded, base)

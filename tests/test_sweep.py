@@ -141,15 +141,15 @@ def test_pruning_stops_a_clearly_worse_trial_early(tmp_path):
     out = tmp_path / "prune"
     args = ["--trials", "3", "--objective", "accuracy", "--space", str(space)]
     args += ["--enqueue", str(first), "--out", str(out), *FIXED]
-    args += ["--epochs", "20", "--mnist1d-samples", "2000", "--warmup-epochs", "0"]
+    args += ["--epochs", "10", "--mnist1d-samples", "2000", "--warmup-epochs", "0"]
     res = autok("sweep", *args, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = trials(out)
     assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE", "PRUNED"], rows
     assert rows[2]["reason"].startswith("pruned at epoch ")
     assert int(rows[2]["reason"].split()[3]) <= 3  # an early epoch
-    # stopped early: far fewer than the 20 epochs it was configured for
-    assert len(list(csv.DictReader((Path(rows[2]["run_dir"]) / "epochs.csv").open()))) < 10
+    # stopped early: far fewer than the 10 epochs it was configured for
+    assert len(list(csv.DictReader((Path(rows[2]["run_dir"]) / "epochs.csv").open()))) <= 4
 
 
 def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_path):
