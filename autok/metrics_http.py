@@ -24,7 +24,13 @@ MAX_HEAD = 16 * 1024  # a scrape's request head is a few hundred bytes
 MAX_CONNECTIONS = 512
 CLOSE_GRACE_S = 2.0  # how long close() lets responses in flight finish
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
 
 
 @dataclass
@@ -71,7 +77,12 @@ def answer(raw_head: bytes, body: Callable[[], bytes], content_type: str) -> tup
         return _response(405, b"only GET\n", "text/plain", keep_alive, False), keep_alive
     if target.split("?", 1)[0] not in ("/metrics", "/"):
         return _response(404, b"not found\n", "text/plain", keep_alive, head), keep_alive
-    return _response(200, body(), content_type, keep_alive, head), keep_alive
+    try:
+        payload = body()
+    except Exception as exc:  # noqa: BLE001 (the scraper sees it; the server thread lives on)
+        msg = f"{type(exc).__name__}: {exc}\n".encode()
+        return _response(500, msg, "text/plain", keep_alive, head), keep_alive
+    return _response(200, payload, content_type, keep_alive, head), keep_alive
 
 
 class MetricsHTTPServer:

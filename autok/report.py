@@ -121,6 +121,68 @@ def table_rows(runs: list[RunResult]) -> list[Row]:
     return rows
 
 
+@dataclass
+class SyncProfile:
+    """Table 8's columns, per epoch after the warmup epochs (which run at K=1), mean over seeds."""
+
+    label: str
+    boundaries: float  # synchronization points per epoch
+    events: float  # gradient AllReduces + parameter averagings per epoch
+    per_boundary_ms: float  # exposed sync per synchronization point
+    exposed: float  # exposed sync, seconds per epoch
+    compute: float  # compute, seconds per epoch: the floor with a free network
+
+
+def _run_profile(r: RunResult) -> tuple[float, float, float, float, float]:
+    warmup = int(r.config.get("warmup_epochs") or 0)
+    with open(r.dir / "boundaries.jsonl") as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    steady = [b for b in recs if b["epoch"] >= warmup] or recs
+    epochs = {b["epoch"] for b in steady}
+    rows = [e for e in r.epochs if int(e["epoch"]) in epochs]
+    n = len(epochs)
+    exposed = sum(b["exposed_sync_seconds"] for b in steady)
+    events = sum(int(e["grad_syncs"]) + int(e["param_syncs"]) for e in rows)
+    return (
+        len(steady) / n,
+        events / n,
+        1000 * exposed / len(steady),
+        exposed / n,
+        sum(b["compute_seconds"] for b in steady) / n,
+    )
+
+
+def sync_profile(runs: list[RunResult]) -> list[SyncProfile]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    out = []
+    for label, rs in groups.items():
+        cols = list(zip(*(_run_profile(r) for r in rs), strict=True))
+        out.append(SyncProfile(label, *(statistics.fmean(c) for c in cols)))
+    return out
+
+
+def render_profile(profiles: list[SyncProfile]) -> str:
+    lines = [
+        "## Synchronization profile",
+        "",
+        "Per epoch after the warmup epochs, mean over seeds: synchronization points (boundaries),"
+        " sync events (gradient AllReduces + parameter averagings), exposed sync per point, "
+        "exposed sync and compute per epoch (compute is the floor a free network would leave).",
+        "",
+        "| method | boundaries/epoch | sync events/epoch | exposed per boundary (ms) | "
+        "exposed sync/epoch (s) | compute/epoch (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in profiles:
+        lines.append(
+            f"| {p.label} | {p.boundaries:.1f} | {p.events:.1f} | {p.per_boundary_ms:.1f} | "
+            f"{p.exposed:.2f} | {p.compute:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _pm(ms: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{ms[0] * scale:.{digits}f} ± {ms[1] * scale:.{digits}f}"
 
@@ -270,7 +332,7 @@ def report(root: Path) -> str:
     if not runs:
         raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
     rows = table_rows(runs)
-    text = render(rows, f"autok report: {root}")
+    text = render(rows, f"autok report: {root}") + "\n" + render_profile(sync_profile(runs))
     (root / "report.md").write_text(
         text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots(runs, root)) + "\n"
     )

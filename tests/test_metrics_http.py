@@ -48,6 +48,12 @@ def test_answer_status_codes_and_keep_alive():
     assert not answer(b"GET /metrics HTTP/1.1\r\nConnection: close", body, CT)[1]
     assert not answer(b"GET /metrics HTTP/1.1\r\nContent-Length: 5", body, CT)[1]
 
+    def broken():
+        raise RuntimeError("render failed")
+
+    err, keep = answer(b"GET /metrics HTTP/1.1", broken, CT)
+    assert err.startswith(b"HTTP/1.1 500") and err.endswith(b"RuntimeError: render failed\n")
+
 
 def test_urllib_scrape_and_404(server):
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:

@@ -24,7 +24,15 @@ def fake_run(
     d.mkdir(parents=True)
     (d / "experiment.json").write_text(json.dumps({"label": label, "seed": seed}))
     (d / "config.json").write_text(
-        json.dumps({"sync_period": k, "policy": policy, "lr": 0.1, "strategy": label.split()[0]})
+        json.dumps(
+            {
+                "sync_period": k,
+                "policy": policy,
+                "lr": 0.1,
+                "strategy": label.split()[0],
+                "warmup_epochs": 1,
+            }
+        )
     )
     (d / "summary.json").write_text(
         json.dumps(
@@ -41,14 +49,33 @@ def fake_run(
             }
         )
     )
+    fields = ["epoch", "test_accuracy", "epoch_seconds", "grad_syncs", "param_syncs"]
     with open(d / "epochs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["epoch", "test_accuracy", "epoch_seconds"])
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for e in range(3):
-            w.writerow({"epoch": e, "test_accuracy": peak * (e + 1) / 3, "epoch_seconds": 1.0})
+            w.writerow(
+                {
+                    "epoch": e,
+                    "test_accuracy": peak * (e + 1) / 3,
+                    "epoch_seconds": 1.0,
+                    "grad_syncs": 2,
+                    "param_syncs": 2 if k > 1 else 0,
+                }
+            )
+    # two boundaries per epoch over three epochs; the first epoch is warmup
     (d / "boundaries.jsonl").write_text(
         "".join(
-            json.dumps({"global_step": 4 * i, "sync_period": k * (1 + i // 2)}) + "\n"
+            json.dumps(
+                {
+                    "global_step": 4 * i,
+                    "epoch": i // 2,
+                    "sync_period": k * (1 + i // 2),
+                    "exposed_sync_seconds": 0.01 * (i + 1),
+                    "compute_seconds": 0.1,
+                }
+            )
+            + "\n"
             for i in range(6)
         )
     )
@@ -93,6 +120,21 @@ def test_report_renders_tables_csv_and_plots(synthetic):
         assert (root / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in md
     rows = list(csv.DictReader((root / "report.csv").open()))
     assert len(rows) == 10 and {"label", "seed", "peak_test_accuracy"} <= set(rows[0])
+
+
+def test_sync_profile_counts_the_epochs_after_warmup(synthetic):
+    from autok.report import sync_profile
+
+    root, _ = synthetic
+    prof = {p.label: p for p in sync_profile(collect(root))}
+    # epochs 1 and 2 (after the one warmup epoch): boundaries 2..5, exposed 0.03..0.06 s
+    assert prof["cpdp-k4"].boundaries == pytest.approx(2.0)
+    assert prof["cpdp-k4"].events == pytest.approx(4.0)  # 2 gradient + 2 parameter syncs
+    assert prof["ddp"].events == pytest.approx(2.0)
+    assert prof["ddp"].exposed == pytest.approx((0.03 + 0.04 + 0.05 + 0.06) / 2)
+    assert prof["ddp"].per_boundary_ms == pytest.approx(1000 * 0.18 / 4)
+    assert prof["ddp"].compute == pytest.approx(0.2)
+    assert "## Synchronization profile" in report(root)
 
 
 def test_render_formats_percent_and_delta():
