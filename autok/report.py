@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,63 @@ def collect(root: Path) -> list[RunResult]:
             )
         )
     return runs
+
+
+@dataclass
+class StoppedRun:
+    """A run of the grid that did not finish: the divergence guard stopped it, it crashed, or it
+    is still running. Reported, never silently dropped from the tables."""
+
+    label: str
+    seed: int
+    epochs_done: int
+    peak: float  # best test accuracy over the epochs it finished (nan if none)
+    why: str
+
+
+def collect_stopped(root: Path) -> list[StoppedRun]:
+    out = []
+    for tag in sorted(root.rglob("experiment.json")):
+        d = tag.parent
+        if (d / "summary.json").exists():
+            continue
+        meta = json.loads(tag.read_text())
+        epochs = []
+        if (d / "epochs.csv").exists():
+            with open(d / "epochs.csv", newline="") as f:
+                epochs = list(csv.DictReader(f))
+        why = "no summary (running, or killed)"
+        if (d / "train.log").exists():
+            lines = [
+                x for x in (d / "train.log").read_text().splitlines() if x.startswith("autok:")
+            ]
+            if lines:
+                # "autok: training failed: pkg.Error: what; advice" -> "what"
+                why = lines[-1].removeprefix("autok: ").removeprefix("training failed: ")
+                why = re.sub(r"^[\w.]+(Error|Exception|Diverged): ", "", why).split("; ")[0]
+        accs = [float(e["test_accuracy"]) for e in epochs]
+        out.append(
+            StoppedRun(meta["label"], meta["seed"], len(epochs), max(accs, default=math.nan), why)
+        )
+    return out
+
+
+def render_stopped(stopped: list[StoppedRun]) -> str:
+    if not stopped:
+        return ""
+    lines = [
+        "## Runs that did not finish",
+        "",
+        "Not in the tables above (their final accuracy does not exist); peak accuracy is the best "
+        "over the epochs they finished.",
+        "",
+        "| method | seed | epochs finished | peak acc before the stop (%) | why |",
+        "|---|---|---|---|---|",
+    ]
+    for r in stopped:
+        why = r.why.replace("|", "\\|")
+        lines.append(f"| {r.label} | {r.seed} | {r.epochs_done} | {100 * r.peak:.2f} | {why} |")
+    return "\n".join(lines) + "\n"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -332,7 +390,13 @@ def report(root: Path) -> str:
     if not runs:
         raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
     rows = table_rows(runs)
-    text = render(rows, f"autok report: {root}") + "\n" + render_profile(sync_profile(runs))
+    text = render(rows, f"autok report: {root}")
+    stopped = collect_stopped(root)
+    if stopped:
+        text += f"\n{len(stopped)} run(s) of the grid did not finish: see the last section.\n"
+    text += "\n" + render_profile(sync_profile(runs))
+    if stopped:
+        text += "\n" + render_stopped(stopped)
     (root / "report.md").write_text(
         text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots(runs, root)) + "\n"
     )

@@ -113,7 +113,20 @@ def test_statistics_match_scipy(synthetic):
 
 def test_report_renders_tables_csv_and_plots(synthetic):
     root, _ = synthetic
+    stopped = root / "cpdp-k2_beta=0.9" / "seed-1"
+    stopped.mkdir(parents=True)
+    (stopped / "experiment.json").write_text(json.dumps({"label": "cpdp-k2 beta=0.9", "seed": 1}))
+    (stopped / "epochs.csv").write_text("epoch,test_accuracy\n0,0.25\n1,0.31\n2,0.02\n")
+    (stopped / "train.log").write_text(
+        "W1130 noise\nautok: training failed: trainer.divergence.Diverged: training diverged: "
+        "loss 8.3 is more than 4x its running minimum 2.0 (boundary 94); lower --lr\n"
+    )
     text = report(root)
+    assert "1 run(s) of the grid did not finish" in text
+    assert (
+        "| cpdp-k2 beta=0.9 | 1 | 3 | 31.00 | training diverged: loss 8.3 is more than 4x its "
+        "running minimum 2.0 (boundary 94) |" in text
+    )
     assert "| cpdp-k4 | 3 |" in text and "Δ vs DDP" in text
     md = (root / "report.md").read_text()
     for png in ("frontier", "accuracy_vs_time", "k_paths", "exposed_vs_compute"):
