@@ -56,12 +56,13 @@ def expand(
     seeds: list[int] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[Run]:
-    """Every run of the grid: runs x the form's `vary` product x seeds; validated up front."""
+    """Every run of the grid: runs x the form's `vary` product x seeds; validated up front.
+    A setting a run fixes itself is not varied for it (DDP in the K sweep: `sync_period: 1`)."""
     spec = exp[form]
     vary = spec.get("vary", {})
-    keys = list(vary)
     out = []
     for run in exp["runs"]:
+        keys = [k for k in vary if k not in run]
         for combo in itertools.product(*(vary[k] for k in keys)):
             chosen = dict(zip(keys, combo, strict=True))
             settings = {

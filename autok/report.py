@@ -130,9 +130,14 @@ def welch_p(a: list[float], b: list[float]) -> float:
     """Two-sided Welch t-test p-value (nan when either side has fewer than 2 values)."""
     if len(a) < 2 or len(b) < 2:
         return math.nan
+    import warnings
+
     from scipy import stats
 
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    with warnings.catch_warnings():
+        # Collapsed runs can share one accuracy (chance): scipy warns, and its p is still right.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
 
 
 @dataclass
@@ -146,21 +151,46 @@ class Row:
     delta_pp: float  # mean peak accuracy minus DDP's, percentage points
     p_value: float
     peaks: list[float]
+    speedup: float = math.nan  # DDP's mean wall-clock / this row's
+
+
+def label_key(label: str) -> list[tuple[int, float | str]]:
+    """Natural order: 'cpdp sync_period=2' before 'cpdp sync_period=16'."""
+    return [
+        (0, float(t)) if re.fullmatch(r"-?\d+(\.\d+)?", t) else (1, t)
+        for t in re.split(r"[ =]", label)
+    ]
+
+
+def group(runs: list[RunResult]) -> dict[str, list[RunResult]]:
+    groups: dict[str, list[RunResult]] = {}
+    for r in sorted(runs, key=lambda r: (label_key(r.label), r.seed)):
+        groups.setdefault(r.label, []).append(r)
+    return groups
+
+
+def baseline_label(groups: dict[str, list[RunResult]], variant: str) -> str | None:
+    """DDP at the same varied settings, else the one DDP run of the grid (DDP has no K to vary:
+    in the K sweep it is a single row)."""
+    for cand in (f"{BASELINE} {variant}".strip(), BASELINE):
+        if cand in groups:
+            return cand
+    return None
 
 
 def table_rows(runs: list[RunResult]) -> list[Row]:
-    groups: dict[str, list[RunResult]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
+    groups = group(runs)
     rows = []
     for label, rs in groups.items():
         peaks = [r.summary["peak_test_accuracy"] for r in rs]
-        variant = rs[0].variant
-        base_label = f"{BASELINE} {variant}".strip()
-        base = [r.summary["peak_test_accuracy"] for r in groups.get(base_label, [])]
-        delta = (
-            100 * (statistics.fmean(peaks) - statistics.fmean(base))
-            if base and label != base_label
+        walls = [r.summary["wall_seconds"] for r in rs]
+        base_label = baseline_label(groups, rs[0].variant)
+        base_runs = groups.get(base_label, []) if base_label != label else []
+        base = [r.summary["peak_test_accuracy"] for r in base_runs]
+        delta = 100 * (statistics.fmean(peaks) - statistics.fmean(base)) if base else math.nan
+        speedup = (
+            statistics.fmean(r.summary["wall_seconds"] for r in base_runs) / statistics.fmean(walls)
+            if base_runs
             else math.nan
         )
         rows.append(
@@ -169,11 +199,12 @@ def table_rows(runs: list[RunResult]) -> list[Row]:
                 n=len(rs),
                 peak=mean_std(peaks),
                 final=mean_std([r.summary["final_test_accuracy"] for r in rs]),
-                wall=mean_std([r.summary["wall_seconds"] for r in rs]),
+                wall=mean_std(walls),
                 exposed=mean_std([r.summary["exposed_sync_seconds"] for r in rs]),
                 delta_pp=delta,
-                p_value=welch_p(peaks, base) if label != base_label else math.nan,
+                p_value=welch_p(peaks, base) if base else math.nan,
                 peaks=peaks,
+                speedup=speedup,
             )
         )
     return rows
@@ -211,11 +242,8 @@ def _run_profile(r: RunResult) -> tuple[float, float, float, float, float]:
 
 
 def sync_profile(runs: list[RunResult]) -> list[SyncProfile]:
-    groups: dict[str, list[RunResult]] = {}
-    for r in runs:
-        groups.setdefault(r.label, []).append(r)
     out = []
-    for label, rs in groups.items():
+    for label, rs in group(runs).items():
         cols = list(zip(*(_run_profile(r) for r in rs), strict=True))
         out.append(SyncProfile(label, *(statistics.fmean(c) for c in cols)))
     return out
@@ -250,18 +278,20 @@ def render(rows: list[Row], title: str) -> str:
         f"# {title}",
         "",
         "Mean ± standard deviation over seeds (n). Δ vs DDP: difference of mean peak accuracy "
-        "in percentage points, with the two-sided Welch t-test p-value against DDP's seeds.",
+        "in percentage points, with the two-sided Welch t-test p-value against DDP's seeds; "
+        "speedup: DDP's mean wall-clock over the row's.",
         "",
         "| method | n | peak acc (%) | final acc (%) | wall (s) | exposed sync (s) | "
-        "Δ vs DDP (pp) | p (Welch) |",
-        "|---|---|---|---|---|---|---|---|",
+        "Δ vs DDP (pp) | p (Welch) | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         delta = "—" if math.isnan(r.delta_pp) else f"{r.delta_pp:+.2f}"
         p = "—" if math.isnan(r.p_value) else f"{r.p_value:.3g}"
+        speedup = "—" if math.isnan(r.speedup) else f"{r.speedup:.2f}×"
         lines.append(
             f"| {r.label} | {r.n} | {_pm(r.peak, 100)} | {_pm(r.final, 100)} | "
-            f"{_pm(r.wall, digits=1)} | {_pm(r.exposed, digits=1)} | {delta} | {p} |"
+            f"{_pm(r.wall, digits=1)} | {_pm(r.exposed, digits=1)} | {delta} | {p} | {speedup} |"
         )
     return "\n".join(lines) + "\n"
 

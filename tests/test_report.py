@@ -154,12 +154,30 @@ def test_render_formats_percent_and_delta():
     from autok.report import Row
 
     text = render(
-        [Row("cpdp-k4", 3, (0.9, 0.01), (0.89, 0.01), (10, 1), (5, 0.5), 2.44, 0.012, [])], "t"
+        [Row("cpdp-k4", 3, (0.9, 0.01), (0.89, 0.01), (10, 1), (5, 0.5), 2.44, 0.012, [], 1.5)],
+        "t",
     )
     assert (
-        "| cpdp-k4 | 3 | 90.00 ± 1.00 | 89.00 ± 1.00 | 10.0 ± 1.0 | 5.0 ± 0.5 | +2.44 | 0.012 |"
-        in text
+        "| cpdp-k4 | 3 | 90.00 ± 1.00 | 89.00 ± 1.00 | 10.0 ± 1.0 | 5.0 ± 0.5 | +2.44 | 0.012 "
+        "| 1.50× |" in text
     )
+
+
+def test_rows_in_natural_order_against_the_single_ddp_row(tmp_path):
+    for k, peak, wall in ((16, 0.7, 10.0), (2, 0.9, 30.0), (4, 0.85, 20.0)):
+        fake_run(tmp_path, f"cpdp sync_period={k}", 42, peak, wall, k)
+    fake_run(tmp_path, "ddp", 42, 0.88, 40.0)
+    rows = table_rows(collect(tmp_path))
+    assert [r.label for r in rows] == [
+        "cpdp sync_period=2",
+        "cpdp sync_period=4",
+        "cpdp sync_period=16",
+        "ddp",
+    ]
+    by = {r.label: r for r in rows}
+    assert by["cpdp sync_period=2"].delta_pp == pytest.approx(2.0)
+    assert by["cpdp sync_period=16"].speedup == pytest.approx(4.0)
+    assert math.isnan(by["ddp"].speedup) and math.isnan(by["ddp"].delta_pp)
 
 
 def test_a_tiny_experiment_end_to_end(tmp_path):
@@ -216,3 +234,8 @@ def test_the_named_experiments_expand_to_valid_runs():
         "localsgd-slowmo-k4 lr=0.1",
         "cpdp-exposed-sync lr=0.4",
     } <= labels
+    # a setting a run fixes is not varied for it: one DDP row in the K sweep
+    ksweep = [r.label for r in expand(load_experiment("k-sweep"), "quick")]
+    assert ksweep.count("ddp") == 1 and "ddp sync_period=2" not in ksweep
+    assert {f"cpdp sync_period={k}" for k in (1, 2, 4, 8, 16, 32, 64)} <= set(ksweep)
+    assert len(ksweep) == 15
