@@ -227,6 +227,8 @@ def _run_profile(r: RunResult) -> tuple[float, float, float, float, float]:
     with open(r.dir / "boundaries.jsonl") as f:
         recs = [json.loads(line) for line in f if line.strip()]
     steady = [b for b in recs if b["epoch"] >= warmup] or recs
+    if not steady:  # a run with no boundary at all: nothing to profile
+        return (math.nan,) * 5
     epochs = {b["epoch"] for b in steady}
     rows = [e for e in r.epochs if int(e["epoch"]) in epochs]
     n = len(epochs)

@@ -76,7 +76,7 @@ async def _client(port: int, tick: list[asyncio.Event], out: dict, stop: asyncio
             seen += 1
             if seen % KEEP_EVERY == 1:
                 out["texts"].append(body.decode())
-        except (ConnectionRefusedError, ConnectionResetError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError):
             writer = None  # not up yet, or the run just ended
         except Exception as exc:  # noqa: BLE001 (a malformed response: reported, not raised)
             out["errors"].append(repr(exc))
@@ -160,8 +160,12 @@ def _reference_server(exp):
         def log_message(self, *args) -> None:
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.request_queue_size = 128
+    class Server(ThreadingHTTPServer):  # as autok configured it
+        request_queue_size = 128
+        daemon_threads = False
+        block_on_close = True
+
+    srv = Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
