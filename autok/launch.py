@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 import tempfile
@@ -98,6 +99,7 @@ def worker(
     exporter = start_exporter(cfg, rank, out_dir)
     if exporter is not None:
         observers.append(exporter)
+    trainer = None
     try:
         trainer = Trainer(
             cfg,
@@ -124,6 +126,12 @@ def worker(
     finally:
         if exporter is not None:
             exporter.close()
+        # Free DDP's reducer (which holds the process group) and any collective work before the
+        # group goes, so gloo's threads are joined now, not during interpreter shutdown, where
+        # they cannot take the GIL and abort the process (seen once: SIGABRT after the summary
+        # was written; pytorch/pytorch#179291 describes the mechanism).
+        trainer = None
+        gc.collect()
         dist.destroy_process_group()
 
 
@@ -245,6 +253,7 @@ def _run_worker_entry(
     try:
         out = fn(rank, world_size, *args)
     finally:
+        gc.collect()  # as in worker(): gloo's threads are joined before interpreter shutdown
         dist.destroy_process_group()
     torch.save(out, Path(result_dir) / f"{rank}.pt")
 
