@@ -197,7 +197,8 @@ class MetricsHTTPServer:
             self._drop(conn)
             return
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0)
-        self._sel.modify(conn.sock, want, conn)
+        if self._sel.get_key(conn.sock).events != want:  # most scrapes: one send, no change
+            self._sel.modify(conn.sock, want, conn)
 
     def _drain(self) -> None:
         """At close: finish writing every queued response, so a scrape racing the end of the run

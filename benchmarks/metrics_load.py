@@ -48,6 +48,14 @@ RUN = [
 KEEP_EVERY = 10  # scraped texts kept for validation: one in ten
 
 
+async def _get_metrics(reader, writer) -> tuple[bytes, bytes]:
+    """One scrape on an open connection: (status code, body)."""
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: autok\r\n\r\n")
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return head.split(b" ", 2)[1], await reader.readexactly(length)
+
+
 async def _client(port: int, tick: list[asyncio.Event], out: dict, stop: asyncio.Event) -> None:
     """One scraper on one keep-alive connection; reconnects when the server is not up yet."""
     reader = writer = None
@@ -59,17 +67,7 @@ async def _client(port: int, tick: list[asyncio.Event], out: dict, stop: asyncio
         try:
             if writer is None:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /metrics HTTP/1.1\r\nHost: autok\r\n\r\n")
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = head.split(b" ", 2)[1]
-            length = int(
-                next(
-                    line.split(b":", 1)[1]
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-            )
-            body = await reader.readexactly(length)
+            status, body = await _get_metrics(reader, writer)
             if status != b"200":
                 out["errors"].append(f"status {status!r}")
             out["scrapes"] += 1
@@ -218,10 +216,7 @@ async def _hammer(port: int, clients: int, per_client: int, keep_alive: bool) ->
         for _ in range(per_client):
             if writer is None:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /metrics HTTP/1.1\r\nHost: autok\r\n\r\n")
-            head = await reader.readuntil(b"\r\n\r\n")
-            n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(n)
+            await _get_metrics(reader, writer)
             if not keep_alive:
                 writer.close()
                 await writer.wait_closed()
