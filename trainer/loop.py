@@ -425,7 +425,7 @@ class Trainer:
         overlap: bool = False,
     ) -> float:
         """Close the interval; return this rank's averaging wall time (counted in the next one).
-        With `overlap` the averaging only starts here; _finish_overlap() completes it."""
+        With `overlap` the averaging only starts here; _finish_boundary() completes it."""
         if self.strategy.fused_gradients:  # its gradient AllReduce rides in the averaging
             self.grad_syncs += 1
             interval.grad_syncs += 1
