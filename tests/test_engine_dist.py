@@ -239,8 +239,9 @@ def test_replica_mismatch_is_caught_at_the_next_boundary():
 
 def _policy_worker(rank, world, data_dir, buffer_policy, sync_opt):
     cfg = tiny_cfg(
-        dataset="cifar100",
+        dataset="imagefolder",
         data_dir=data_dir,
+        image_size=16,
         model="resnet18",
         batch_size=8,
         epochs=1,
@@ -267,9 +268,10 @@ def _policy_worker(rank, world, data_dir, buffer_policy, sync_opt):
     "buffer_policy, sync_opt", [("average", True), ("broadcast", False), ("local", False)]
 )
 def test_buffer_and_optimizer_state_policies(tmp_path, buffer_policy, sync_opt):
-    from tests.test_data import write_cifar100
+    from tests.test_data import write_imagefolder
 
-    root = write_cifar100(tmp_path, n_train=32, n_test=8)
+    # a model with BatchNorm buffers, on image files (PNG: nothing is unpickled)
+    root = write_imagefolder(tmp_path, classes=("a", "b"), per_class=16)
     (b0, m0), (b1, m1) = run_dist(_policy_worker, 2, root, buffer_policy, sync_opt)
     if buffer_policy == "local":
         assert not torch.equal(b0, b1)  # each rank's BatchNorm saw its own shard

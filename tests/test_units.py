@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from trainer.averaging import digest_bits, split_hi_lo
+from trainer.averaging import digest_bits, split_exact
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
 from trainer.slowmo import slowmo_update_
@@ -96,11 +96,29 @@ def test_lr_schedule_linear_warmup_then_cosine():
     assert lr_factor(70, total, warm, "constant") == 1.0
 
 
-def test_hi_lo_split_restores_float64():
-    x = 1234.56789012345678
-    hi, lo = split_hi_lo(x)
-    assert float(torch.tensor(hi, dtype=torch.float32)) == hi
-    assert hi + float(torch.tensor(lo, dtype=torch.float32)) == pytest.approx(x, rel=1e-13)
+@pytest.mark.parametrize("world", [2, 3, 4, 8, 256, 512])
+@pytest.mark.parametrize("x", [1234.56789012345678, 1e-30, 7.0 / 3.0, 0.0, 3e12])
+def test_exact_split_survives_a_float32_sum_over_ranks(world, x):
+    """Every piece is a float32, the pieces restore x exactly, and N equal contributions summed
+    in float32 one by one (as a ring all-reduce does) give exactly N·x (zero drift reads 0)."""
+    pieces = split_exact(x, world)
+    f32 = [torch.tensor(p, dtype=torch.float32) for p in pieces]
+    assert all(float(t) == p for t, p in zip(f32, pieces, strict=True))
+    assert sum(pieces) == x
+    totals = []
+    for t in f32:
+        acc = t.clone()
+        for _ in range(world - 1):
+            acc = acc + t
+        totals.append(float(acc))
+    assert all(tot == world * p for tot, p in zip(totals, pieces, strict=True))
+    assert sum(totals) / world == x
+
+
+def test_a_hi_lo_split_would_round_in_a_float32_sum():
+    """Why the pieces are shortened: 3·hi of a full 24-bit float32 is not representable."""
+    hi = torch.tensor(1 + 2**-23, dtype=torch.float32)
+    assert float(hi + hi + hi) != 3 * float(hi)
 
 
 def test_digest_bits_keep_sums_exact_in_float32():

@@ -24,9 +24,10 @@ import torch.distributed as dist
 from trainer.link import LinkClock, allreduce_sum_, delayed
 from trainer.slowmo import slowmo_update_
 
-# Scalar slots at the tail of the buffer.
-S_HI, S_LO, LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0 = range(8)
-N_SCALARS = 8
+# Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
+S_PARTS = 4
+LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0 = range(S_PARTS, S_PARTS + 6)
+N_SCALARS = S_PARTS + 6
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,30 @@ class _Pending:
     seconds: float = 0.0  # this rank's time spent in start()
 
 
-def split_hi_lo(x: float) -> tuple[float, float]:
-    """A float64 as two float32s whose sum restores it to ~48 bits (it rides a float32 buffer)."""
-    hi = float(torch.tensor(x, dtype=torch.float32))
-    return hi, x - hi
+def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
+    """A float64 as `parts` float32 pieces that sum back to it and survive a float32 SUM over
+    `world_size` ranks exactly.
+
+    A float32 holds 24 significant bits. Each piece keeps at most 24 − b of them, with
+    b = ceil(log2 N) + 1 bits of headroom, so N pieces with one exponent add exactly in any
+    order (partial sums included); four pieces cover float64's 53 bits for N up to 512.
+    Replicas that agree have identical s_i, so their sum is exact and zero drift reads exactly
+    0 (a plain hi/lo split rounds at the third addend: 3·hi needs 26 bits). Pieces of ranks
+    whose s_i differ by more than 2^b add with a rounding of 2^-24 of the sum, but then the
+    drift itself is of the order of s and that error is negligible.
+    """
+    keep = 24 - (max(1, world_size - 1).bit_length() + 1)
+    out, rest = [], x
+    for _ in range(parts - 1):
+        if rest == 0.0 or not math.isfinite(rest):
+            piece = rest
+        else:
+            m, e = math.frexp(rest)  # rest = m·2^e, 0.5 <= |m| < 1
+            piece = math.ldexp(math.trunc(math.ldexp(m, keep)), e - keep)
+        out.append(piece)
+        rest = rest - piece if math.isfinite(rest) else 0.0
+    out.append(rest)  # at most 53 − (parts − 1)·keep bits: within `keep` while N <= 512
+    return out
 
 
 def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
@@ -128,10 +149,40 @@ class ParameterAverager:
         self.last_digest = param_digest(params, self._bits)
         self.boundaries = 0
         self.fused_sgd = fused_sgd
+        self._grads: torch.Tensor | None = None  # g_i of the fused boundary step, captured
+        self._capture = False  # armed for the next optimizer step (a fused boundary)
+        self._captured = False
         if fused_sgd is not None:
             group = fused_sgd.param_groups[0]
             if group.get("dampening", 0) != 0:
                 raise ValueError("the fused boundary needs SGD without dampening")
+            self._grads = torch.zeros_like(flat)
+            # The gradient must be read BEFORE the step: torch's multi-tensor SGD (foreach, the
+            # default on CUDA) with Nesterov and no weight decay adds μ·buf into p.grad in place.
+            fused_sgd.register_step_pre_hook(self._capture_grads)
+
+    def arm_gradient_capture(self) -> None:
+        """The next optimizer step is a fused boundary's: keep its gradients as they enter it."""
+        self._capture, self._captured = True, False
+
+    def _capture_grads(self, optimizer, args, kwargs) -> None:
+        if not self._capture:
+            return
+        self._capture = False
+        grads = [
+            p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params
+        ]
+        torch.cat([g.reshape(-1) for g in grads], out=self._grads)
+        self._captured = True
+
+    def _boundary_grads(self) -> list[torch.Tensor]:
+        """g_i as views of one flat tensor: captured before the step, or (a step that did not
+        run, e.g. skipped by GradScaler) the gradients as they are."""
+        if not self._captured:
+            self._capture = True
+            self._capture_grads(None, (), {})
+        self._captured = False
+        return self._views(self._grads, self.params)
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._buf is None or self._buf.numel() != n:
@@ -148,7 +199,7 @@ class ParameterAverager:
         """Pack this rank's part and launch the collective; with `overlap` it runs in the
         background and finish() applies it later (delayed averaging)."""
         t0 = time.perf_counter()
-        grads = [p.grad for p in self.params] if self.fused_sgd is not None else []
+        grads = self._boundary_grads() if self.fused_sgd is not None else []
         avg_tensors = [p.detach() for p in self.params] + grads + self._averaged_extras()
         bc_tensors = self._broadcast_extras()
         n_avg = sum(t.numel() for t in avg_tensors)
@@ -157,21 +208,16 @@ class ParameterAverager:
         avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
 
         torch.cat([t.reshape(-1) for t in avg_tensors], out=avg_seg)
-        if n_bc:
-            if self.rank == 0:
-                torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
-            else:
-                bc_seg.zero_()
+        if n_bc:  # this rank's own values first: the overlap snapshot must hold what it has
+            torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
 
         # s_i = ||θ_i − θ_ref||², in float64; see drift in finish().
         torch.sub(avg_seg[: self.numel], self.ref, out=self._scratch)
         s = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
-        s_hi, s_lo = split_hi_lo(s)
         scalars.copy_(
             torch.tensor(
                 [
-                    s_hi,
-                    s_lo,
+                    *split_exact(s, self.world_size),
                     totals.loss_sum,
                     totals.steps,
                     totals.compute_seconds,
@@ -189,9 +235,13 @@ class ParameterAverager:
             if self._snapshot is None or self._snapshot.numel() != n_avg + n_bc:
                 self._snapshot = torch.empty(n_avg + n_bc, dtype=buf.dtype, device=buf.device)
             self._snapshot.copy_(buf[: n_avg + n_bc])
+        if n_bc and self.rank != 0:
+            bc_seg.zero_()  # rank 0's values alone survive the SUM: a broadcast
+        if overlap:
             fut = dist.all_reduce(buf, async_op=True).get_future()
             if clock is not None:
-                fut = delayed(fut, clock.reserve(buf.numel() * buf.element_size()))
+                nbytes = buf.numel() * buf.element_size()
+                fut = delayed(fut, clock.reserve(nbytes), device=buf.device)
             pending.future = fut
         else:
             allreduce_sum_(buf, clock)
@@ -220,7 +270,7 @@ class ParameterAverager:
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         torch.sub(theta_avg, self.ref, out=self._scratch)
         update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
-        drift_sq = (red[S_HI] + red[S_LO]) / n - update_sq
+        drift_sq = math.fsum(red[:S_PARTS]) / n - update_sq
         if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
             drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
 
@@ -305,10 +355,14 @@ class ParameterAverager:
         return {"ref": self.ref, "velocity": self.velocity, "boundaries": self.boundaries}
 
     def load_state_dict(self, state: dict) -> None:
+        """Call after the parameters themselves are loaded: the replica check's digest is
+        recomputed from them, so replicas that resumed from differing files are caught at the
+        first boundary (a digest kept from before the load would describe other weights)."""
         self.ref.copy_(state["ref"])
         if self.velocity is not None and state["velocity"] is not None:
             self.velocity.copy_(state["velocity"])
         self.boundaries = int(state["boundaries"])
+        self.last_digest = param_digest(self.params, self._bits)
 
 
 def reconcile_buffers(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,9 @@ def publish(out_dir: Path, epoch: int, world_size: int) -> Path:
         shutil.rmtree(final)
     os.replace(d, final)
     _fsync_dir(ckpt_root(out_dir))
-    for old in sorted(ckpt_root(out_dir).glob("epoch-*"))[:-KEEP]:
+    # Only what autok names epoch-NNNN is pruned, oldest first by number.
+    ours = [p for p in ckpt_root(out_dir).glob("epoch-*") if _epoch_of(p) is not None]
+    for old in sorted(ours, key=_epoch_of)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -86,20 +89,55 @@ def discard_staging(out_dir: Path, epoch: int) -> None:
     shutil.rmtree(staging_dir(out_dir, epoch), ignore_errors=True)
 
 
+def _epoch_of(path: Path) -> int | None:
+    m = re.fullmatch(r"epoch-(\d{4,9})", path.name)
+    return int(m.group(1)) if m else None
+
+
+def _loads_safely(path: Path) -> str | None:
+    """Why the rank file cannot be loaded as plain tensors and containers, or None. The
+    restricted unpickler runs no code from the file (a crafted pickle is refused here)."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # UnpicklingError, RuntimeError: what the file is does not matter
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        return f"{path.name} is not a plain-tensor checkpoint ({type(exc).__name__}: {first})"
+    return None
+
+
 def verify(path: Path, world_size: int) -> str | None:
-    """Why the checkpoint at `path` cannot be used, or None."""
+    """Why the checkpoint at `path` cannot be used, or None.
+
+    The manifest must name exactly one file per rank, each must match its SHA-256 and load
+    with weights_only=True. (The checksums catch truncation and corruption; they are no
+    signature: whoever can write the run directory can write a manifest too, which is why
+    loading never unpickles code.)"""
+    epoch = _epoch_of(path)
+    if epoch is None:
+        return "not a checkpoint directory name (epoch-NNNN)"
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
         return f"no readable manifest ({exc.__class__.__name__})"
-    if manifest.get("world_size") != world_size:
-        return f"written by {manifest.get('world_size')} workers, this run has {world_size}"
-    for name, digest in manifest.get("files", {}).items():
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return "malformed manifest (expected an object with a 'files' object)"
+    if manifest.get("epoch") != epoch:
+        return f"manifest says epoch {manifest.get('epoch')!r}, the directory {epoch}"
+    written_by = manifest.get("world_size")
+    if written_by != world_size:
+        return f"written by {written_by} workers, this run has {world_size}"
+    files = manifest["files"]
+    expected = {f"rank{r}.pt" for r in range(world_size)}
+    if set(files) != expected:
+        return f"manifest lists {sorted(files)[:4]}, expected one file per rank"
+    for name in sorted(expected):
         f = path / name
-        if not f.exists():
+        if not f.is_file():
             return f"{name} is missing"
-        if sha256(f) != digest:
+        if sha256(f) != files[name]:
             return f"{name} does not match its checksum (truncated or corrupted)"
+        if why := _loads_safely(f):
+            return why
     return None
 
 
@@ -112,13 +150,30 @@ class Found:
 
 def latest_valid(out_dir: Path, world_size: int) -> Found:
     refused = []
-    for path in sorted(ckpt_root(out_dir).glob("epoch-*"), reverse=True):
+    candidates = [p for p in ckpt_root(out_dir).glob("epoch-*") if p.is_dir()]
+    # newest first by the number in the name; names that are not epoch-NNNN sort last
+    candidates.sort(key=lambda p: (_epoch_of(p) is not None, _epoch_of(p) or 0), reverse=True)
+    for path in candidates:
         why = verify(path, world_size)
         if why is None:
-            return Found(path, int(path.name.split("-")[1]), tuple(refused))
+            return Found(path, _epoch_of(path), tuple(refused))
         refused.append((path.name, why))
     return Found(None, -1, tuple(refused))
 
 
+def resume_point(out_dir: Path, world_size: int) -> Found:
+    """For `--resume`, before anything is launched: the checkpoint to continue from, or a
+    CheckpointError that says why none can be used (the run is left as it is)."""
+    found = latest_valid(out_dir, world_size)
+    if found.path is not None:
+        return found
+    if not found.refused:
+        raise CheckpointError(f"{out_dir} has no checkpoint to resume from ({ckpt_root(out_dir)})")
+    name, why = found.refused[0]
+    more = f" (and {len(found.refused) - 1} older refused)" if len(found.refused) > 1 else ""
+    raise CheckpointError(f"no usable checkpoint in {out_dir}: {name}: {why}{more}")
+
+
 def load_rank_file(path: Path, rank: int) -> dict[str, Any]:
-    return torch.load(path / f"rank{rank}.pt", weights_only=False)
+    # Never weights_only=False: a checkpoint is data a user may have been handed.
+    return torch.load(path / f"rank{rank}.pt", map_location="cpu", weights_only=True)

@@ -29,18 +29,25 @@ def diverged(window_loss: float, best_window_loss: float, factor: float) -> bool
 class DivergenceGuard:
     factor: float = 4.0  # window loss this many times its running minimum: diverged
     window: int = 4
-    ratio_check: bool = True  # off for ddp, whose loss is rank-local (no reduced scalars)
+    # ddp's loss is rank-local (no averaging collective reduces it): judging it would trip the
+    # guard on one rank a boundary before the others and pair the ranks' collectives wrongly.
+    # There the caller passes the finiteness of the parameters, identical on every rank.
+    shared_loss: bool = True
     best: float = math.inf
     _recent: deque = field(default_factory=deque)
 
-    def check(self, s: BoundaryStats) -> str | None:
-        values = (s.train_loss, s.drift_norm, s.update_norm)
+    def check(self, s: BoundaryStats, params_finite: bool = True) -> str | None:
+        """Why training diverged at this boundary, or None. Judges only values every rank
+        holds alike, so every rank reaches the same verdict at the same boundary."""
+        if not params_finite:
+            return f"non-finite parameters at boundary {s.boundary}"
+        values = (s.drift_norm, s.update_norm) + ((s.train_loss,) if self.shared_loss else ())
         if not all(math.isfinite(v) for v in values):
             return (
                 f"non-finite values at boundary {s.boundary} (loss {s.train_loss}, drift "
                 f"{s.drift_norm}, update {s.update_norm})"
             )
-        if not self.ratio_check:
+        if not self.shared_loss:
             return None
         self._recent.append(s.train_loss)
         if len(self._recent) > self.window:

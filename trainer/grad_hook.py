@@ -22,11 +22,30 @@ class GradSyncState:
     clock: LinkClock | None
     process_group: dist.ProcessGroup | None = None
     last_ready: float | None = None  # perf_counter of the latest bucket-ready call
+    # On a GPU the hook runs when backward has *queued* the bucket's kernels, not when they ran:
+    # a CUDA event recorded on the autograd stream marks the real end of backward compute.
+    last_ready_event: torch.cuda.Event | None = None
     nbytes: int = 0  # payload all-reduced since the last reset
 
     def reset(self) -> None:
         self.last_ready = None
+        self.last_ready_event = None
         self.nbytes = 0
+
+    def exposed_wait(self, backward_start: float, backward_end: float) -> float | None:
+        """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
+        None when no bucket was all-reduced in this backward. `backward_end` must be taken after
+        the device has finished its queued work (trainer.profiler.Clock does that on a GPU)."""
+        ready = self.last_ready
+        if ready is None or ready <= backward_start:
+            return None
+        if self.last_ready_event is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            wait = self.last_ready_event.elapsed_time(end) / 1e3
+            return min(max(0.0, wait), backward_end - backward_start)
+        return backward_end - ready
 
 
 def _first(values: list[torch.Tensor]) -> torch.Tensor:
@@ -38,6 +57,10 @@ def emulated_allreduce_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     state.last_ready = time.perf_counter()
     tensor = bucket.buffer()
+    if tensor.is_cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()  # on the stream that computed the bucket's gradients
+        state.last_ready_event = event
     nbytes = tensor.numel() * tensor.element_size()
     state.nbytes += nbytes
     # Same arithmetic as DDP's built-in hook (pre-divide, then SUM), so K=1 cpdp == ddp exactly.
@@ -45,4 +68,4 @@ def emulated_allreduce_hook(
     fut = dist.all_reduce(tensor, group=state.process_group, async_op=True).get_future()
     if state.clock is None:
         return fut.then(lambda f: f.value()[0])
-    return delayed(fut, state.clock.reserve(nbytes), _first)
+    return delayed(fut, state.clock.reserve(nbytes), _first, device=tensor.device)

@@ -108,9 +108,13 @@ class _Releaser:
         self._cv = threading.Condition()
         threading.Thread(target=self._run, name="autok-link", daemon=True).start()
 
-    def release_at(self, deadline: float, fut: torch.futures.Future, value: Any) -> None:
+    def release_at(
+        self, deadline: float, fut: torch.futures.Future, value: Any, ready=None
+    ) -> None:
+        """Complete `fut` with `value` at `deadline`; `ready` is a CUDA event that the value's
+        producer recorded (the device stream of whoever consumes `fut` must wait for it)."""
         with self._cv:
-            heapq.heappush(self._heap, (deadline, next(self._seq), fut, value))
+            heapq.heappush(self._heap, (deadline, next(self._seq), fut, (value, ready)))
             self._cv.notify()
 
     def _run(self) -> None:
@@ -124,10 +128,16 @@ class _Releaser:
                     self._cv.wait(timeout=delay)
                     continue
                 heapq.heappop(self._heap)
+            value, ready = value
             if isinstance(value, BaseException):
                 fut.set_exception(value)
-            else:
-                fut.set_result(value)
+                continue
+            if ready is not None:
+                # set_result records the value's readiness on this thread's current stream;
+                # make that stream wait for the collective first (a wait on the device, not
+                # here on the host).
+                torch.cuda.current_stream(ready.device).wait_event(ready)
+            fut.set_result(value)
 
 
 _releaser: _Releaser | None = None
@@ -140,17 +150,31 @@ def _get_releaser() -> _Releaser:
     return _releaser
 
 
-def delayed(fut: torch.futures.Future, deadline: float, pick=lambda v: v) -> torch.futures.Future:
-    """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed."""
-    out: torch.futures.Future = torch.futures.Future()
+def delayed(
+    fut: torch.futures.Future,
+    deadline: float,
+    pick=lambda v: v,
+    device: torch.device | None = None,
+) -> torch.futures.Future:
+    """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed.
+
+    With a CUDA `device` the returned future is CUDA-aware (DDP requires that of a comm hook's
+    future, and completing a device-less future with CUDA tensors fails): the value is handed
+    over with an event, so consumers' streams wait for the real collective."""
+    cuda = device is not None and device.type == "cuda"
+    out: torch.futures.Future = torch.futures.Future(devices=[device] if cuda else None)
     releaser = _get_releaser()
 
     def _on_done(f: torch.futures.Future) -> None:
+        ready = None
         try:
-            value = pick(f.value())
+            value = pick(f.value())  # on a GPU: this thread's stream now waits for the work
+            if cuda:
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(device))
         except Exception as exc:  # surface collective errors to whoever waits on `out`
             value = exc
-        releaser.release_at(deadline, out, value)
+        releaser.release_at(deadline, out, value, ready)
 
     fut.add_done_callback(_on_done)
     return out

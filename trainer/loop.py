@@ -132,10 +132,10 @@ class Trainer:
         self.controller = build_controller(cfg.policy, cfg.sync_period, cfg.policy_options())
         self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
         self.sync_period = cfg.sync_period  # K after warmup; changes only at boundaries
-        # ddp's loss is rank-local (no averaging collective carries it): only non-finite values
-        # are judged there, which gradient averaging spreads to every rank alike.
+        # ddp's loss is rank-local (no averaging collective carries it): the guard judges the
+        # parameters there, which the averaged gradients keep identical on every rank.
         self.divergence = DivergenceGuard(
-            factor=cfg.divergence_factor, ratio_check=self.averager is not None
+            factor=cfg.divergence_factor, shared_loss=self.averager is not None
         )
         self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
         self.total_compute = 0.0  # mean over ranks, summed over epochs
@@ -148,7 +148,9 @@ class Trainer:
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
         # Checkpoints are collectives: every rank must take them, so every rank needs the run
         # directory (rank 0 alone writes the run's files). A mismatch would hang, not fail.
+        # On the rank's device: NCCL refuses CPU tensors.
         has_dir = torch.tensor([float(out_dir is not None)], dtype=torch.float64)
+        has_dir = has_dir.to(self.device)
         allreduce_sum_(has_dir, None)  # once, at start-up: not worth modelling on the link
         if 0 < has_dir.item() < world_size:
             raise ValueError("the run directory must be given to every rank or to none")
@@ -240,14 +242,16 @@ class Trainer:
                 t1 = self.now()
                 loss.backward()
             t2 = self.now()
-            ready = self.grad_state.last_ready
-            wait_seen = ready is not None and ready > t1
+            wait = self.grad_state.exposed_wait(t1, t2)
+            wait_seen = wait is not None
             if wait_seen:  # gradient sync ran: split backward compute from the wait
-                backward, wait = ready - t1, t2 - ready
+                backward = t2 - t1 - wait
                 self.grad_syncs += 1
             else:
                 backward, wait = t2 - t1, 0.0
             lr = self.scheduler.get_last_lr()[0]
+            if is_boundary and self.strategy.fused_gradients:
+                self.averager.arm_gradient_capture()  # g_i as it enters the step
             self.optimizer.step()
             self.scheduler.step()
             t3 = self.now()
@@ -309,12 +313,7 @@ class Trainer:
             "controller": self.controller.state_dict(),
             "divergence": self.divergence.state_dict(),
             "link": self.clock.state_dict() if self.clock else None,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "numpy": np.random.get_state(),
-                "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
-            },
+            "rng": rng_state(self.device),
             "trainer": {
                 "sync_period": self.sync_period,
                 "global_step": self.global_step,
@@ -341,12 +340,7 @@ class Trainer:
         self.divergence.load_state_dict(state["divergence"])
         if self.clock is not None and state["link"] is not None:
             self.clock.load_state_dict(state["link"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        np.random.set_state(rng["numpy"])
-        random.setstate(rng["python"])
-        if rng["cuda"] is not None:
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        set_rng_state(state["rng"])
         t = state["trainer"]
         self.sync_period = t["sync_period"]
         self.global_step, self.boundary = t["global_step"], t["boundary"]
@@ -445,7 +439,10 @@ class Trainer:
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
         if self.averager is None:
             # ddp: replicas never drift; there is no averaging collective to carry reduced
-            # scalars, so a ddp record holds this rank's own timing and loss.
+            # scalars, so a ddp record holds this rank's own timing and loss. The guard judges
+            # the parameters, which the averaged gradients keep identical on every rank.
+            params = [p.detach() for p in self.model.parameters()]
+            finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all())
             stats = BoundaryStats(
                 **common,
                 compute_seconds=interval.compute_seconds,
@@ -456,7 +453,7 @@ class Trainer:
                 train_loss=interval.loss_sum / interval.steps,
                 bytes_communicated=interval.grad_bytes,
             )
-            self._close_boundary(stats, k, interval.steps)
+            self._close_boundary(stats, k, interval.steps, params_finite=finite)
             return 0.0
         totals = IntervalTotals(
             interval.loss_sum,
@@ -493,9 +490,11 @@ class Trainer:
         self._close_boundary(stats, k, steps)
         return finish_seconds
 
-    def _close_boundary(self, stats: BoundaryStats, k: int, steps: int) -> None:
+    def _close_boundary(
+        self, stats: BoundaryStats, k: int, steps: int, params_finite: bool = True
+    ) -> None:
         """Judge, decide, report: the guard, the K path, the controller, the sinks."""
-        if why := self.divergence.check(stats):
+        if why := self.divergence.check(stats, params_finite):
             if self.cfg.on_divergence == "rollback":
                 raise Rollback(why, self.sync_period)
             raise Diverged(
@@ -586,6 +585,28 @@ class Trainer:
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
             torch.save(self.model.state_dict(), self.out_dir / "model.pt")
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every generator's state as tensors, ints and lists: a checkpoint that loads with
+    torch.load(weights_only=True), which never runs code from the file."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+    }
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def print_summary(summary: dict[str, Any]) -> None:

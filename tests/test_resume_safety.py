@@ -1,0 +1,172 @@
+"""A checkpoint is data, never code; a resume that cannot continue leaves the run untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from autok.cli import main
+from tests.test_cli import TINY, autok
+from trainer.checkpoint import latest_valid, sha256, verify
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> Path:
+    """A real 2-worker run stopped after 2 of 4 epochs, with checkpoints after epochs 0 and 1."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    args = [*TINY, "--epochs", "4", "--checkpoint-every", "1", "--stop-after-epochs", "2"]
+    res = autok("train", *args, "--out", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-0000", "epoch-0001"]
+    return run
+
+
+def tree(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under root with its content hash and mtime: what 'untouched' means."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = (
+                hashlib.sha256(p.read_bytes()).hexdigest(),
+                p.stat().st_mtime_ns,
+            )
+    return out
+
+
+class Evil:
+    """Unpickling this creates `marker`: what a crafted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _rewrite_manifest(ckpt: Path, edit) -> None:
+    path = ckpt / "manifest.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+def _craft_pickles(run: Path, marker: Path) -> None:
+    """Replace every rank file by a code-running pickle with a matching manifest."""
+    for ckpt in (run / "checkpoints").iterdir():
+        for f in ckpt.glob("rank*.pt"):
+            torch.save({"model": Evil(marker)}, f)
+        files = {f.name: sha256(f) for f in ckpt.glob("rank*.pt")}
+        _rewrite_manifest(ckpt, lambda m, files=files: {**m, "files": files})
+
+
+def _all_manifests(edit):
+    def apply(run: Path, marker: Path) -> None:
+        for ckpt in (run / "checkpoints").iterdir():
+            _rewrite_manifest(ckpt, edit)
+
+    return apply
+
+
+def _truncate_all(run: Path, marker: Path) -> None:
+    for f in (run / "checkpoints").glob("epoch-*/rank*.pt"):
+        f.write_bytes(f.read_bytes()[:100])
+
+
+def _rename_all(run: Path, marker: Path) -> None:
+    for i, ckpt in enumerate(sorted((run / "checkpoints").iterdir())):
+        ckpt.rename(ckpt.with_name("epoch-zzz" + "z" * i))
+
+
+def _no_checkpoints(run: Path, marker: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+
+
+def _drop_rank1(run: Path, marker: Path) -> None:
+    def edit(m):
+        m["files"].pop("rank1.pt")
+        return m
+
+    _all_manifests(edit)(run, marker)
+
+
+CASES = {
+    "crafted pickle with a matching manifest": (_craft_pickles, "not a plain-tensor checkpoint"),
+    "manifest with no files listed": (_all_manifests(lambda m: {**m, "files": {}}), "expected one"),
+    "a rank file missing from the manifest": (_drop_rank1, "expected one file per rank"),
+    "manifest is a list": (_all_manifests(lambda m: []), "malformed manifest"),
+    "manifest files is a list": (_all_manifests(lambda m: {**m, "files": []}), "malformed"),
+    "every checkpoint truncated": (_truncate_all, "checksum"),
+    "directories not named epoch-NNNN": (_rename_all, "not a checkpoint directory name"),
+    "no checkpoints directory": (_no_checkpoints, "no checkpoint to resume from"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_unusable_checkpoint_is_refused_before_anything_is_written(
+    stopped_run, tmp_path, capsys, case
+):
+    damage, why = CASES[case]
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    shutil.copytree(stopped_run, run)
+    damage(run, marker)
+    before = tree(run)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autok: error: --resume: "), err
+    assert why in err, err
+    assert tree(run) == before  # not a row, checkpoint or summary changed or deleted
+    assert not marker.exists()  # nothing in the files ran
+
+
+def test_a_resume_under_torchrun_with_another_world_size_is_refused(
+    stopped_run, tmp_path, capsys, monkeypatch
+):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    before = tree(run)
+    env = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "written by 2 workers, this run has 3" in err, err
+    assert tree(run) == before
+
+
+def test_a_crafted_pickle_does_not_run_when_verified(stopped_run, tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    shutil.copytree(stopped_run, run)
+    _craft_pickles(run, marker)
+    found = latest_valid(run, 2)
+    assert found.path is None and len(found.refused) == 2
+    assert not marker.exists()
+    # the same file, unpickled the unsafe way, would have run: the test's crafted file is real
+    ckpt = run / "checkpoints" / "epoch-0001"
+    assert "not a plain-tensor checkpoint" in verify(ckpt, 2)
+    torch.load(ckpt / "rank0.pt", weights_only=False)
+    assert marker.exists()
+
+
+def test_pruning_removes_only_what_autok_named(stopped_run, tmp_path):
+    """A user's directory that merely starts with epoch- is never deleted by a checkpoint."""
+    from trainer.checkpoint import publish, staging_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    mine = run / "checkpoints" / "epoch-0000-my-notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    stage = staging_dir(run, 5)
+    stage.mkdir()
+    for r in range(2):
+        shutil.copy(run / "checkpoints" / "epoch-0001" / f"rank{r}.pt", stage / f"rank{r}.pt")
+    publish(run, 5, 2)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["epoch-0000-my-notes", "epoch-0001", "epoch-0005"]
