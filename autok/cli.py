@@ -7,17 +7,20 @@ help line showing its default. Bad input: one line naming the flag, exit code 2,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import re
 import sys
+import tempfile
 import time
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from autok.config import ConfigError, TrainConfig, flag, load_config, read_yaml
+from autok.config import SEED_MAX, ConfigError, TrainConfig, flag, load_config, read_yaml
 from autok.sweep import OBJECTIVES
 from trainer.link import PROFILES
 
@@ -97,6 +100,8 @@ HELP = {
     "its running minimum",
     "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
     "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
+    "metrics_host": "IP address the metrics server binds; 127.0.0.1 serves this machine only, "
+    "0.0.0.0 (or ::) lets Prometheus on another machine scrape it",
     "metrics_per_rank": "also serve each rank's own compute and wait times on PORT+rank",
     "collective_timeout": "seconds before a collective waiting on a lost peer fails",
 }
@@ -108,7 +113,18 @@ class UsageError(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:  # one line, no usage dump
-        raise UsageError(message)
+        # "argument --workers: invalid int value: 'x'" -> "--workers: invalid int value: 'x'"
+        raise UsageError(re.sub(r"^argument ([^:]+): ", r"\1: ", message))
+
+
+def path_arg(text: str) -> Path:
+    """A path flag's value. Path("") is ".", so an empty value would quietly mean the current
+    directory: refuse it (and NUL bytes, which no file name holds)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path; give a directory or file name")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError("the path contains a NUL byte")
+    return Path(text)
 
 
 def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
@@ -125,12 +141,13 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
 def add_train_flags(p: argparse.ArgumentParser, renamed: dict[str, str] | None = None) -> None:
     """One flag per TrainConfig field; `renamed` maps a field to another flag (dest unchanged)."""
     renamed = renamed or {}
-    p.add_argument("--config", type=Path, help="YAML file of settings; flags given here win")
+    p.add_argument("--config", type=path_arg, help="YAML file of settings; flags given here win")
     for name, field in TrainConfig.model_fields.items():
         text = HELP.get(name, field.description or "")
         if "(default" not in text:  # a default that depends on other flags is spelled out
             text += f" (default: {'unset' if field.default is None else field.default})"
         conv, choices = _arg_type(field.annotation)
+        conv = path_arg if conv is Path else conv
         names = dict(dest=name, default=argparse.SUPPRESS, help=text)
         if conv is bool:
             p.add_argument(
@@ -152,7 +169,7 @@ def build_parser() -> Parser:
     train = sub.add_parser("train", help="train with ddp, localsgd or cpdp")
     train.add_argument(
         "--resume",
-        type=Path,
+        type=path_arg,
         metavar="DIR",
         default=None,
         help="continue the run in DIR from its last good checkpoint (same "
@@ -177,7 +194,7 @@ def build_parser() -> Parser:
     s.add_argument("--jobs", type=int, default=1, help="trials at a time (default: 1)")
     s.add_argument(
         "--space",
-        type=Path,
+        type=path_arg,
         default=None,
         help="YAML search space (default: experiments/spaces/default.yaml)",
     )
@@ -211,7 +228,7 @@ def build_parser() -> Parser:
     s.add_argument("--sampler-seed", type=int, default=0, help="(default: 0)")
     s.add_argument(
         "--enqueue",
-        type=Path,
+        type=path_arg,
         default=None,
         help="YAML list of settings to evaluate first, e.g. known-good K and beta (default: none)",
     )
@@ -244,12 +261,12 @@ def build_parser() -> Parser:
         "--seeds", type=int, nargs="+", default=None, help="override the experiment's seeds"
     )
     run.add_argument("--jobs", type=int, default=1, help="runs at a time (default: 1)")
-    run.add_argument("--out", type=Path, required=True, help="experiment directory")
+    run.add_argument("--out", type=path_arg, required=True, help="experiment directory")
     run.add_argument(
-        "--data-dir", type=Path, default=None, help="data for the --full form (CIFAR-100 files)"
+        "--data-dir", type=path_arg, default=None, help="data for the --full form (CIFAR-100 files)"
     )
     rep = sub.add_parser("report", help="tables and plots of an experiment directory")
-    rep.add_argument("dir", type=Path)
+    rep.add_argument("dir", type=path_arg)
     sub.add_parser(
         "bench", add_help=False, help="side-by-side engine measurements (autok bench --help)"
     )
@@ -267,6 +284,7 @@ RESUME_MAY_CHANGE = {
     "stop_after_epochs",
     "max_restarts",
     "metrics_port",
+    "metrics_host",
     "progress",
     "metrics_per_rank",
     "collective_timeout",
@@ -278,7 +296,16 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     run = ns.resume
     if not (run / "config.json").is_file():
         raise ConfigError(f"--resume: {run} holds no run (config.json missing)")
-    saved = json.loads((run / "config.json").read_text())
+    try:
+        saved = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: malformed JSON or UTF-8
+        raise ConfigError(f"--resume: {run / 'config.json'} is unreadable ({exc})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume: {run / 'config.json'} is not a JSON object")
+    from trainer.sinks import check_outputs
+
+    if why := check_outputs(run):
+        raise ConfigError(f"--resume: {why}; move the file away to resume without it")
     saved.pop("link_profile", None)
     saved.pop("stop_after_epochs", None)  # a one-shot instruction, not a property of the run
     given = given_values(ns)
@@ -306,16 +333,55 @@ def given_values(ns: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
+def check_out_path(out: Path, flag_name: str = "--out") -> None:
+    """Refuse a directory that cannot exist there, without creating anything."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag_name}: {out} exists and is not a directory")
+    for parent in out.absolute().parents:  # the nearest existing ancestor must be a directory
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag_name}: {parent} is not a directory, so {out} cannot be")
+            break
+
+
+def make_out_dir(out: Path, flag_name: str = "--out") -> list[Path]:
+    """Create `out` and check that a file can be written in it: the last check before anything
+    is launched. Returns the directories it created, deepest first, for `remove_created`."""
+    check_out_path(out, flag_name)
+    created = [p for p in (out.absolute(), *out.absolute().parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out, prefix=".autok-write-test-"):
+            pass
+    except OSError as exc:
+        remove_created(created)
+        raise ConfigError(f"{flag_name}: cannot write in {out} ({exc.strerror})") from None
+    return created
+
+
+def remove_created(created: list[Path]) -> None:
+    """Undo make_out_dir after a refusal: only the directories it made, and only while empty."""
+    for d in created:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
 def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
     out = cfg.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} exists and is not a directory")
+    check_out_path(out)
     # Under torchrun only rank 0 writes; the others would find rank 0's fresh config.json.
     taken = [f for f in RUN_FILES if (out / f).exists()] if write else []
     if taken:
         raise ConfigError(f"--out: {out} already holds a run ({taken[0]}); choose a new directory")
     if write:
-        write_config(cfg, out)
+        created = make_out_dir(out)
+        try:
+            write_config(cfg, out)
+        except OSError as exc:
+            remove_created(created)
+            raise ConfigError(
+                f"--out: cannot write {out / 'config.json'} ({exc.strerror})"
+            ) from None
     return out
 
 
@@ -328,8 +394,22 @@ def write_config(cfg: TrainConfig, out: Path) -> None:
     write_json_atomic(out / "config.json", resolved)
 
 
+def check_resumable(out: Path, cfg: TrainConfig) -> None:
+    """Before anything is launched or written: the run has a checkpoint this world can continue
+    from. A resume that cannot continue is refused; it never starts over on top of the run."""
+    from autok.launch import under_torchrun
+    from trainer.checkpoint import CheckpointError, resume_point
+
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.workers
+    try:
+        resume_point(out, world)
+    except CheckpointError as exc:
+        raise ConfigError(f"--resume: {exc}") from None
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from autok.launch import launch, torchrun_restart, under_torchrun
+    from autok.metrics import check_metrics_ports
 
     rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
     if ns.resume is not None or torchrun_restart():
@@ -339,11 +419,15 @@ def cmd_train(ns: argparse.Namespace) -> int:
         if cfg.out is None:
             raise ConfigError("--out: a job that torchrun restarts needs --out to find its run")
         out = Path(cfg.out)
+        if ns.resume is not None:
+            check_resumable(out, cfg)
+        check_metrics_ports(cfg)
         if rank0:
             write_config(cfg, out)
         launch(cfg, out, resume=True)
         return 0
     cfg = config_from_args(ns)
+    check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json
     out = prepare_out_dir(cfg, write=rank0)
     launch(cfg, out)
     return 0
@@ -366,6 +450,32 @@ SWEEP_KEYS = (
 )
 
 
+MAX_TRIALS, MAX_JOBS = 10_000, 64
+
+
+def check_sweep_flags(ns: argparse.Namespace) -> None:
+    """The sweep's own flags (the fixed train flags are checked as a run)."""
+    if not 1 <= ns.trials <= MAX_TRIALS:
+        raise ConfigError(f"--trials: {ns.trials} is outside 1..{MAX_TRIALS} (each is a full run)")
+    if not 1 <= ns.jobs <= MAX_JOBS:
+        raise ConfigError(
+            f"--jobs: {ns.jobs} is outside 1..{MAX_JOBS} (each trial at a time spawns --workers "
+            "processes)"
+        )
+    if not 0 <= ns.sampler_seed <= SEED_MAX:
+        raise ConfigError(
+            f"--sampler-seed: {ns.sampler_seed} is outside 0..{SEED_MAX} (Optuna's sampler "
+            "takes a 32-bit seed)"
+        )
+    if not (math.isfinite(ns.target_accuracy) and 0 < ns.target_accuracy <= 1):
+        raise ConfigError(
+            f"--target-accuracy: {ns.target_accuracy} is not a fraction in (0, 1] "
+            "(accuracies are fractions)"
+        )
+    if not ns.study_name.strip():
+        raise ConfigError("--study-name: empty; give a name")
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
     from autok.space import load_enqueue, load_space
     from autok.sweep import SweepOptions, sweep_optuna, table
@@ -375,10 +485,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         **{k: v for k, v in vars(ns).items() if k not in SWEEP_KEYS and k != "out"}
     )
     out = getattr(ns, "out", None) or Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
-    if sweep_args["trials"] < 1:
-        raise ConfigError("--trials: must be at least 1")
-    if sweep_args["jobs"] < 1:
-        raise ConfigError("--jobs: must be at least 1")
+    check_sweep_flags(ns)
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
     # beta on a searched strategy, stay free); it must be a valid run by itself.
     fixed = given_values(train_args)
@@ -387,30 +494,54 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     space = load_space(sweep_args.pop("space"))
     sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
     opts = SweepOptions(out=Path(out), seed=sweep_args.pop("sampler_seed"), **sweep_args)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    if opts.backend == "ray":
-        from autok.sweep_ray import sweep_ray
+    check_out_path(opts.out)
+    on_sqlite = opts.backend == "optuna" and opts.storage is None
+    if opts.resume and on_sqlite and not (opts.out / "study.db").is_file():
+        raise ConfigError(f"--resume: no study to continue in {opts.out} (no study.db)")
+    created = make_out_dir(opts.out)
+    try:
+        if opts.backend == "ray":
+            from autok.sweep_ray import sweep_ray
 
-        rows = sweep_ray(opts, fixed, space)
-    else:
-        rows = sweep_optuna(opts, fixed, space)
+            rows = sweep_ray(opts, fixed, space)
+        else:
+            rows = sweep_optuna(opts, fixed, space)
+    except ConfigError:  # refused before any trial (e.g. --storage): leave no empty directory
+        remove_created(created)
+        raise
     print(table(rows, space))
     print(f"\nautok: {len(rows)} trials in {out}: trials.csv, pareto.csv, pareto.png, best.yaml")
     return 0
 
 
 def cmd_experiment(ns: argparse.Namespace) -> int:
-    from autok.experiment import available, expand, load_experiment, run_experiment
+    from autok.experiment import (
+        available,
+        check_run_dirs,
+        expand,
+        load_experiment,
+        run_experiment,
+    )
 
     if ns.action == "list":
         for name in available():
             print(f"{name:18} {load_experiment(name).get('description', '')}")
         return 0
-    if ns.jobs < 1:
-        raise ConfigError("--jobs: must be at least 1")
+    if not 1 <= ns.jobs <= MAX_JOBS:
+        raise ConfigError(
+            f"--jobs: {ns.jobs} is outside 1..{MAX_JOBS} (each run at a time spawns its workers)"
+        )
+    for seed in ns.seeds or []:
+        if not 0 <= seed <= SEED_MAX:
+            raise ConfigError(f"--seeds: {seed} is outside 0..{SEED_MAX} (seeds are 32-bit)")
+        if ns.seeds.count(seed) > 1:
+            raise ConfigError(f"--seeds: {seed} is given twice (one run directory per seed)")
+    check_out_path(ns.out)
     exp = load_experiment(ns.name)
     extra = {"data_dir": str(ns.data_dir)} if ns.data_dir else None
     runs = expand(exp, ns.form or "quick", ns.seeds, extra)
+    check_run_dirs(runs, ns.out)
+    make_out_dir(ns.out)
     print(
         f"autok: experiment {exp['name']} ({ns.form or 'quick'}): {len(runs)} runs into {ns.out}",
         flush=True,
@@ -424,16 +555,29 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from autok.report import report
+    from autok.report import ReportError, report
 
     if not ns.dir.is_dir():
         raise ConfigError(f"report: {ns.dir} is not a directory")
     try:
         print(report(ns.dir))
+    except ReportError as exc:  # a run's file is malformed: it names the file and the field
+        raise ConfigError(f"report: {exc}") from None
     except FileNotFoundError as exc:
         raise ConfigError(f"report: {exc}") from None
+    except OSError as exc:  # e.g. a read-only directory: report.md cannot be written
+        raise ConfigError(f"report: cannot write in {ns.dir} ({exc.strerror})") from None
     print(f"autok: wrote {ns.dir / 'report.md'}, report.csv and PNG plots")
     return 0
+
+
+MAX_ERROR_CHARS = 280  # with "autok: error: ", under 300
+
+
+def one_line(text: str) -> str:
+    """An error as one line of bounded length, whatever the input it quotes."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def error_line(text: str) -> str:
@@ -452,7 +596,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # its flags are the benchmark's own
         from benchmarks.engine import main as bench
 
-        bench(argv[1:])
+        try:
+            bench(argv[1:])
+        except SystemExit as exc:  # its one-line refusals exit 2, as every command's
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         return 0
     try:
         ns = parser.parse_args(argv)
@@ -467,13 +614,13 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(ns)
         return EXIT_USAGE
     except (UsageError, ConfigError) as exc:
-        print(f"autok: error: {exc}", file=sys.stderr)
+        print(f"autok: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
     except Exception as exc:  # e.g. a worker failed: its own traceback is already on stderr
-        last = [error_line(str(exc))]
+        last = [one_line(error_line(str(exc)))]
         what = "training" if command == "train" else command
         print(f"autok: {what} failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr)
         return 1

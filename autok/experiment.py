@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 import shutil
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from autok.config import ConfigError, load_config
+from autok.config import ConfigError, TrainConfig, load_config, read_yaml
 from autok.procs import start_logged
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -45,9 +46,58 @@ def load_experiment(name: str) -> dict[str, Any]:
     path = Path(name) if name.endswith(".yaml") else EXPERIMENTS / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(
-            f"experiment {name!r} not found; choose from {available()} or give a .yaml path"
+            f"experiment {name[:80]!r} not found; choose from {available()} or give a .yaml path"
         )
-    return yaml.safe_load(path.read_text())
+    exp = read_yaml(path, "experiment")
+    if why := experiment_problem(exp):
+        raise ConfigError(f"experiment: {path}: {why}")
+    return exp
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def experiment_problem(exp: Any) -> str | None:
+    """What is wrong with an experiment file's structure, or None (settings are checked as runs
+    by `expand`)."""
+    if not isinstance(exp, dict):
+        return "must be a mapping with name, runs and a quick and/or full form"
+    if not isinstance(exp.get("name"), str) or not exp["name"].strip():
+        return "name: needs a non-empty string"
+    runs = exp.get("runs")
+    if not isinstance(runs, list) or not runs:
+        return "runs: needs a non-empty list of {name: ..., settings...}"
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict) or not isinstance(run.get("name"), str) or not run["name"]:
+            return f"runs[{i}]: needs a mapping with a string `name`"
+        if run["name"].strip(".") == "":  # it names the run's directory: "." or ".." escape
+            return f"runs[{i}].name: {run['name']!r} cannot name a directory"
+    seeds = exp.get("seeds", [42])
+    if not isinstance(seeds, list) or not seeds or not all(type(x) is int for x in seeds):
+        return "seeds: needs a non-empty list of integers"
+    forms = [f for f in ("quick", "full") if f in exp]
+    if not forms:
+        return "needs a `quick` or `full` form"
+    for form in forms:
+        spec = exp[form]
+        if not isinstance(spec, dict):
+            return f"{form}: needs a mapping (base, vary, scale_lr)"
+        if not isinstance(spec.get("base", {}), dict):
+            return f"{form}.base: needs a mapping of settings"
+        vary = spec.get("vary", {})
+        if not isinstance(vary, dict) or not all(isinstance(v, list) and v for v in vary.values()):
+            return f"{form}.vary: needs a mapping of setting -> non-empty list of values"
+        scale = spec.get("scale_lr")
+        if scale is not None and not (
+            isinstance(scale, dict)
+            and _is_number(scale.get("base_lr"))
+            and scale["base_lr"] > 0
+            and type(scale.get("base_workers")) is int
+            and scale["base_workers"] > 0
+        ):
+            return f"{form}.scale_lr: needs base_lr > 0 and an integer base_workers > 0"
+    return None
 
 
 def expand(
@@ -58,9 +108,12 @@ def expand(
 ) -> list[Run]:
     """Every run of the grid: runs x the form's `vary` product x seeds; validated up front.
     A setting a run fixes itself is not varied for it (DDP in the K sweep: `sync_period: 1`)."""
+    if form not in exp:
+        raise ConfigError(f"experiment {exp['name']}: has no --{form} form")
     spec = exp[form]
     vary = spec.get("vary", {})
     out = []
+    dirs: dict[str, str] = {}
     for run in exp["runs"]:
         keys = [k for k in vary if k not in run]
         for combo in itertools.product(*(vary[k] for k in keys)):
@@ -72,7 +125,10 @@ def expand(
                 **(extra or {}),
             }
             if scale := spec.get("scale_lr"):  # linear scaling with the global batch
-                settings["lr"] = scale["base_lr"] * settings["workers"] / scale["base_workers"]
+                workers = settings.get("workers", TrainConfig.model_fields["workers"].default)
+                if type(workers) is not int:
+                    raise ConfigError(f"experiment {exp['name']}: scale_lr needs integer workers")
+                settings["lr"] = scale["base_lr"] * workers / scale["base_workers"]
             label = run["name"] + "".join(f" {k}={v}" for k, v in chosen.items())
             for seed in seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
@@ -80,7 +136,14 @@ def expand(
                     load_config({}, s)
                 except ConfigError as exc:
                     raise ConfigError(f"experiment {exp['name']}, run {label!r}: {exc}") from None
-                out.append(Run(label, seed, s))
+                run_ = Run(label, seed, s)
+                if run_.dir in dirs:  # two runs would write (and clear) one directory
+                    raise ConfigError(
+                        f"experiment {exp['name']}: runs {dirs[run_.dir]!r} and {label!r} "
+                        f"(seed {seed}) share the directory {run_.dir}; give them distinct names"
+                    )
+                dirs[run_.dir] = label
+                out.append(run_)
     return out
 
 
@@ -90,12 +153,11 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
     if (run_dir / "summary.json").exists():
         return "skipped (finished before)", 0.0
     base = [sys.executable, "-m", "autok.cli", "train", "--no-progress"]
-    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("epoch-*")):
+    if has_checkpoint(run_dir):
         cmd, how = [*base, "--resume", str(run_dir)], "resumed"
     else:
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # started, but no checkpoint yet: start it again
-        run_dir.mkdir(parents=True)
+        clear_unstarted(run_dir)  # started, but no checkpoint yet: start it again
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
         cmd = [
             *base,
@@ -116,6 +178,78 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
         lines = (run_dir / "train.log").read_text().strip().splitlines()
         return f"FAILED: {lines[-1] if lines else returncode}", time.time() - t0
     return how, time.time() - t0
+
+
+# What a run directory of an experiment holds when autok wrote it: `autok train`'s files, the
+# experiment's own (run.yaml, experiment.json, train.log) and their temporary names.
+OWN_FILES = {
+    "config.json",
+    "epochs.csv",
+    "boundaries.jsonl",
+    "summary.json",
+    "model.pt",
+    "k_lr.png",
+    "run.yaml",
+    "experiment.json",
+    "train.log",
+}
+OWN_TEMP = re.compile(r"\.(config\.json|epochs\.csv|boundaries\.jsonl|summary\.json)\.tmp")
+STAGING = re.compile(r"\.staging-epoch-\d{4,9}")
+STAGED_FILE = re.compile(r"(rank\d+\.pt|\.rank\d+\.pt\.tmp|manifest\.json)")
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("epoch-*"))
+
+
+def foreign_files(run_dir: Path) -> list[Path]:
+    """What in an unstarted run's directory autok did not write (and so must never delete)."""
+    if not run_dir.exists():
+        # out/<label> may be a file of the user's, where autok would make a directory
+        return [p for p in run_dir.parents if p.exists() and not p.is_dir()][:1]
+    if not run_dir.is_dir() or run_dir.is_symlink():
+        return [run_dir]
+    foreign = []
+    for p in run_dir.iterdir():
+        if p.name == "checkpoints" and p.is_dir() and not p.is_symlink():
+            for c in p.iterdir():
+                ours = STAGING.fullmatch(c.name) and c.is_dir() and not c.is_symlink()
+                if not ours or any(
+                    not (STAGED_FILE.fullmatch(f.name) and f.is_file()) for f in c.iterdir()
+                ):
+                    foreign.append(c)
+        elif not (p.is_file() and (p.name in OWN_FILES or OWN_TEMP.fullmatch(p.name))):
+            foreign.append(p)
+    return foreign
+
+
+def check_run_dirs(runs: list[Run], out: Path) -> None:
+    """Before anything starts: every run that would start over holds only autok's files."""
+    for run in runs:
+        run_dir = out / run.dir
+        if (run_dir / "summary.json").exists() or has_checkpoint(run_dir):
+            continue  # skipped or resumed: nothing is cleared
+        if foreign := foreign_files(run_dir):
+            raise ConfigError(
+                f"--out: {foreign[0]} was not written by autok; a run that starts over clears "
+                "its directory, so move it away (autok never deletes what it did not write)"
+            )
+
+
+def clear_unstarted(run_dir: Path) -> None:
+    """Remove what an unstarted run left (autok's own files only; train.log keeps its history).
+    Anything else stops the run: it is refused, never deleted."""
+    if foreign := foreign_files(run_dir):
+        raise ConfigError(f"--out: {foreign[0]} was not written by autok; move it away")
+    if not run_dir.exists():
+        return
+    for p in run_dir.iterdir():
+        if p.name == "checkpoints":
+            for staged in p.iterdir():
+                shutil.rmtree(staged)
+            p.rmdir()
+        elif p.name != "train.log":
+            p.unlink()
 
 
 def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:

@@ -137,10 +137,12 @@ def worker(
 
 def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
     """Rank 0 serves the cluster's metrics on --metrics-port; with --metrics-per-rank every rank
-    also serves its own times (rank r on PORT+r). Up before the first step."""
+    also serves its own times (rank r on PORT+r), bound to --metrics-host. Up before the first
+    step; prints the address really bound."""
     if cfg.metrics_port == 0 or (rank > 0 and not cfg.metrics_per_rank):
         return None
     from autok.metrics import MetricsExporter
+    from autok.metrics_http import url_host
 
     exporter = MetricsExporter(
         cfg.metrics_port + rank,
@@ -151,9 +153,13 @@ def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
         rank=rank,
         cluster=rank == 0,
         per_rank=cfg.metrics_per_rank,
+        host=cfg.metrics_host,
     )
     if cfg.progress:
-        print(f"autok: rank {rank} metrics at http://127.0.0.1:{exporter.port}/metrics", flush=True)
+        where = f"http://{url_host(exporter.host)}:{exporter.port}/metrics"
+        if exporter.host in ("0.0.0.0", "::"):
+            where += " (all interfaces)"
+        print(f"autok: rank {rank} metrics at {where}", flush=True)
     return exporter
 
 

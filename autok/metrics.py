@@ -11,9 +11,10 @@ concurrent scrapes cost one render, not fifty, on the training process.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -22,9 +23,13 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from autok.metrics_http import MetricsHTTPServer
+from autok.config import ConfigError
+from autok.metrics_http import MetricsHTTPServer, bind_family, port_taken
 from controllers.base import BoundaryStats, SyncDecision
 from trainer.link import LinkProfile
+
+if TYPE_CHECKING:
+    from autok.config import TrainConfig
 
 # The classic text format, which every Prometheus release parses (all our names are legacy-valid,
 # so prometheus_client's newer "version=1.0.0" output is byte-identical to it).
@@ -88,6 +93,39 @@ class _Hist:
         return list(zip(edges, self.counts, strict=True))
 
 
+def served_ports(cfg: TrainConfig) -> dict[int, int]:
+    """{rank: port} of the metrics servers this process's launch starts: rank 0's, or with
+    --metrics-per-rank every rank's (PORT + rank); under torchrun only this process's rank."""
+    if cfg.metrics_port == 0:
+        return {}
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        ranks = [rank] if rank == 0 or cfg.metrics_per_rank else []
+    else:
+        world = cfg.workers
+        ranks = list(range(world)) if cfg.metrics_per_rank else [0]
+    if cfg.metrics_per_rank and cfg.metrics_port + world - 1 > 65535:
+        raise ConfigError(
+            f"--metrics-port: {cfg.metrics_port} + rank {world - 1} = "
+            f"{cfg.metrics_port + world - 1} is above 65535 (with --metrics-per-rank rank r "
+            f"serves on PORT + r); use at most {65536 - world}"
+        )
+    return {r: cfg.metrics_port + r for r in ranks}
+
+
+def check_metrics_ports(cfg: TrainConfig) -> None:
+    """Before anything is written: every port the launch will serve metrics on is in range and
+    free on --metrics-host, else one ConfigError naming --metrics-port."""
+    addr, _ = bind_family(cfg.metrics_host)
+    for rank, port in served_ports(cfg).items():
+        if why := port_taken(cfg.metrics_host, port):
+            which = f"{port}" if rank == 0 else f"{port} (PORT + rank {rank})"
+            raise ConfigError(
+                f"--metrics-port: {which} cannot be served on {addr}: {why}; choose another "
+                "port, or 0 to turn metrics off"
+            )
+
+
 def reason_kind(reason: str) -> str:
     """The low-cardinality part of a decision's reason: 'raise', 'back_off', 'qsr', ..."""
     head = reason.split(":", 1)[0].strip().lower()
@@ -106,7 +144,7 @@ class MetricsExporter:
         rank: int = 0,
         cluster: bool = True,
         per_rank: bool = False,
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
     ) -> None:
         self.labels = {"run_id": run_id, "strategy": strategy, "policy": policy}
         self.link, self.rank = link, rank
@@ -124,7 +162,7 @@ class MetricsExporter:
         self._server: MetricsHTTPServer | None = MetricsHTTPServer(
             host, port, self.render, CONTENT_TYPE
         )
-        self.port = self._server.port
+        self.host, self.port = self._server.host, self._server.port
 
     # ----- trainer events ----------------------------------------------------------------------
 

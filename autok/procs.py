@@ -1,27 +1,50 @@
-"""Process hygiene: children die with their parent, so nothing outlives a killed sweep or job."""
+"""Process hygiene: children die with their parent, so nothing outlives a killed sweep or job.
+
+Why not `preexec_fn=die_with_parent`: preexec_fn runs Python in the forked child before exec,
+which is unsafe when the parent has threads (a sweep with --jobs, an experiment): a lock another
+thread held at the fork (the import lock, the loader's lock inside dlopen, malloc's) stays held
+forever in the child. Instead the child is `python -m autok.procs PARENT_PID CMD...`: a fresh
+process that sets its own parent-death signal and execs CMD, which keeps it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
+import sys
 
 _PR_SET_PDEATHSIG = 1
 
 
-def start_logged(cmd: list[str], log) -> subprocess.Popen:
-    """A child with stdout and stderr in `log`, no stdin, dying with this process."""
+def start_logged(cmd: list[str], log, *, new_session: bool = False) -> subprocess.Popen:
+    """A child with stdout and stderr in `log`, no stdin, dying with this process (on Linux;
+    elsewhere it just runs). `new_session`: the child gets its own session and process group, so
+    a terminal's Ctrl-C reaches only this process, which then decides how the child stops."""
     return subprocess.Popen(
-        cmd,
+        [sys.executable, "-m", "autok.procs", str(os.getpid()), *cmd],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent,
+        start_new_session=new_session,
     )
+
+
+def exec_dying_with(parent: int, cmd: list[str]) -> None:
+    """Become `cmd`, asking first for SIGTERM when `parent` dies (the request survives exec)."""
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before the request: nobody would send it
+        sys.exit(f"autok.procs: parent {parent} is gone; not starting {cmd[0]}")
+    os.execvp(cmd[0], cmd)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask Linux to send `sig` to this process when its parent dies (no-op elsewhere)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+if __name__ == "__main__":
+    exec_dying_with(int(sys.argv[1]), sys.argv[2:])

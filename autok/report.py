@@ -29,6 +29,7 @@ class RunResult:
     config: dict[str, Any]
     summary: dict[str, Any]
     epochs: list[dict[str, str]]
+    boundaries: list[dict[str, Any]] | None = None  # boundaries.jsonl, read by collect
 
     @property
     def method(self) -> str:
@@ -40,25 +41,167 @@ class RunResult:
         return self.label.split(" ", 1)[1] if " " in self.label else ""
 
 
+class ReportError(ValueError):
+    """A run's file that the report cannot read: names the file and the field."""
+
+
+SUMMARY_NUMBERS = (
+    "peak_test_accuracy",
+    "final_test_accuracy",
+    "wall_seconds",
+    "compute_seconds",
+    "exposed_sync_seconds",
+)
+EPOCH_NUMBERS = ("test_accuracy", "epoch_seconds")
+EPOCH_COUNTS = ("epoch", "grad_syncs", "param_syncs")
+BOUNDARY_NUMBERS = ("exposed_sync_seconds", "compute_seconds")
+BOUNDARY_COUNTS = ("epoch", "global_step", "sync_period")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _brief(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:80]
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ReportError(f"{path}: missing")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: malformed JSON or UTF-8
+        raise ReportError(f"{path}: not readable JSON ({_brief(exc)})") from None
+    if not isinstance(obj, dict):
+        raise ReportError(f"{path}: not a JSON object")
+    return obj
+
+
+def _need(path: Path | str, obj: dict[str, Any], key: str, ok, what: str) -> None:
+    if key not in obj:
+        raise ReportError(f"{path}: {key}: missing")
+    if not ok(obj[key]):
+        raise ReportError(f"{path}: {key}: {_show(obj[key])} is not {what}")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta = read_json_object(path)
+    _need(path, meta, "label", lambda v: isinstance(v, str) and v.strip(), "a label")
+    _need(path, meta, "seed", lambda v: type(v) is int, "an integer")
+    return meta
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    summary = read_json_object(path)
+    for key in SUMMARY_NUMBERS:
+        _need(path, summary, key, _is_number, "a number")
+    return summary
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config = read_json_object(path)
+    for key in ("warmup_epochs", "sync_period"):
+        if config.get(key) is not None and not _is_count(config[key]):
+            raise ReportError(f"{path}: {key}: {_show(config[key])} is not a count")
+    if not isinstance(config.get("policy", "fixed"), str):
+        raise ReportError(f"{path}: policy: {_show(config['policy'])} is not a name")
+    return config
+
+
+def read_epochs(
+    path: Path, numbers=EPOCH_NUMBERS, counts=EPOCH_COUNTS, torn_ok: bool = False
+) -> list[dict[str, str]]:
+    """epochs.csv's rows (strings, as csv reads them), each field the report uses checked.
+    `torn_ok`: a run that crashed may have cut its last row short; that row is dropped."""
+    if not path.is_file():
+        raise ReportError(f"{path}: missing")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            columns = reader.fieldnames or []
+    except (OSError, ValueError, csv.Error) as exc:  # ValueError: malformed UTF-8
+        raise ReportError(f"{path}: not readable CSV ({_brief(exc)})") from None
+    for key in (*counts, *numbers):
+        if key not in columns:
+            raise ReportError(f"{path}: {key}: no such column")
+    for i, row in enumerate(rows, 2):
+        for key in (*counts, *numbers):
+            value = row.get(key)
+            try:
+                ok = value is not None and (
+                    int(value) >= 0 if key in counts else math.isfinite(float(value))
+                )
+            except ValueError:
+                ok = False
+            if not ok and torn_ok and i == len(rows) + 1:
+                return rows[:-1]
+            if not ok:
+                kind = "a count" if key in counts else "a finite number"
+                raise ReportError(f"{path}: line {i}: {key}: {_show(value)} is not {kind}")
+    return rows
+
+
+def read_boundaries(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ReportError(f"{path}: missing")
+    recs = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: not readable ({_brief(exc)})") from None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise ReportError(f"{path}: line {i}: not a JSON object")
+        for key in BOUNDARY_COUNTS:
+            _need(f"{path}: line {i}", rec, key, _is_count, "a count")
+        for key in BOUNDARY_NUMBERS:
+            _need(f"{path}: line {i}", rec, key, _is_number, "a number")
+        recs.append(rec)
+    return recs
+
+
+def boundary_records(r: RunResult) -> list[dict[str, Any]]:
+    if r.boundaries is None:
+        r.boundaries = read_boundaries(r.dir / "boundaries.jsonl")
+    return r.boundaries
+
+
 def collect(root: Path) -> list[RunResult]:
+    """The finished runs under `root`, their files checked: a malformed one is a ReportError
+    naming the file and the field (never a crash half-way through the plots)."""
     runs = []
     for tag in sorted(root.rglob("experiment.json")):
         d = tag.parent
         if not (d / "summary.json").exists():
             continue  # unfinished
-        meta = json.loads(tag.read_text())
-        with open(d / "epochs.csv", newline="") as f:
-            epochs = list(csv.DictReader(f))
-        runs.append(
-            RunResult(
-                meta["label"],
-                meta["seed"],
-                d,
-                json.loads((d / "config.json").read_text()),
-                json.loads((d / "summary.json").read_text()),
-                epochs,
-            )
+        meta = read_meta(tag)
+        run = RunResult(
+            meta["label"],
+            meta["seed"],
+            d,
+            read_config(d / "config.json"),
+            read_summary(d / "summary.json"),
+            read_epochs(d / "epochs.csv"),
         )
+        run.boundaries = read_boundaries(d / "boundaries.jsonl")
+        runs.append(run)
     return runs
 
 
@@ -80,16 +223,16 @@ def collect_stopped(root: Path) -> list[StoppedRun]:
         d = tag.parent
         if (d / "summary.json").exists():
             continue
-        meta = json.loads(tag.read_text())
+        meta = read_meta(tag)
         epochs = []
         if (d / "epochs.csv").exists():
-            with open(d / "epochs.csv", newline="") as f:
-                epochs = list(csv.DictReader(f))
+            epochs = read_epochs(
+                d / "epochs.csv", numbers=("test_accuracy",), counts=(), torn_ok=True
+            )
         why = "no summary (running, or killed)"
         if (d / "train.log").exists():
-            lines = [
-                x for x in (d / "train.log").read_text().splitlines() if x.startswith("autok:")
-            ]
+            log = (d / "train.log").read_text(encoding="utf-8", errors="replace")
+            lines = [x for x in log.splitlines() if x.startswith("autok:")]
             if lines:
                 # "autok: training failed: pkg.Error: what; advice" -> "what"
                 why = lines[-1].removeprefix("autok: ").removeprefix("training failed: ")
@@ -224,8 +367,7 @@ class SyncProfile:
 
 def _run_profile(r: RunResult) -> tuple[float, float, float, float, float]:
     warmup = int(r.config.get("warmup_epochs") or 0)
-    with open(r.dir / "boundaries.jsonl") as f:
-        recs = [json.loads(line) for line in f if line.strip()]
+    recs = boundary_records(r)
     steady = [b for b in recs if b["epoch"] >= warmup] or recs
     if not steady:  # a run with no boundary at all: nothing to profile
         return (math.nan,) * 5
@@ -380,7 +522,7 @@ def plots(runs: list[RunResult], out: Path) -> list[Path]:
     for r in runs:
         if r.config.get("policy", "fixed") == "fixed" or r.seed != runs[0].seed:
             continue
-        pts = [json.loads(line) for line in (r.dir / "boundaries.jsonl").open()]
+        pts = boundary_records(r)
         ax.step(
             [p["global_step"] for p in pts],
             [p["sync_period"] for p in pts],

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from autok.config import ConfigError, TrainConfig, read_yaml
+from controllers import REGISTRY as POLICIES
+from trainer.data import DATASETS
+from trainer.link import PROFILES
+from trainer.models import MODELS
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "experiments" / "spaces" / "default.yaml"
 
@@ -19,6 +27,16 @@ class Dim:
     high: float | None = None
     log: bool = False
     choices: tuple | None = None
+
+    def outside(self, value: Any) -> str | None:
+        """Why an enqueued value does not belong to this dimension, or None."""
+        if self.kind == "categorical":
+            return None if value in self.choices else f"{value!r:.40} is not one of the choices"
+        if not _finite_number(value) or not self.low <= value <= self.high:
+            return f"{value!r:.40} is not a number in [{self.low:g}, {self.high:g}]"
+        if self.kind == "int" and not float(value).is_integer():
+            return f"{value!r:.40} is not an integer"
+        return None
 
     def suggest(self, trial) -> Any:
         """Optuna's define-by-run suggestion."""
@@ -37,13 +55,40 @@ def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
     names = {d.name for d in space}
     if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
         raise ConfigError(f"--enqueue: {path} must be a list of mappings")
+    if len(raw) > MAX_ENQUEUED:
+        raise ConfigError(f"--enqueue: {path} lists over {MAX_ENQUEUED} settings")
+    dims = {d.name: d for d in space}
     out = []
-    for p in raw:
+    for i, p in enumerate(raw):
         p = {str(k).replace("-", "_"): v for k, v in p.items()}
         if unknown := set(p) - names:
-            raise ConfigError(f"--enqueue: {sorted(unknown)} not in the search space")
+            raise ConfigError(f"--enqueue: {sorted(unknown)[:3]} not in the search space")
+        for name, value in p.items():
+            if why := dims[name].outside(value):
+                raise ConfigError(f"--enqueue: {path.name}: entry {i + 1}: {name}: {why}")
         out.append(p)
     return tuple(out)
+
+
+MAX_ENQUEUED = 10_000
+
+
+def field_problem(name: str, value: Any) -> str | None:
+    """Why `value` is not a valid value of setting `name` by itself (its type, its bounds, a
+    finite number), or None. Combinations are checked per trial."""
+    field = TrainConfig.model_fields[name]
+    ann = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+    try:
+        TypeAdapter(ann, config=ConfigDict(allow_inf_nan=False)).validate_python(value)
+    except ValidationError as exc:
+        return " ".join(str(exc.errors()[0]["msg"]).split()).lower()
+    if name in NAMED and value not in NAMED[name]:
+        return f"unknown; choose from {sorted(NAMED[name])}"
+    return None
+
+
+# Settings whose value is a name from a registry (checked by TrainConfig's cross-field step).
+NAMED = {"policy": POLICIES, "dataset": DATASETS, "model": MODELS, "link": PROFILES}
 
 
 def load_space(path: Path | None) -> list[Dim]:
@@ -52,10 +97,12 @@ def load_space(path: Path | None) -> list[Dim]:
     raw = read_yaml(path, "--space")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"--space: {path} must map setting names to ranges")
-    dims = []
+    dims: list[Dim] = []
     for key, spec in raw.items():
         name = str(key).replace("-", "_")
-        where = f"--space: {path.name}: {key}"
+        where = f"--space: {path.name}: {str(key)[:40]}"
+        if any(d.name == name for d in dims):
+            raise ConfigError(f"{where}: given twice")
         if name not in TrainConfig.model_fields:
             raise ConfigError(f"{where}: not an `autok train` setting")
         if name in ("out", "workers"):
@@ -67,14 +114,35 @@ def load_space(path: Path | None) -> list[Dim]:
             choices = spec.get("choices")
             if not isinstance(choices, list) or not choices:
                 raise ConfigError(f"{where}: categorical needs a non-empty list `choices`")
+            for c in choices:  # Optuna stores None, bool, int, float and str
+                if not isinstance(c, (type(None), bool, int, float, str)):
+                    raise ConfigError(f"{where}: choice {c!r:.40} is not a plain value")
+                if why := field_problem(name, c):
+                    raise ConfigError(f"{where}: choice {c!r:.40}: {why}")
             dims.append(Dim(name, kind, choices=tuple(choices)))
             continue
-        low, high, log = spec.get("low"), spec.get("high"), bool(spec.get("log", False))
-        if not all(isinstance(v, (int, float)) for v in (low, high)) or low > high:
-            raise ConfigError(f"{where}: needs numbers low <= high")
+        low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
+        if not all(_finite_number(v) for v in (low, high)) or low > high:
+            raise ConfigError(f"{where}: needs finite numbers low <= high")
+        if not isinstance(log, bool):
+            raise ConfigError(f"{where}: log must be true or false")
         if log and low <= 0:
             raise ConfigError(f"{where}: log scale needs low > 0")
         if kind == "int" and not (float(low).is_integer() and float(high).is_integer()):
             raise ConfigError(f"{where}: int bounds must be integers")
+        if kind == "float" and _is_int_field(name):
+            raise ConfigError(f"{where}: an integer setting; use type: int")
+        for bound, v in (("low", low), ("high", high)):
+            if why := field_problem(name, int(v) if kind == "int" else v):
+                raise ConfigError(f"{where}: {bound} {v!r}: {why}")
         dims.append(Dim(name, kind, float(low), float(high), log))
     return dims
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int_field(name: str) -> bool:
+    args = typing.get_args(TrainConfig.model_fields[name].annotation)
+    return TrainConfig.model_fields[name].annotation is int or (int in args and float not in args)

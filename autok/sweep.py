@@ -7,18 +7,23 @@ pareto.csv, pareto.png, best.yaml, and a printed table.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import re
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 
 from autok.config import ConfigError, TrainConfig, load_config
 from autok.pareto import pareto_front, plot_front
 from autok.space import Dim
-from autok.trials import COMPLETE, FAIL, PRUNED, TrialResult, run_trial
+from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
 OBJECTIVES = ("pareto", "accuracy", "time-to-accuracy")
 
@@ -42,6 +47,107 @@ class SweepOptions:
 
 class TrialFailed(Exception):
     pass
+
+
+# ----- secrets in URLs -------------------------------------------------------------------------
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password shown as *** (`postgresql://user:***@host/db`), as sqlalchemy's
+    make_url(url).render_as_string(hide_password=True) does, but for any text: a URL that no
+    parser accepts is the one most likely to end up in an error message."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")  # the last @: a raw @ in a password stays in
+    user, colon, password = userinfo.partition(":")
+    if not (sep and at and colon) or password == "***":
+        return url
+    return f"{scheme}://{user}:***@{hostpart}"
+
+
+def _password(url: str) -> str:
+    rest = url.partition("://")[2]
+    return rest.rpartition("@")[0].partition(":")[2]
+
+
+def redact(text: str, *urls: str | None) -> str:
+    """`text` with the password of every URL in it hidden, and with the passwords of `urls` (the
+    ones given on the command line) hidden wherever they appear, raw or %-decoded, since a
+    driver's message may quote one without its URL."""
+    secrets: set[str] = set()
+    for url in urls:
+        if url and (pw := _password(url)) and pw != "***":
+            text = text.replace(url, redact_url(url))
+            # A raw @ in the password makes parsers disagree on where the host starts, and a
+            # message quoting the "host" would show the rest: hide each piece too.
+            secrets |= {pw, unquote(pw), *pw.split("@"), *unquote(pw).split("@")}
+    text = _URL.sub(lambda m: redact_url(m.group()), text)
+    for secret in sorted(secrets - {""}, key=len, reverse=True):
+        # whole tokens only: a short password must not garble the words that contain it
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
+    return text
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+@contextlib.contextmanager
+def hiding_passwords(*urls: str | None):
+    """An error leaving the block carries no password of `urls` (nor of any URL it quotes). Our
+    own ConfigErrors quote URLs, never bare passwords: only a library's text is searched for
+    those, so a password that is also a word (a study name) leaves our messages readable."""
+    try:
+        yield
+    except ConfigError as exc:
+        if (clean := redact(str(exc))) != str(exc):
+            raise ConfigError(clean) from None
+        raise
+    except Exception as exc:
+        if (clean := redact(str(exc), *urls)) != str(exc):
+            raise RuntimeError(clean) from None
+        raise
+
+
+# ----- Ctrl-C ----------------------------------------------------------------------------------
+
+
+class StopOnSigint:
+    """Ctrl-C during a sweep, taken at safe points rather than wherever it lands.
+
+    A KeyboardInterrupt raised at an arbitrary bytecode can land in a storage write (a trial left
+    RUNNING forever), inside Popen (a trial started but not yet ours to stop), or in the main
+    thread only while --jobs threads carry on. Instead the first SIGINT just sets a flag (no lock
+    is taken in the handler: the main thread may hold it): running trials see it within a poll
+    and are stopped and recorded as FAIL (INTERRUPTED), no new trial starts, the outputs are
+    written, and the sweep then raises KeyboardInterrupt (exit 130). A second SIGINT raises at
+    once. Installed only from the main thread over Python's own handler, so a SIGINT the caller
+    ignores (a background job of a script) stays ignored."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: Any = None
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> StopOnSigint:
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
@@ -77,7 +183,8 @@ def _storage(opts: SweepOptions):
         try:
             return optuna.storages.RDBStorage(opts.storage)
         except Exception as exc:  # a bad URL, a missing driver, an unreachable server
-            raise ConfigError(f"--storage: {opts.storage}: {exc}") from None
+            why = redact(first_line(exc), opts.storage)
+            raise ConfigError(f"--storage: {redact_url(opts.storage)}: {why}") from None
     url = f"sqlite:///{(opts.out / 'study.db').resolve()}"
     # Parallel trials write from several threads: wait for the lock instead of failing fast
     # ("database is locked"), and let SQLite's WAL journal keep readers off the writer.
@@ -89,6 +196,15 @@ def _storage(opts: SweepOptions):
 
 
 def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> list[dict]:
+    """Run the study; its rows. Ctrl-C: see StopOnSigint. No error shows the storage password."""
+    with StopOnSigint() as stop, hiding_passwords(opts.storage):
+        rows = _optimize(opts, fixed, space, stop)
+    if stop():
+        raise KeyboardInterrupt
+    return rows
+
+
+def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop) -> list[dict]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -128,6 +244,10 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
         study.enqueue_trial(params, skip_if_exists=True)
 
     def objective(trial: optuna.Trial) -> list[float] | float:
+        if stop():  # Ctrl-C came between trials: this one does not start
+            trial.study.stop()
+            trial.set_user_attr("reason", INTERRUPTED)
+            raise TrialFailed(INTERRUPTED)
         params = {d.name: d.suggest(trial) for d in space}
         run_dir = opts.out / "trials" / f"trial-{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
@@ -141,7 +261,11 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
             trial.report(intermediate(opts, acc), epoch)
             return trial.should_prune()
 
-        res = run_trial({**fixed, **params}, run_dir, report, opts.target_accuracy)
+        res = run_trial(
+            {**fixed, **params}, run_dir, report, opts.target_accuracy, should_stop=stop
+        )
+        if stop():
+            trial.study.stop()  # no new trial; the running ones stop at their next poll
         for key in ("peak_test_accuracy", "wall_seconds", "time_to_accuracy"):
             trial.set_user_attr(key, _plain(getattr(res, key)))
         trial.set_user_attr("reason", res.reason)
@@ -152,8 +276,19 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
         values = objective_values(opts, res)
         return values if len(values) > 1 else values[0]
 
+    def stop_if_asked(study: optuna.Study, _trial) -> None:  # Ctrl-C during a trial's tell
+        if stop():
+            study.stop()
+
     try:
-        study.optimize(objective, n_trials=opts.trials, n_jobs=opts.jobs, catch=(TrialFailed,))
+        if not stop():
+            study.optimize(
+                objective,
+                n_trials=opts.trials,
+                n_jobs=opts.jobs,
+                catch=(TrialFailed,),
+                callbacks=[stop_if_asked],
+            )
     finally:  # also on Ctrl-C: the study so far is on disk, and --resume continues it
         rows = optuna_rows(study, space)
         write_outputs(opts, fixed, space, rows)
@@ -215,6 +350,8 @@ def best_row(opts: SweepOptions, rows: list[dict]) -> dict | None:
 def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[dict]) -> None:
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
+    # A reason is an error's text: it may quote a URL (a Ray address, a database) with a password.
+    rows = [{**r, "reason": redact(str(r.get("reason") or ""))} for r in rows]
     columns = [
         "number",
         "state",

@@ -14,11 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autok.config import ConfigError
 from autok.space import Dim
 from autok.sweep import (
     SweepOptions,
     check_settings,
+    first_line,
     objective_values,
+    redact,
+    redact_url,
     write_outputs,
 )
 from autok.trials import COMPLETE, FAIL, PRUNED, run_trial
@@ -89,12 +93,19 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
     workers = int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
     epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
     if not ray.is_initialized():
-        ray.init(
-            address=opts.address,
-            include_dashboard=False,
-            log_to_driver=False,
-            num_cpus=None if opts.address else os.cpu_count(),
-        )
+        try:
+            ray.init(
+                address=opts.address,
+                include_dashboard=False,
+                log_to_driver=False,
+                num_cpus=None if opts.address else os.cpu_count(),
+            )
+        except Exception as exc:
+            if not opts.address:
+                raise
+            # an address may carry credentials (ray://user:pw@host): never echoed
+            why = redact(first_line(exc), opts.address)
+            raise ConfigError(f"--address: {redact_url(opts.address)}: {why}") from None
 
     if opts.objective == "pareto":
         metric, mode = ["peak_test_accuracy", "wall_seconds"], ["max", "min"]

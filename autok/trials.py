@@ -2,6 +2,8 @@
 
 The trial writes its run dir as any run does; the driver tails `epochs.csv` to report each
 epoch's test accuracy (for pruning) and to spot divergence, and kills the run when told to stop.
+The run has its own session, so a terminal's Ctrl-C reaches only the sweep, which stops its
+trials through `should_stop` (and they die with it if it is killed).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import yaml
 from autok.procs import start_logged
 
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
+INTERRUPTED = "interrupted (Ctrl-C): --resume continues the sweep"
 
 
 @dataclass
@@ -56,9 +59,11 @@ def run_trial(
     report: Callable[[int, float], bool] | None = None,
     target_accuracy: float = 0.9,
     poll_seconds: float = 0.2,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrialResult:
     """Train with `settings` into `run_dir`. `report(epoch, test_accuracy)` is called once per
-    finished epoch; returning True stops the run (pruned)."""
+    finished epoch; returning True stops the run (pruned). `should_stop()` returning True stops
+    it too (FAIL, reason INTERRUPTED)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "trial.yaml"
     cfg_file.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "out"}))
@@ -75,11 +80,14 @@ def run_trial(
         "--no-progress",
     ]
     with open(log, "w") as log_f:
-        proc = start_logged(cmd, log_f)
+        proc = start_logged(cmd, log_f, new_session=True)
         seen, stop = 0, None
         try:
             while True:
                 done = proc.poll() is not None
+                if not done and should_stop is not None and should_stop():
+                    stop = (FAIL, INTERRUPTED)
+                    break
                 rows = _rows(run_dir / "epochs.csv")
                 for row in rows[seen:]:
                     epoch, acc = int(row["epoch"]), float(row["test_accuracy"])

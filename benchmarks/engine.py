@@ -377,11 +377,30 @@ PARTS = {
 }
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="autok bench", description=__doc__.splitlines()[0])
+MAX_ROUNDS = 100
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line naming the flag, exit 2, as every autok command
+        print(f"autok: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = _Parser(prog="autok bench", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for (a)")
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")
     args = ap.parse_args(argv)
+    if not 1 <= args.rounds <= MAX_ROUNDS:
+        ap.error(f"--rounds: {args.rounds} is not in 1..{MAX_ROUNDS} (each round runs both loops)")
+    unknown = [p for p in args.only.split(",") if p.strip() not in PARTS]
+    if unknown:
+        ap.error(f"--only: unknown part {unknown[0]!r}; choose from {','.join(PARTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     # A partial run (--only) updates the saved results instead of replacing them.
     saved = RESULTS / "engine.json"
     res: dict = json.loads(saved.read_text()) if saved.exists() else {}

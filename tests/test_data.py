@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from trainer import data
 from trainer.data import build_splits, check_data_dir
 from trainer.models import build_model
 
@@ -69,13 +72,66 @@ def write_imagefolder(root, classes=("cat", "dog", "eel"), per_class=4):
     return root
 
 
-def test_cifar100_loader_reads_the_real_pickle_format(tmp_path):
-    splits = build_splits("cifar100", write_cifar100(tmp_path))
+def md5_of_cifar100(root) -> dict[str, str]:
+    """The md5 of each file of a CIFAR-100 tree, in the form of trainer.data.CIFAR100_MD5."""
+    base = root / "cifar-100-python"
+    return {n: hashlib.md5((base / n).read_bytes()).hexdigest() for n in data.CIFAR100_MD5}
+
+
+def test_cifar100_loader_reads_the_real_pickle_format(tmp_path, monkeypatch):
+    root = write_cifar100(tmp_path)
+    # Generated files are not the official archive's: pin their sums where the official ones
+    # live, so the loader's own md5 check passes for these files and for no others.
+    monkeypatch.setattr(data, "CIFAR100_MD5", md5_of_cifar100(root))
+    assert check_data_dir("cifar100", root) is None
+    splits = build_splits("cifar100", root)
     assert len(splits.train) == 40 and len(splits.test) == 20
     x, y = splits.train[0]
     assert x.shape == (3, 32, 32) and 0 <= y < 100
     assert splits.meta.num_classes == 100
     assert splits.train.classes[3] == "class_3"
+
+
+class _Marker:
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # unpickling this creates a directory
+        return (os.mkdir, (str(self.path),))
+
+
+def test_a_crafted_cifar_pickle_is_refused_and_never_unpickled(tmp_path):
+    root = tmp_path / "data"
+    base = root / "cifar-100-python"
+    base.mkdir(parents=True)
+    marker = tmp_path / "PWNED"
+    for name in ("train", "test", "meta"):
+        (base / name).write_bytes(pickle.dumps({"data": _Marker(marker)}))
+    pickle.loads((base / "train").read_bytes())  # the file does what it says...
+    assert marker.is_dir()
+    marker.rmdir()
+    why = check_data_dir("cifar100", root)  # ...and autok never lets it
+    assert why and "md5" in why and "not the official" in why
+    with pytest.raises(ValueError, match="--data-dir"):
+        build_splits("cifar100", root)  # the loader keeps torchvision's md5 check too
+    assert not marker.exists()
+
+
+def test_generated_cifar_files_are_not_the_official_ones(tmp_path):
+    root = write_cifar100(tmp_path)
+    assert "md5 mismatch" in check_data_dir("cifar100", root)
+    assert data.CIFAR100_MD5["train"] == "16019d7e3df5f24257cddd939b257f8d"  # torchvision's
+
+
+def test_disk_layouts_are_checked_before_loading(tmp_path):
+    tin = write_tinyimagenet(tmp_path / "tin")
+    assert check_data_dir("tinyimagenet", tin) is None
+    (tin / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn00000000\t0\t0\t1\t1\n")
+    assert "not in wnids.txt" in check_data_dir("tinyimagenet", tin)
+    imf = write_imagefolder(tmp_path / "imf")
+    assert check_data_dir("imagefolder", imf) is None
+    (imf / "val" / "cat").rename(imf / "val" / "lion")
+    assert "same classes" in check_data_dir("imagefolder", imf)
 
 
 def test_tinyimagenet_loader_reads_train_folders_and_val_annotations(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from autok.metrics import MetricsExporter, reason_kind
+from autok.metrics_http import port_taken
 from controllers.base import BoundaryStats, SyncDecision
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
@@ -251,3 +253,94 @@ def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
     # The figure itself is measured by benchmarks/metrics_load.py (see its results); here, a
     # guard against a pathological slowdown that still tolerates a noisy shared machine.
     assert loaded / base < 1.3, (loaded, base)
+
+
+# ----- where the exporter listens, and ports checked before a run starts ------------------------
+
+TINY_TRAIN = ["train", "--workers", "2", "--epochs", "1", "--link", "none", "--no-progress"]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """`autok train` in-process with the launcher replaced by a tripwire."""
+    import autok.launch
+
+    def tripwire(*a, **k):
+        raise AssertionError("launched: the bad setting was not refused before the run")
+
+    monkeypatch.setattr(autok.launch, "launch", tripwire)
+    monkeypatch.delenv("RANK", raising=False)  # not under torchrun
+
+
+def refused(capsys, argv: list[str], out: Path) -> str:
+    from autok.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autok: error: "), err
+    assert not out.exists(), "written before the check"
+    return err
+
+
+def adjacent_free_and_taken() -> tuple[int, socket.socket]:
+    """(P, a listener on P + 1) with P free: rank 1's port taken, rank 0's not."""
+    for _ in range(50):
+        s = socket.create_server(("127.0.0.1", 0))
+        port = s.getsockname()[1] - 1
+        if port > 1024 and port_taken("127.0.0.1", port) is None:
+            return port, s
+        s.close()
+    pytest.skip("no free port next to a taken one")
+
+
+def test_exporter_binds_metrics_host_and_start_exporter_prints_the_bound_address(capsys):
+    from autok.launch import start_exporter
+
+    exp = MetricsExporter(0, run_id="r", strategy="cpdp", policy="fixed")
+    try:
+        assert exp.host == "127.0.0.1"  # this machine only unless asked
+    finally:
+        exp.close()
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    cfg = tiny_cfg(metrics_port=port, metrics_host="localhost", progress=True)
+    exp = start_exporter(cfg, 0, None)
+    try:
+        assert exp.host == "127.0.0.1" and exp.port == port
+        scrape(port)
+    finally:
+        exp.close()
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in capsys.readouterr().out
+
+
+def test_metrics_host_must_be_an_ip_address(tmp_path, capsys, no_launch):
+    out = tmp_path / "run"
+    argv = [*TINY_TRAIN, "--metrics-port", "9400", "--metrics-host", "example.com"]
+    err = refused(capsys, [*argv, "--out", str(out)], out)
+    assert "--metrics-host" in err and "0.0.0.0" in err
+
+
+def test_taken_metrics_port_is_refused_before_anything_is_written(tmp_path, capsys, no_launch):
+    out = tmp_path / "run"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        err = refused(capsys, [*TINY_TRAIN, "--metrics-port", str(port), "--out", str(out)], out)
+    assert "--metrics-port" in err and str(port) in err
+
+
+def test_taken_per_rank_port_is_refused_before_anything_is_written(tmp_path, capsys, no_launch):
+    out = tmp_path / "run"
+    port, taken = adjacent_free_and_taken()
+    with taken:
+        argv = [*TINY_TRAIN, "--metrics-port", str(port), "--metrics-per-rank"]
+        err = refused(capsys, [*argv, "--out", str(out)], out)
+    assert "--metrics-port" in err and f"{port + 1} (PORT + rank 1)" in err
+
+
+def test_per_rank_ports_above_65535_are_refused_before_anything_is_written(
+    tmp_path, capsys, no_launch
+):
+    out = tmp_path / "run"
+    argv = [*TINY_TRAIN, "--metrics-port", "65535", "--metrics-per-rank", "--out", str(out)]
+    err = refused(capsys, argv, out)
+    assert "--metrics-port" in err and "65536" in err and "at most 65534" in err

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -216,13 +217,23 @@ def test_invalid_space_is_refused(tmp_path, space, needle):
     assert "\n" not in line and line.startswith("autok: error: --space:") and needle in line
 
 
+# Python leaves SIGINT ignored in a process started with it ignored (a background job of a
+# non-interactive shell: how some CI runners and agents start pytest), and so would the sweep
+# under test: its children get Python's own handler back explicitly.
+WITH_SIGINT = [
+    sys.executable,
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from autok.cli import main; sys.exit(main(sys.argv[1:]))",
+]
+
+
+@pytest.mark.timeout(1500)
 def test_ctrl_c_leaves_a_study_that_resume_continues(tmp_path, small_space):
     out = tmp_path / "intr"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "autok.cli",
+            *WITH_SIGINT,
             "sweep",
             "--trials",
             "10",
@@ -238,16 +249,20 @@ def test_ctrl_c_leaves_a_study_that_resume_continues(tmp_path, small_space):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 120
+    # The marker that trial 0 really runs: its trainer has created epochs.csv (the trial is a
+    # child of the sweep's run_trial, which is polling it). A bound, not a timing assumption.
+    deadline = time.time() + 600
     while not (out / "trials" / "trial-0000" / "epochs.csv").exists():
-        assert time.time() < deadline and proc.poll() is None
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.time() < deadline, "trial 0 did not start within 600 s"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-2000:]
     assert "--resume" in err
     before = trials(out)
-    assert len(before) == 1 and before[0]["state"] == "FAIL"
+    assert len(before) == 1 and before[0]["state"] == "FAIL", before
+    assert before[0]["reason"].startswith("interrupted"), before
     res = autok(
         "sweep",
         "--trials",
@@ -262,6 +277,200 @@ def test_ctrl_c_leaves_a_study_that_resume_continues(tmp_path, small_space):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert [r["state"] for r in trials(out)] == ["FAIL", "COMPLETE"]
+
+
+# Ctrl-C at each phase of a sweep, in-process: run_trial is replaced by a stand-in that sends
+# SIGINT to the main thread at a chosen moment; the sweep must stop at a safe point, write its
+# outputs, leave no trial RUNNING, and raise KeyboardInterrupt (the CLI's exit 130).
+
+SMALL_FIXED = {"workers": 2, "epochs": 2, "mnist1d_samples": 500, "link": "none"}
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT handled by Python in this (main) thread for the test, whatever pytest inherited."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def interrupt_main() -> None:
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def stand_in(phase: str):
+    from autok.trials import COMPLETE, FAIL, INTERRUPTED, TrialResult
+
+    def run_trial(settings, run_dir, report=None, target_accuracy=0.9, should_stop=None, **kw):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if phase == "after":  # the run has finished; Ctrl-C comes before the sweep records it
+            interrupt_main()
+            return TrialResult(COMPLETE, str(run_dir), peak_test_accuracy=0.5, wall_seconds=1.0)
+        if phase == "during":
+            interrupt_main()
+        deadline = time.monotonic() + 120  # "running" until told to stop, as the real one polls
+        while not should_stop():
+            assert time.monotonic() < deadline, "the sweep never asked the trial to stop"
+            time.sleep(0.01)
+        return TrialResult(FAIL, str(run_dir), INTERRUPTED)
+
+    return run_trial
+
+
+def in_process_sweep(tmp_path, small_space, monkeypatch, phase: str, jobs: int = 1):
+    import optuna
+
+    import autok.sweep as sw
+    from autok.space import load_space
+
+    monkeypatch.setattr(sw, "run_trial", stand_in(phase))
+    if phase == "setup":  # Ctrl-C while the study is being created
+        real = sw._storage
+
+        def storage(opts):
+            interrupt_main()
+            return real(opts)
+
+        monkeypatch.setattr(sw, "_storage", storage)
+    opts = sw.SweepOptions(out=tmp_path / phase, trials=6, jobs=jobs)
+    opts.out.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        sw.sweep_optuna(opts, dict(SMALL_FIXED), load_space(small_space))
+    url = f"sqlite:///{opts.out / 'study.db'}"
+    states = [t.state.name for t in optuna.load_study(study_name="autok", storage=url).trials]
+    assert [r["state"] for r in trials(opts.out)] == states  # outputs written, and current
+    assert "RUNNING" not in states
+    return trials(opts.out)
+
+
+def test_ctrl_c_while_the_study_is_created_leaves_an_empty_study(
+    tmp_path, small_space, monkeypatch, python_sigint
+):
+    assert in_process_sweep(tmp_path, small_space, monkeypatch, "setup") == []
+
+
+def test_ctrl_c_during_a_trial_stops_it_and_starts_no_other(
+    tmp_path, small_space, monkeypatch, python_sigint
+):
+    rows = in_process_sweep(tmp_path, small_space, monkeypatch, "during")
+    assert [(r["state"], r["reason"].split()[0]) for r in rows] == [("FAIL", "interrupted")]
+
+
+def test_ctrl_c_as_a_trial_ends_records_it_and_starts_no_other(
+    tmp_path, small_space, monkeypatch, python_sigint
+):
+    rows = in_process_sweep(tmp_path, small_space, monkeypatch, "after")
+    assert [r["state"] for r in rows] == ["COMPLETE"]
+
+
+def test_ctrl_c_with_two_jobs_stops_both_running_trials(
+    tmp_path, small_space, monkeypatch, python_sigint
+):
+    # both trials wait in the stand-in until told to stop; the Ctrl-C comes from the first
+    rows = in_process_sweep(tmp_path, small_space, monkeypatch, "during", jobs=2)
+    assert 1 <= len(rows) <= 2 and {r["state"] for r in rows} == {"FAIL"}, rows
+    assert all(r["reason"].startswith("interrupted") for r in rows)
+
+
+# ----- trial processes -------------------------------------------------------------------------
+
+
+def test_trial_processes_start_without_preexec_fn_and_die_with_their_parent(tmp_path, monkeypatch):
+    import autok.procs
+
+    seen = {}
+    real_popen = subprocess.Popen
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(autok.procs.subprocess, "Popen", spy)
+    with open(tmp_path / "log", "w") as log:
+        autok.procs.start_logged([sys.executable, "-c", "print('ran')"], log).wait(timeout=60)
+    assert (tmp_path / "log").read_text().strip() == "ran"
+    assert seen.get("preexec_fn") is None  # no Python between fork and exec in a threaded parent
+
+    # A parent that starts a child in its own session, then is SIGKILLed: the child must go too.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from autok.procs import start_logged; "
+            "p = start_logged(['sleep', '600'], open(sys.argv[1], 'w'), new_session=True); "
+            "print(p.pid, flush=True); time.sleep(600)",
+            str(tmp_path / "child.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 120
+        while "sleep" not in Path(f"/proc/{child}/cmdline").read_text():  # exec'd: asked to die
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.05)
+        assert os.getsid(child) == child  # its own session: a terminal's Ctrl-C skips it
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 120
+    while Path(f"/proc/{child}").exists() and "Z" not in proc_state(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
+
+
+# ----- secrets ---------------------------------------------------------------------------------
+
+SECRET = "S3cr3t-PW"
+
+
+def test_redact_hides_passwords_in_urls_and_in_library_text():
+    from autok.sweep import hiding_passwords, redact, redact_url
+
+    assert redact_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert redact_url("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
+    for plain in ("ray://h:10001", "sqlite:////tmp/s.db", "postgresql://u@h/db", "auto"):
+        assert redact_url(plain) == plain
+    raw = "postgresql://u:p@ss@h/db"  # parsers disagree on where its host starts
+    text = f"bad {raw}: could not translate host name 'ss@h'"
+    assert redact(text, raw) == "bad postgresql://u:***@h/db: could not translate host name '***@h'"
+    encoded = "postgresql://u:p%40ss%2Fw@h/db"
+    assert "p@ss/w" not in redact("password 'p@ss/w' was refused", encoded)
+    assert redact("from ray://admin:hunter22@head:10001 and x") == (
+        "from ray://admin:***@head:10001 and x"
+    )
+    with pytest.raises(RuntimeError) as e, hiding_passwords(raw):
+        raise OSError(f"cannot reach {raw}")
+    assert "ss" not in str(e.value).replace("***", "")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://autok:{SECRET}@/autok?host=/nonexistent-autok-dir",  # no server there
+        f"postgresql://autok:{SECRET}@127.0.0.1:notaport/autok",  # no parser takes it
+        f"mysql+nosuchdriver://autok:{SECRET}@127.0.0.1/autok",  # no such driver
+    ],
+)
+def test_storage_password_is_never_printed_or_written(tmp_path, small_space, url):
+    out = tmp_path / "s"
+    res = autok(
+        "sweep", "--storage", url, "--trials", "1", "--space", str(small_space), "--out", str(out)
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.startswith("autok: error: --storage: ") and res.stderr.count("\n") == 1
+    assert "autok:***@" in res.stderr
+    assert SECRET not in res.stdout + res.stderr
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
 
 
 # ----- PostgreSQL ------------------------------------------------------------------------------

@@ -35,30 +35,150 @@ class Splits:
     meta: DataMeta
 
 
+# The files of the official cifar-100-python.tar.gz (torchvision's own pins). They are pickles:
+# a file that does not match is never unpickled (unpickling runs code), only refused.
+CIFAR100_MD5 = {
+    "train": "16019d7e3df5f24257cddd939b257f8d",
+    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+    "meta": "7973b15100ade9c7d40fb424638fde48",
+}
+# torchvision.datasets.folder.IMG_EXTENSIONS: what ImageFolder counts as an image.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
 def check_data_dir(dataset: str, data_dir: Path | None) -> str | None:
-    """Why `data_dir` cannot serve `dataset`, or None. Runs at config time, before any output."""
+    """Why `data_dir` cannot serve `dataset`, or None. Runs at config time, before any output:
+    the layout, the class lists and (CIFAR-100) the files' checksums, so that a malformed data
+    set is refused here rather than crashing inside the workers."""
     if dataset not in DISK_DATASETS:
         return None
     if data_dir is None:
         return f"dataset {dataset!r} reads files: give --data-dir"
     if not data_dir.is_dir():
         return f"{data_dir} is not a directory"
-    needed = {
-        "cifar100": [
-            data_dir / "cifar-100-python" / "train",
-            data_dir / "cifar-100-python" / "test",
-        ],
-        "tinyimagenet": [data_dir / "train", data_dir / "val" / "val_annotations.txt"],
-        "imagefolder": [data_dir / "train", _first_existing(data_dir, ("val", "test"))],
-    }[dataset]
-    missing = [str(p) for p in needed if p is None or not p.exists()]
+    try:
+        return {
+            "cifar100": _check_cifar100,
+            "tinyimagenet": _check_tinyimagenet,
+            "imagefolder": _check_imagefolder,
+        }[dataset](data_dir)
+    except OSError as exc:
+        return f"cannot read {exc.filename or data_dir} ({exc.strerror})"
+
+
+def _check_cifar100(root: Path) -> str | None:
+    base = root / "cifar-100-python"
+    missing = [str(base / n) for n in CIFAR100_MD5 if not (base / n).is_file()]
     if missing:
-        return f"{dataset} files missing under {data_dir}: {', '.join(missing)}"
+        return f"cifar100 files missing under {root}: {', '.join(missing)}"
+    for name, expected in CIFAR100_MD5.items():
+        if _md5(base / name) != expected:
+            return (
+                f"{base / name} is not the official CIFAR-100 file (md5 mismatch); autok reads "
+                "only the files of cifar-100-python.tar.gz and never unpickles others"
+            )
+    return None
+
+
+_MD5_CACHE: dict[tuple, str] = {}
+
+
+def _md5(path: Path) -> str:
+    """The file's md5, remembered per (file, size, mtime): every rank validates the config."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _MD5_CACHE:
+        h = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _MD5_CACHE[key] = h.hexdigest()
+    return _MD5_CACHE[key]
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMG_EXTENSIONS)
+
+
+def _has_image(folder: Path) -> bool:
+    """Whether ImageFolder would find an image under `folder` (it walks it, following links)."""
+    for _, _, files in os.walk(folder, followlinks=True):
+        if any(_is_image(f) for f in files):
+            return True
+    return False
+
+
+def _class_dirs(folder: Path) -> list[str]:
+    """The classes ImageFolder reads from `folder`: its subdirectories, sorted."""
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+
+
+def _check_tinyimagenet(root: Path) -> str | None:
+    needed = [root / "wnids.txt", root / "train", root / "val" / "val_annotations.txt"]
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        return f"tinyimagenet files missing under {root}: {', '.join(missing)}"
+    wnids = [w.strip() for w in (root / "wnids.txt").read_text(errors="replace").splitlines()]
+    wnids = [w for w in wnids if w]
+    if not wnids or len(set(wnids)) != len(wnids):
+        return f"{root / 'wnids.txt'} must list each class (wnid) once, one per line"
+    if not (root / "train").is_dir():
+        return f"{root / 'train'} is not a directory"
+    found = _class_dirs(root / "train")
+    if extra := sorted(set(found) - set(wnids)):
+        return f"{root / 'train'} has a class folder {extra[0]!r} that wnids.txt does not list"
+    for w in wnids:
+        images = root / "train" / w / "images"
+        if not images.is_dir() or not _has_image(images):
+            return f"class {w!r} of wnids.txt has no images in {images}"
+    val_images = root / "val" / "images"
+    present = {e.name for e in os.scandir(val_images)} if val_images.is_dir() else set()
+    annotations = root / "val" / "val_annotations.txt"
+    n = 0
+    for i, line in enumerate(annotations.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        where = f"{annotations} line {i}"
+        if len(fields) < 2:
+            return f"{where}: expected FILE<TAB>WNID, got {line[:40]!r}"
+        name, wnid = fields[0], fields[1]
+        if name not in present or not _is_image(name):
+            return f"{where}: no image {name[:60]!r} in {val_images}"
+        if wnid not in wnids:
+            return f"{where}: class {wnid[:40]!r} is not in wnids.txt"
+        n += 1
+    if n == 0:
+        return f"{annotations} labels no validation image"
     return None
 
 
 def _first_existing(root: Path, names: tuple[str, ...]) -> Path | None:
     return next((root / n for n in names if (root / n).exists()), None)
+
+
+def _check_imagefolder(root: Path) -> str | None:
+    test_dir = _first_existing(root, ("val", "test"))
+    missing = [] if (root / "train").exists() else [str(root / "train")]
+    if test_dir is None:
+        missing.append(f"{root / 'val'} (or {root / 'test'})")
+    if missing or test_dir is None:
+        return f"imagefolder files missing under {root}: {', '.join(missing)}"
+    for split in (root / "train", test_dir):
+        if not split.is_dir():
+            return f"{split} is not a directory"
+    train, test = _class_dirs(root / "train"), _class_dirs(test_dir)
+    if not train:
+        return f"{root / 'train'} has no class folders (train/<class>/<image>)"
+    if train != test:
+        only = sorted(set(train) ^ set(test))[0]
+        side = root / "train" if only in train else test_dir
+        return f"class {only!r} is only in {side}: train and {test_dir.name} need the same classes"
+    for split in (root / "train", test_dir):
+        for c in train:
+            if not _has_image(split / c):
+                return f"{split / c} holds no image ({', '.join(IMG_EXTENSIONS)})"
+    return None
 
 
 # ----- mnist1d ---------------------------------------------------------------------------------
@@ -131,20 +251,22 @@ def _cifar100(root: Path) -> Splits:
     from torchvision import transforms as T
 
     class CIFAR100Files(datasets.CIFAR100):
-        # torchvision pins the md5 sums of the official archive; with md5 None its own
-        # check_integrity only asks that the files exist, so any set of files in the real pickle
-        # format (a subset, a re-pickled copy) loads, and the parser rejects bad content.
-        train_list = [["train", None]]
-        test_list = [["test", None]]
-        meta = {**datasets.CIFAR100.meta, "md5": None}
+        # torchvision checks each file's md5 before it unpickles it: never set these to None
+        # (any pickle would then load, and unpickling runs the code a crafted file carries).
+        train_list = [["train", CIFAR100_MD5["train"]]]
+        test_list = [["test", CIFAR100_MD5["test"]]]
+        meta = {**datasets.CIFAR100.meta, "md5": CIFAR100_MD5["meta"]}
 
     norm = T.Normalize(CIFAR_MEAN, CIFAR_STD)
     train_tf = T.Compose(
         [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), norm]
     )
     test_tf = T.Compose([T.ToTensor(), norm])
-    train = CIFAR100Files(str(root), train=True, transform=train_tf, download=False)
-    test = CIFAR100Files(str(root), train=False, transform=test_tf, download=False)
+    try:
+        train = CIFAR100Files(str(root), train=True, transform=train_tf, download=False)
+        test = CIFAR100Files(str(root), train=False, transform=test_tf, download=False)
+    except RuntimeError:  # torchvision: "not found or corrupted" (an md5 mismatch)
+        raise ValueError(f"--data-dir: {_check_cifar100(root) or 'corrupted'}") from None
     return Splits(train, test, DataMeta((3, 32, 32), 100))
 
 

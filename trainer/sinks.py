@@ -55,21 +55,94 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+BOUNDARY_INTS = ("epoch", "global_step", "interval_steps", "sync_period")  # what a resume reads
+
+
+def _complete_lines(path: Path) -> list[str]:
+    """The file's lines with their ends; a last line without one is a write a crash cut short
+    (rows are always written whole with their newline): it is dropped, never parsed."""
+    with open(path, encoding="utf-8", newline="") as f:  # keep csv's \r\n as written
+        lines = f.read().splitlines(keepends=True)
+    if lines and not lines[-1].endswith(("\n", "\r")):
+        lines.pop()
+    return lines
+
+
+def _csv_epoch(path: Path, i: int, line: str, width: int) -> int:
+    fields = next(csv.reader([line]), [])
+    if len(fields) != width:
+        raise ValueError(f"{path} line {i}: {len(fields)} fields, the header has {width}")
+    for name, value in zip(EPOCH_COLUMNS, fields, strict=False):
+        try:
+            float(value)
+        except ValueError:
+            raise ValueError(f"{path} line {i}: {name} {value[:30]!r} is not a number") from None
+    if not fields[0].strip().isdigit():
+        raise ValueError(f"{path} line {i}: epoch {fields[0][:30]!r} is not a whole number")
+    return int(fields[0])
+
+
+def _jsonl_epoch(path: Path, i: int, line: str) -> int:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        raise ValueError(f"{path} line {i}: not a JSON object") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path} line {i}: not a JSON object")
+    for key in BOUNDARY_INTS:
+        if type(rec.get(key)) is not int or rec[key] < 0:
+            raise ValueError(f"{path} line {i}: {key} {str(rec.get(key))[:30]!r} is not a count")
+    if type(rec.get("lr")) not in (int, float):
+        raise ValueError(f"{path} line {i}: lr {str(rec.get('lr'))[:30]!r} is not a number")
+    return rec["epoch"]
+
+
+def check_outputs(out_dir: Path) -> str | None:
+    """Why the run's epochs.csv or boundaries.jsonl cannot be continued (a resume rewinds them
+    and appends), or None: one reason naming the file, the line and the field."""
+    try:
+        _read_outputs(out_dir)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        return f"cannot read the run's outputs in {out_dir} ({exc})"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _read_outputs(out_dir: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(epoch, line) of every row of epochs.csv (header first, epoch -1) and boundaries.jsonl,
+    validated; ValueError names what is wrong."""
+    csv_path, jsonl_path = out_dir / "epochs.csv", out_dir / "boundaries.jsonl"
+    rows: list[tuple[int, str]] = []
+    if csv_path.exists():
+        lines = _complete_lines(csv_path)
+        if lines:
+            header = next(csv.reader([lines[0]]), [])
+            if header != EPOCH_COLUMNS:
+                raise ValueError(f"{csv_path} line 1: not the header autok writes")
+            rows.append((-1, lines[0]))
+        for i, ln in enumerate(lines[1:], 2):
+            if ln.strip():
+                rows.append((_csv_epoch(csv_path, i, ln, len(EPOCH_COLUMNS)), ln))
+    records: list[tuple[int, str]] = []
+    if jsonl_path.exists():
+        for i, ln in enumerate(_complete_lines(jsonl_path), 1):
+            if ln.strip():
+                records.append((_jsonl_epoch(jsonl_path, i, ln), ln))
+    return rows, records
+
+
 def rewind_outputs(out_dir: Path, last_epoch: int) -> None:
     """Drop the rows of epochs after `last_epoch` (they are about to be trained again), so a
-    resumed or rolled-back run has no duplicate and no missing row. Atomic per file."""
+    resumed or rolled-back run has no duplicate and no missing row. Atomic per file. Rows that
+    are not autok's are refused (ValueError naming file, line and field), never guessed at."""
+    rows, records = _read_outputs(out_dir)
     csv_path, jsonl_path = out_dir / "epochs.csv", out_dir / "boundaries.jsonl"
     if csv_path.exists():
-        lines = csv_path.read_text().splitlines(keepends=True)
-        kept = lines[:1] + [ln for ln in lines[1:] if int(ln.split(",", 1)[0]) <= last_epoch]
-        _write_atomic(csv_path, "".join(kept))
+        header = [] if rows else [",".join(EPOCH_COLUMNS) + "\r\n"]  # a header a crash cut
+        _write_atomic(csv_path, "".join(header + [ln for e, ln in rows if e <= last_epoch]))
     if jsonl_path.exists():
-        kept = [
-            ln
-            for ln in jsonl_path.read_text().splitlines(keepends=True)
-            if ln.strip() and json.loads(ln)["epoch"] <= last_epoch
-        ]
-        _write_atomic(jsonl_path, "".join(kept))
+        _write_atomic(jsonl_path, "".join(ln for e, ln in records if e <= last_epoch))
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# GPU/NCCL check: run on a machine with at least one CUDA device, from the repository root:
+#   bash benchmarks/gpu_check.sh            (about 3 minutes on one GPU)
+# It installs nothing beyond `make`'s set-up (.venv) and prints one line per check:
+# PASS/FAIL/SKIP, the job and what was checked. Exit status: the number of failed checks.
+# What it exercises that CPU tests cannot: collectives on the rank's device under NCCL, the link
+# emulator's CUDA-aware futures in DDP's comm hook, and CUDA-event timing of backward vs the wait.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/autok ] || make -s .venv/.installed-stamp >/dev/null || { echo "FAIL setup: make"; exit 1; }
+py=.venv/bin/python
+gpus=$($py -c 'import torch; print(torch.cuda.device_count())')
+if [ "$gpus" -lt 1 ]; then echo "SKIP all: no CUDA device"; exit 0; fi
+out=$(mktemp -d /tmp/autok-gpu-check.XXXX)
+fails=0
+job=(--dataset mnist1d --mnist1d-samples 2000 --epochs 2 --batch-size 64 --backend nccl --no-progress)
+
+check() {  # check NAME WORKERS LINK ARGS...: train, then verify replicas and times
+    local name=$1 workers=$2 link=$3; shift 3
+    local dir="$out/$name-w$workers-$link"
+    if ! timeout 240 .venv/bin/autok train "${job[@]}" --workers "$workers" --link "$link" \
+            "$@" --out "$dir" >"$dir.log" 2>&1; then
+        echo "FAIL $name workers=$workers link=$link: $(tail -n 1 "$dir.log")"
+        fails=$((fails + 1)); return
+    fi
+    if line=$($py - "$dir" "$workers" "$link" <<'PY'
+import csv, json, sys
+from pathlib import Path
+from trainer.link import PROFILES
+d, n, link = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+s = json.loads((d / "summary.json").read_text())
+rows = list(csv.DictReader((d / "epochs.csv").open()))
+bad = []
+if len(set(s["param_digest_per_rank"])) != 1 or len(s["param_digest_per_rank"]) != n:
+    bad.append(f"replicas differ {s['param_digest_per_rank']}")
+for r in rows:
+    f, b, sy, e = (float(r[k]) for k in
+                   ("forward_seconds", "backward_seconds", "sync_seconds", "epoch_seconds"))
+    if min(f, b, sy) < 0 or f + b + sy > e * 1.02 or b <= 0:
+        bad.append(f"epoch {r['epoch']}: forward {f:.3f} + backward {b:.3f} + sync {sy:.3f} "
+                   f"vs epoch {e:.3f}")
+if s["compute_seconds"] + s["exposed_sync_seconds"] > s["wall_seconds"] * 1.02:
+    bad.append("compute + exposed sync exceed the wall-clock")
+# on an emulated link every boundary waits at least the modelled latency
+steps = sum(1 for _ in (d / "boundaries.jsonl").open())
+floor = PROFILES[link].allreduce_seconds(0, n) * steps * 0.9
+if s["exposed_sync_seconds"] < floor:
+    bad.append(f"exposed sync {s['exposed_sync_seconds']:.3f} s below the link's {floor:.3f} s")
+print("; ".join(bad) if bad else
+      f"replicas agree, times add up (compute {s['compute_seconds']:.2f} s, exposed "
+      f"{s['exposed_sync_seconds']:.2f} s, wall {s['wall_seconds']:.2f} s, "
+      f"acc {s['final_test_accuracy']:.3f})")
+sys.exit(1 if bad else 0)
+PY
+    ); then
+        echo "PASS $name workers=$workers link=$link: $line"
+    else
+        echo "FAIL $name workers=$workers link=$link: $line"; fails=$((fails + 1))
+    fi
+}
+
+worlds=(1)
+if [ "$gpus" -ge 2 ]; then worlds+=(2); else
+    echo "SKIP 2-process jobs: one GPU (NCCL needs a device per rank)"; fi
+for w in "${worlds[@]}"; do
+    for link in none wan; do
+        check ddp "$w" "$link" --strategy ddp
+        check localsgd "$w" "$link" --strategy localsgd --sync-period 4
+        check cpdp-fused "$w" "$link" --strategy cpdp --sync-period 4 --boundary fused
+        check cpdp-two-phase "$w" "$link" --strategy cpdp --sync-period 4 --boundary two-phase
+    done
+done
+echo "gpu_check: $fails failed; logs in $out"
+exit "$fails"
