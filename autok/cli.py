@@ -174,7 +174,7 @@ def build_parser() -> Parser:
         default=None,
         help="continue the run in DIR from its last good checkpoint (same "
         "settings; only --epochs, --stop-after-epochs, --max-restarts, "
-        "--metrics-port, --progress may change)",
+        "--metrics-port, --metrics-host, --progress may change)",
     )
     add_train_flags(train)
     sweep = sub.add_parser(
@@ -620,7 +620,9 @@ def main(argv: list[str] | None = None) -> int:
         print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
     except Exception as exc:  # e.g. a worker failed: its own traceback is already on stderr
-        last = [one_line(error_line(str(exc)))]
+        from autok.sweep import redact  # no URL's password reaches the terminal, whatever failed
+
+        last = [one_line(redact(error_line(str(exc))))]
         what = "training" if command == "train" else command
         print(f"autok: {what} failed: {last[-1] if last else type(exc).__name__}", file=sys.stderr)
         return 1

@@ -129,8 +129,9 @@ def run_with_scrapers(
             daemon=True,
         )
         proc.start()
-    pin = (lambda: os.sched_setaffinity(0, train_cpus)) if train_cpus else None
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=pin)
+    if train_cpus:  # taskset pins before exec (preexec_fn is unsafe in a threaded process)
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(train_cpus))), *cmd]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     result = {"scrapes": 0, "errors": [], "texts": []}
     if proc is not None:
         stop_flag.set()
