@@ -599,7 +599,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             bench(argv[1:])
         except SystemExit as exc:  # its one-line refusals exit 2, as every command's
-            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+            if exc.code is None:
+                return 0
+            return exc.code if isinstance(exc.code, int) else 1
         return 0
     try:
         ns = parser.parse_args(argv)

@@ -153,7 +153,7 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
     if (run_dir / "summary.json").exists():
         return "skipped (finished before)", 0.0
     base = [sys.executable, "-m", "autok.cli", "train", "--no-progress"]
-    if has_checkpoint(run_dir):
+    if has_checkpoint(run_dir, _workers(run)):
         cmd, how = [*base, "--resume", str(run_dir)], "resumed"
     else:
         clear_unstarted(run_dir)  # started, but no checkpoint yet: start it again
@@ -198,8 +198,16 @@ STAGING = re.compile(r"\.staging-epoch-\d{4,9}")
 STAGED_FILE = re.compile(r"(rank\d+\.pt|\.rank\d+\.pt\.tmp|manifest\.json)")
 
 
-def has_checkpoint(run_dir: Path) -> bool:
-    return (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("epoch-*"))
+def _workers(run: Run) -> int:
+    return int(run.settings.get("workers", TrainConfig.model_fields["workers"].default))
+
+
+def has_checkpoint(run_dir: Path, workers: int) -> bool:
+    """A checkpoint `--resume` will accept (the same rules: see trainer/checkpoint.py); a run
+    with none is started again instead of being refused on every rerun."""
+    from trainer.checkpoint import latest_valid
+
+    return latest_valid(run_dir, workers).path is not None
 
 
 def foreign_files(run_dir: Path) -> list[Path]:
@@ -227,7 +235,7 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
     """Before anything starts: every run that would start over holds only autok's files."""
     for run in runs:
         run_dir = out / run.dir
-        if (run_dir / "summary.json").exists() or has_checkpoint(run_dir):
+        if (run_dir / "summary.json").exists() or has_checkpoint(run_dir, _workers(run)):
             continue  # skipped or resumed: nothing is cleared
         if foreign := foreign_files(run_dir):
             raise ConfigError(

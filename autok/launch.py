@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from autok.config import TrainConfig
+from autok.config import SyncSettings, TrainConfig
 from autok.procs import die_with_parent
 from trainer.data import DATA_SEED, prepare_mnist1d
 
@@ -135,7 +135,7 @@ def worker(
         dist.destroy_process_group()
 
 
-def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
+def start_exporter(cfg: SyncSettings, rank: int, out_dir: str | None):
     """Rank 0 serves the cluster's metrics on --metrics-port; with --metrics-per-rank every rank
     also serves its own times (rank r on PORT+r), bound to --metrics-host. Up before the first
     step; prints the address really bound."""
@@ -155,7 +155,7 @@ def start_exporter(cfg: TrainConfig, rank: int, out_dir: str | None):
         per_rank=cfg.metrics_per_rank,
         host=cfg.metrics_host,
     )
-    if cfg.progress:
+    if getattr(cfg, "progress", True):  # autok.Sync has no progress bar to silence
         where = f"http://{url_host(exporter.host)}:{exporter.port}/metrics"
         if exporter.host in ("0.0.0.0", "::"):
             where += " (all interfaces)"

@@ -36,7 +36,8 @@ from pydantic import AfterValidator
 
 MAX_HEAD = 16 * 1024  # a scrape's request head is a few hundred bytes
 MAX_CONNECTIONS = 512
-MAX_PENDING = 1024 * 1024  # unsent bytes per connection before its requests are left unread
+MAX_PENDING = 64 * 1024  # unsent bytes per connection before its requests are left unread (with
+# MAX_CONNECTIONS, bounds what slow readers can hold in the training process to tens of MB)
 IDLE_TIMEOUT_S = 300.0  # longer than any sane scrape interval, so Prometheus keeps its connection
 HEAD_TIMEOUT_S = 10.0  # from a request head's first byte to its blank line
 CLOSE_GRACE_S = 2.0  # how long close() lets responses in flight finish (all together)

@@ -93,6 +93,10 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
     workers = int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
     epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
     if not ray.is_initialized():
+        if not opts.address:
+            # Ray starts its workers at nice 15: beside any other load on the machine (a build,
+            # a second job) the trials would starve. A trial is the work: normal priority.
+            os.environ.setdefault("RAY_worker_niceness", "0")
         try:
             ray.init(
                 address=opts.address,

@@ -59,6 +59,47 @@ PY
     fi
 }
 
+# The pieces CPU tests cannot reach, checked directly on the device.
+if line=$($py - <<'PY'
+import time
+
+import torch
+
+from trainer.grad_hook import GradSyncState
+from trainer.link import delayed
+
+dev = torch.device("cuda", 0)
+bad = []
+# 1. a link-delayed future completed with CUDA tensors produced on a side stream
+side = torch.cuda.Stream(dev)
+x = torch.ones(1 << 22, device=dev)
+with torch.cuda.stream(side):
+    y = (x * 2).sqrt()
+    src = torch.futures.Future(devices=[dev])
+    src.set_result(y)
+t0 = time.perf_counter()
+v = delayed(src, t0 + 0.05, device=dev).wait()
+held = time.perf_counter() - t0
+if held < 0.05 or not torch.allclose(v, torch.full_like(v, 2**0.5)):
+    bad.append(f"delayed future: held {held * 1e3:.1f} ms, value ok={torch.allclose(v, y)}")
+# 2. exposed wait measured by CUDA events: a known device-side wait after "the last bucket"
+state = GradSyncState(world_size=1, clock=None)
+torch.cuda.synchronize(dev)
+t1 = time.perf_counter()
+state.last_ready = time.perf_counter()
+state.last_ready_event = torch.cuda.Event(enable_timing=True)
+state.last_ready_event.record()
+torch.cuda._sleep(int(50e6))  # tens of ms of device time: the "network" wait
+torch.cuda.synchronize(dev)
+t2 = time.perf_counter()
+wait = state.exposed_wait(t1, t2)
+if wait is None or not 0.005 < wait <= t2 - t1:
+    bad.append(f"exposed wait {wait} not within (5 ms, {t2 - t1:.3f} s]")
+print("; ".join(bad) if bad else f"link future held {held * 1e3:.0f} ms; event wait {wait * 1e3:.1f} ms")
+raise SystemExit(1 if bad else 0)
+PY
+); then echo "PASS cuda pieces: $line"; else echo "FAIL cuda pieces: $line"; fails=$((fails + 1)); fi
+
 worlds=(1)
 if [ "$gpus" -ge 2 ]; then worlds+=(2); else
     echo "SKIP 2-process jobs: one GPU (NCCL needs a device per rank)"; fi

@@ -251,8 +251,9 @@ def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
         families(t)
         promtool_check(t)
     # The figure itself is measured by benchmarks/metrics_load.py (see its results); here, a
-    # guard against a pathological slowdown that still tolerates a noisy shared machine.
-    assert loaded / base < 1.3, (loaded, base)
+    # guard against a pathological slowdown (the old server's was unbounded) that tolerates a
+    # loaded 2-core CI machine, where two short runs' wall-clocks differ by tens of percent.
+    assert loaded / base < 2.0, (loaded, base)
 
 
 # ----- where the exporter listens, and ports checked before a run starts ------------------------

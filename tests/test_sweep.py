@@ -301,13 +301,20 @@ def interrupt_main() -> None:
 def stand_in(phase: str):
     from autok.trials import COMPLETE, FAIL, INTERRUPTED, TrialResult
 
+    once = threading.Event()  # ONE Ctrl-C: with --jobs 2 a second would take the other path
+
+    def interrupt_once() -> None:
+        if not once.is_set():
+            once.set()
+            interrupt_main()
+
     def run_trial(settings, run_dir, report=None, target_accuracy=0.9, should_stop=None, **kw):
         run_dir.mkdir(parents=True, exist_ok=True)
         if phase == "after":  # the run has finished; Ctrl-C comes before the sweep records it
-            interrupt_main()
+            interrupt_once()
             return TrialResult(COMPLETE, str(run_dir), peak_test_accuracy=0.5, wall_seconds=1.0)
         if phase == "during":
-            interrupt_main()
+            interrupt_once()
         deadline = time.monotonic() + 120  # "running" until told to stop, as the real one polls
         while not should_stop():
             assert time.monotonic() < deadline, "the sweep never asked the trial to stop"

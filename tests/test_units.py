@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from trainer.averaging import digest_bits, split_exact
+from trainer.averaging import digest_bits, drift_sq_from, split_exact
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
 from trainer.slowmo import slowmo_update_
@@ -97,7 +97,7 @@ def test_lr_schedule_linear_warmup_then_cosine():
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8, 256, 512])
-@pytest.mark.parametrize("x", [1234.56789012345678, 1e-30, 7.0 / 3.0, 0.0, 3e12])
+@pytest.mark.parametrize("x", [1234.56789012345678, 1.2345678901234567e-15, 7.0 / 3.0, 0.0, 3e12])
 def test_exact_split_survives_a_float32_sum_over_ranks(world, x):
     """Every piece is a float32, the pieces restore x exactly, and N equal contributions summed
     in float32 one by one (as a ring all-reduce does) give exactly N·x (zero drift reads 0)."""
@@ -113,6 +113,17 @@ def test_exact_split_survives_a_float32_sum_over_ranks(world, x):
         totals.append(float(acc))
     assert all(tot == world * p for tot, p in zip(totals, pieces, strict=True))
     assert sum(totals) / world == x
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("s", [1.2345678901234567e-30, 3.3e-35, 0.7, 1e-18])
+def test_agreeing_replicas_read_zero_drift_even_when_pieces_are_subnormal(world, s):
+    """Below float32's normal range the pieces round (so they are not exact), but s and the
+    update norm go through the same rounding: replicas that agree still read exactly 0."""
+    pieces = [float(torch.tensor(p, dtype=torch.float32)) for p in split_exact(s, world)]
+    reduced = [world * p for p in pieces]  # N equal float32 addends sum exactly (see above)
+    assert drift_sq_from(reduced, world, s) == 0.0
+    assert drift_sq_from([world * p * 1.5 for p in pieces], world, s) > 0.0
 
 
 def test_a_hi_lo_split_would_round_in_a_float32_sum():

@@ -14,6 +14,7 @@ profiler and the replica check need, so a boundary costs one latency on a WAN (D
 from __future__ import annotations
 
 import math
+import struct
 import time
 import zlib
 from dataclasses import dataclass
@@ -98,6 +99,22 @@ def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
     return out
 
 
+def _float32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) else x
+
+
+def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float) -> float:
+    """mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||², from the SUM of the ranks'
+    split_exact pieces. update_sq goes through the same float32 pieces, so where s_i equals it
+    (replicas that agree) the difference is exactly 0, also when tiny pieces round to subnormal
+    float32s."""
+    update_q = math.fsum(_float32(p) for p in split_exact(update_sq, world_size))
+    drift_sq = math.fsum(reduced_pieces) / world_size - update_q
+    if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
+        drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
+    return drift_sq
+
+
 def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
     """CRC32 of the raw bytes, cut to `bits` so N of them sum exactly in float32."""
     crc = 0
@@ -150,37 +167,36 @@ class ParameterAverager:
         self.boundaries = 0
         self.fused_sgd = fused_sgd
         self._grads: torch.Tensor | None = None  # g_i of the fused boundary step, captured
-        self._capture = False  # armed for the next optimizer step (a fused boundary)
         self._captured = False
         if fused_sgd is not None:
             group = fused_sgd.param_groups[0]
             if group.get("dampening", 0) != 0:
                 raise ValueError("the fused boundary needs SGD without dampening")
             self._grads = torch.zeros_like(flat)
-            # The gradient must be read BEFORE the step: torch's multi-tensor SGD (foreach, the
-            # default on CUDA) with Nesterov and no weight decay adds μ·buf into p.grad in place.
-            fused_sgd.register_step_pre_hook(self._capture_grads)
 
-    def arm_gradient_capture(self) -> None:
-        """The next optimizer step is a fused boundary's: keep its gradients as they enter it."""
-        self._capture, self._captured = True, False
-
-    def _capture_grads(self, optimizer, args, kwargs) -> None:
-        if not self._capture:
-            return
-        self._capture = False
+    def capture_boundary_grads(self) -> None:
+        """Keep g_i as it enters the fused boundary's optimizer step. Called from an optimizer
+        step pre-hook: the gradient must be read BEFORE the step, since torch's multi-tensor
+        SGD (foreach, the default on CUDA) with Nesterov and no weight decay adds μ·buf into
+        p.grad in place."""
         grads = [
             p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params
         ]
         torch.cat([g.reshape(-1) for g in grads], out=self._grads)
         self._captured = True
 
+    def zero_boundary_grads(self) -> None:
+        """A boundary with no boundary step (sync_now): zero gradients ride along, so the
+        momentum correction ḡ − g_i is zero."""
+        self._grads.zero_()
+        self._captured = True
+
     def _boundary_grads(self) -> list[torch.Tensor]:
-        """g_i as views of one flat tensor: captured before the step, or (a step that did not
-        run, e.g. skipped by GradScaler) the gradients as they are."""
+        """g_i as views of one flat tensor, captured as it entered the boundary's step. A step
+        that did not run on this rank (GradScaler skipped it: its gradient held an inf) carries
+        zeros: it applied no gradient, and an inf must not reach the other ranks."""
         if not self._captured:
-            self._capture = True
-            self._capture_grads(None, (), {})
+            self._grads.zero_()
         self._captured = False
         return self._views(self._grads, self.params)
 
@@ -270,9 +286,7 @@ class ParameterAverager:
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         torch.sub(theta_avg, self.ref, out=self._scratch)
         update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
-        drift_sq = math.fsum(red[:S_PARTS]) / n - update_sq
-        if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
-            drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
+        drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
 
         theta_new = slowmo_update_(
             self.ref,
@@ -352,17 +366,26 @@ class ParameterAverager:
             torch._foreach_copy_([t.detach() for t in tensors], views)
 
     def state_dict(self) -> dict:
-        return {"ref": self.ref, "velocity": self.velocity, "boundaries": self.boundaries}
+        return {
+            "ref": self.ref,
+            "velocity": self.velocity,
+            "boundaries": self.boundaries,
+            "digest": self.last_digest,
+        }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Call after the parameters themselves are loaded: the replica check's digest is
-        recomputed from them, so replicas that resumed from differing files are caught at the
-        first boundary (a digest kept from before the load would describe other weights)."""
+    def load_state_dict(self, state: dict, recompute_digest: bool = True) -> None:
+        """Call after the parameters themselves are loaded. By default the replica check's
+        digest is recomputed from them, so replicas that resumed from differing files are caught
+        at the first boundary (a digest kept from before the load would describe other
+        weights); a state saved between boundaries restores the last boundary's digest."""
         self.ref.copy_(state["ref"])
         if self.velocity is not None and state["velocity"] is not None:
             self.velocity.copy_(state["velocity"])
         self.boundaries = int(state["boundaries"])
-        self.last_digest = param_digest(self.params, self._bits)
+        if recompute_digest or "digest" not in state:
+            self.last_digest = param_digest(self.params, self._bits)
+        else:
+            self.last_digest = int(state["digest"])
 
 
 def reconcile_buffers(

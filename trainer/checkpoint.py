@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 KEEP = 2
+FORMAT = 2  # 2: the engine's state under "sync" (autok.Sync.state_dict()), plain tensors
 
 
 class CheckpointError(RuntimeError):
@@ -67,7 +68,7 @@ def publish(out_dir: Path, epoch: int, world_size: int) -> Path:
     """Rank 0, after every rank has written: manifest, then the directory into place."""
     d = staging_dir(out_dir, epoch)
     files = {f"rank{r}.pt": sha256(d / f"rank{r}.pt") for r in range(world_size)}
-    manifest = {"epoch": epoch, "world_size": world_size, "files": files, "format": 1}
+    manifest = {"epoch": epoch, "world_size": world_size, "files": files, "format": FORMAT}
     with open(d / "manifest.json", "w") as f:
         json.dump(manifest, f, indent=2)
         f.flush()
@@ -121,6 +122,8 @@ def verify(path: Path, world_size: int) -> str | None:
         return f"no readable manifest ({exc.__class__.__name__})"
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         return "malformed manifest (expected an object with a 'files' object)"
+    if manifest.get("format") != FORMAT:
+        return f"written in checkpoint format {manifest.get('format')!r}; this autok reads {FORMAT}"
     if manifest.get("epoch") != epoch:
         return f"manifest says epoch {manifest.get('epoch')!r}, the directory {epoch}"
     written_by = manifest.get("world_size")

@@ -8,7 +8,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from controllers.base import BoundaryStats
+
+
+def params_finite(tensors) -> bool:
+    """Whether every element is finite; one host sync (a norm would overflow past ~1e19)."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
 class Diverged(RuntimeError):

@@ -129,15 +129,21 @@ class _Releaser:
                     continue
                 heapq.heappop(self._heap)
             value, ready = value
-            if isinstance(value, BaseException):
-                fut.set_exception(value)
-                continue
-            if ready is not None:
-                # set_result records the value's readiness on this thread's current stream;
-                # make that stream wait for the collective first (a wait on the device, not
-                # here on the host).
-                torch.cuda.current_stream(ready.device).wait_event(ready)
-            fut.set_result(value)
+            try:
+                if isinstance(value, BaseException):
+                    fut.set_exception(value)
+                    continue
+                if ready is not None:
+                    # set_result records the value's readiness on this thread's current stream;
+                    # make that stream wait for the collective first (a wait on the device, not
+                    # here on the host).
+                    torch.cuda.current_stream(ready.device).wait_event(ready)
+                fut.set_result(value)
+            except BaseException as exc:  # noqa: BLE001 - this thread must outlive any one future
+                # Whoever waits on `fut` gets the error; a dead releaser would hang every
+                # later collective silently.
+                if not fut.done():
+                    fut.set_exception(exc)
 
 
 _releaser: _Releaser | None = None

@@ -1,8 +1,6 @@
-"""The training loop: build, run steps, reconcile at boundaries, report.
-
-Data flow is one way (DESIGN §2): steps run; at a boundary the strategy's collective returns the
-reduced statistics; the controller turns them into a SyncDecision; the loop applies it from the
-next interval and hands stats + decision to the sinks.
+"""The built-in loop that `autok train` runs: data, model, an ordinary PyTorch loop inside
+`sync.step()`, evaluation, epoch records, checkpoints and rollbacks. Everything that concerns
+synchronization is the engine's (trainer/sync.py), reached through its public surface.
 """
 
 from __future__ import annotations
@@ -10,34 +8,33 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from autok.config import TrainConfig
-from controllers import build_controller
-from controllers.base import BoundaryStats
-from trainer.averaging import (
-    IntervalTotals,
-    ParameterAverager,
-    ReplicaMismatch,
-    param_digest,
-    reconcile_buffers,
+from trainer.averaging import ReplicaMismatch, param_digest
+from trainer.checkpoint import (
+    CheckpointError,
+    ckpt_root,
+    latest_valid,
+    load_rank_file,
+    publish,
+    write_rank_file,
 )
-from trainer.checkpoint import latest_valid, load_rank_file, publish, write_rank_file
 from trainer.data import build_splits
-from trainer.divergence import Diverged, DivergenceGuard, Rollback
-from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
-from trainer.link import LinkClock, allreduce_sum_
+from trainer.divergence import Diverged, Rollback, params_finite
+from trainer.link import allreduce_sum_
 from trainer.models import build_model
-from trainer.optim import build_optimizer, build_scheduler, state_tensors
-from trainer.profiler import Clock, EpochTimes, Interval
+from trainer.optim import build_optimizer, build_scheduler
+from trainer.profiler import Clock, EpochTimes
 from trainer.sinks import FileSink, ProgressSink, rewind_outputs, summary_table
-from trainer.strategies import STRATEGIES, fused
+from trainer.sync import Sync
+
+if TYPE_CHECKING:  # the CLI's config is a SyncOptions with the run's settings; no import cycle
+    from autok.config import TrainConfig
 
 
 def seed_everything(seed: int) -> None:
@@ -47,6 +44,10 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
+    """The built-in classification loop: `autok.Sync` (trainer/sync.py) around an ordinary
+    PyTorch loop, plus what a run adds: data, evaluation, epoch records, checkpoints,
+    rollbacks. It uses the engine's public surface only, as a user's loop would."""
+
     def __init__(
         self,
         cfg: TrainConfig,
@@ -60,9 +61,6 @@ class Trainer:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.out_dir = out_dir
         self.device = device or torch.device("cpu")
-        self.strategy = STRATEGIES[cfg.strategy]
-        if cfg.fused_boundary:
-            self.strategy = fused(self.strategy)
         self.now = Clock(self.device)
 
         splits = build_splits(
@@ -77,18 +75,6 @@ class Trainer:
             cfg.model, splits.meta.input_shape, splits.meta.num_classes
         ).to(self.device)
         seed_everything(cfg.seed + 1000 * (rank + 1))
-
-        profile = cfg.link_profile
-        self.clock = None if profile.is_ideal else LinkClock(profile, world_size, cfg.seed)
-        # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
-        # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
-        self.ddp = DistributedDataParallel(
-            self.model,
-            forward_sync_buffers=False,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-        )
-        self.grad_state = GradSyncState(world_size, self.clock)
-        self.ddp.register_comm_hook(self.grad_state, emulated_allreduce_hook)
 
         self.sampler = DistributedSampler(
             splits.train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
@@ -116,35 +102,22 @@ class Trainer:
             warmup_steps=cfg.lr_warmup_epochs * self.steps_per_epoch,
             schedule=cfg.lr_schedule,
         )
-        self.float_buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        self.averager = None
-        if self.strategy.averages_parameters:
-            self.averager = ParameterAverager(
-                [p for p in self.model.parameters()],
-                rank=rank,
-                world_size=world_size,
-                beta=cfg.slowmo_beta,
-                lr_aware=cfg.slowmo_lr_aware,
-                averaged_extras=self._averaged_extras,
-                broadcast_extras=self._broadcast_extras,
-                fused_sgd=self.optimizer if self.strategy.fused_gradients else None,
-            )
-        self.controller = build_controller(cfg.policy, cfg.sync_period, cfg.policy_options())
-        self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
-        self.sync_period = cfg.sync_period  # K after warmup; changes only at boundaries
-        # ddp's loss is rank-local (no averaging collective carries it): the guard judges the
-        # parameters there, which the averaged gradients keep identical on every rank.
-        self.divergence = DivergenceGuard(
-            factor=cfg.divergence_factor, shared_loss=self.averager is not None
+        # The engine: strategy, boundaries, SlowMo, controller, link emulator, guards. Its
+        # observers list is the run's: sinks see boundaries and epochs alike.
+        self.sync = Sync(
+            self.model,
+            self.optimizer,
+            device=self.device,
+            observers=list(observers or []),
+            peak_lr=cfg.lr,
+            options=cfg,
         )
-        self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
+        self.observers = self.sync.observers
         self.total_compute = 0.0  # mean over ranks, summed over epochs
         self.total_exposed = 0.0
         self.history: list[float] = []  # test accuracy per epoch
-        self.carried_sync = 0.0
         self.rollbacks = 0
         self.start_epoch = 0
-        self._pending = None  # a launched averaging not yet applied (overlap)
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
         # Checkpoints are collectives: every rank must take them, so every rank needs the run
         # directory (rank 0 alone writes the run's files). A mismatch would hang, not fail.
@@ -164,23 +137,29 @@ class Trainer:
                     else "autok: no checkpoint yet; starting over",
                     flush=True,
                 )
-        self.observers = list(observers or [])
         if rank == 0 and out_dir is not None:
             self.observers.append(FileSink(out_dir))
             self.observers.append(
                 ProgressSink(cfg.epochs * self.steps_per_epoch, cfg.progress, self.global_step)
             )
 
-    # ----- what rides with the parameters ------------------------------------------------------
+    # ----- the engine's state, read where the run reports it ------------------------------------
 
-    def _averaged_extras(self) -> list[torch.Tensor]:
-        extras = state_tensors(self.optimizer) if self.cfg.sync_optimizer_state else []
-        if self.cfg.buffer_policy == "average":
-            extras = extras + self.float_buffers
-        return extras
+    @property
+    def averager(self):
+        return self.sync.averager
 
-    def _broadcast_extras(self) -> list[torch.Tensor]:
-        return self.float_buffers if self.cfg.buffer_policy == "broadcast" else []
+    @property
+    def float_buffers(self) -> list[torch.Tensor]:
+        return self.sync.float_buffers
+
+    @property
+    def global_step(self) -> int:
+        return self.sync.global_step
+
+    @property
+    def boundary(self) -> int:
+        return self.sync.boundary
 
     # ----- the run -----------------------------------------------------------------------------
 
@@ -191,7 +170,7 @@ class Trainer:
                 fn(*args)
 
     def k_in_force(self, epoch: int) -> int:
-        return 1 if epoch < self.cfg.warmup_epochs else self.sync_period
+        return 1 if epoch < self.cfg.warmup_epochs else self.sync.sync_period
 
     def run(self) -> dict[str, Any] | None:
         """Train to the last epoch and return the summary; None when stopped early on purpose
@@ -220,81 +199,39 @@ class Trainer:
 
     def _train_epoch(self, epoch: int) -> None:
         criterion = nn.CrossEntropyLoss()
+        sync = self.sync
         self.sampler.set_epoch(epoch)
-        self.ddp.train()
+        sync.model.train()
+        sync.warmup, sync.epoch = epoch < self.cfg.warmup_epochs, epoch
         times = EpochTimes()
-        grad_syncs0, param_syncs0 = self.grad_syncs, self.param_syncs
-        # An interval opens when the previous boundary has packed its buffer, so it starts with
-        # that boundary's averaging time; the last step of an epoch is always a boundary.
-        interval = Interval(exposed_sync_seconds=self.carried_sync)
+        grad_syncs0, param_syncs0 = sync.grad_syncs, sync.param_syncs
         epoch_start = step_end = self.now()
+        last = self.steps_per_epoch - 1
         for i, (x, y) in enumerate(self.train_loader):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            k = self.k_in_force(epoch)
-            is_boundary = interval.steps + 1 >= k or i == self.steps_per_epoch - 1
-            self.optimizer.zero_grad(set_to_none=True)
-            self.grad_state.reset()
-
-            t0 = self.now()
-            with self.strategy.backward_context(self.ddp, is_boundary):
-                out = self.ddp(x)
+            # The last step of an epoch is always a boundary: every epoch starts identical.
+            with sync.step(boundary=i == last) as s:
+                self.optimizer.zero_grad(set_to_none=True)
+                out = sync.model(x)
                 loss = criterion(out, y)
-                t1 = self.now()
                 loss.backward()
-            t2 = self.now()
-            wait = self.grad_state.exposed_wait(t1, t2)
-            wait_seen = wait is not None
-            if wait_seen:  # gradient sync ran: split backward compute from the wait
-                backward = t2 - t1 - wait
-                self.grad_syncs += 1
-            else:
-                backward, wait = t2 - t1, 0.0
-            lr = self.scheduler.get_last_lr()[0]
-            if is_boundary and self.strategy.fused_gradients:
-                self.averager.arm_gradient_capture()  # g_i as it enters the step
-            self.optimizer.step()
+                lr = self.optimizer.param_groups[0]["lr"]
+                self.optimizer.step()
+                s.loss = loss
             self.scheduler.step()
-            t3 = self.now()
-            if self._pending is not None:  # an overlapped average arrives one local step later
-                interval.exposed_sync_seconds += self._finish_boundary(times)
-
-            loss_value = loss.item()
-            times.forward_seconds += t1 - t0
-            times.backward_seconds += backward
-            times.optimizer_seconds += t3 - t2
-            times.sync_seconds += wait
-            times.train_loss_sum += loss_value * len(y)
+            step = sync.last_step
+            times.forward_seconds += step.forward_seconds
+            times.backward_seconds += step.backward_seconds
+            times.optimizer_seconds += step.optimizer_seconds
+            times.sync_seconds += step.sync_seconds
+            times.train_loss_sum += loss.item() * len(y)
             times.train_correct += (out.argmax(1) == y).sum().item()
             times.train_seen += len(y)
             times.steps += 1
-            interval.steps += 1
-            interval.loss_sum += loss_value
-            interval.compute_seconds += (t1 - t0) + backward + (t3 - t2)
-            interval.exposed_sync_seconds += wait
-            interval.grad_bytes += self.grad_state.nbytes
-            interval.samples += len(y)
-            interval.grad_syncs += wait_seen
-            if is_boundary:
-                # Overlap after warmup, but never at an epoch's end: epochs start identical.
-                overlap = (
-                    self.cfg.overlap_boundary
-                    and self.averager is not None
-                    and epoch >= self.cfg.warmup_epochs
-                    and i < self.steps_per_epoch - 1
-                )
-                carried = self._boundary(interval, epoch, k, lr, times, overlap)
-                interval = Interval(exposed_sync_seconds=carried)
-            self._emit("on_step", self, is_boundary)
-            self.global_step += 1
+            self._emit("on_step", self, step.is_boundary)
             step_end = self.now()
         times.epoch_seconds = step_end - epoch_start
-        self.carried_sync = interval.exposed_sync_seconds
-
-        if self.averager is None and self.float_buffers and self.cfg.buffer_policy != "local":
-            # ddp has no averaging collective; reconcile buffers where each epoch ends.
-            reconcile_buffers(
-                self.float_buffers, self.cfg.buffer_policy, self.rank, self.world_size, self.clock
-            )
+        sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
         self.history.append(row["test_accuracy"])
@@ -303,28 +240,19 @@ class Trainer:
     # ----- checkpoints, resume, rollback -------------------------------------------------------
 
     def state_dict(self, epoch: int) -> dict[str, Any]:
-        """Everything needed to continue exactly after `epoch` (this rank's part)."""
+        """Everything needed to continue exactly after `epoch` (this rank's part). Plain
+        tensors, numbers and lists: it loads with torch.load(weights_only=True)."""
         return {
             "epoch": epoch,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "averager": self.averager.state_dict() if self.averager else None,
-            "controller": self.controller.state_dict(),
-            "divergence": self.divergence.state_dict(),
-            "link": self.clock.state_dict() if self.clock else None,
+            "sync": self.sync.state_dict(),
             "rng": rng_state(self.device),
             "trainer": {
-                "sync_period": self.sync_period,
-                "global_step": self.global_step,
-                "boundary": self.boundary,
-                "grad_syncs": self.grad_syncs,
-                "param_syncs": self.param_syncs,
                 "total_compute": self.total_compute,
                 "total_exposed": self.total_exposed,
-                "k_path": self.k_path,
                 "history": self.history,
-                "carried_sync": self.carried_sync,
                 "wall_seconds": self.wall_before + time.perf_counter() - self.wall0,
                 "rollbacks": self.rollbacks,
             },
@@ -334,21 +262,11 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.averager is not None:
-            self.averager.load_state_dict(state["averager"])
-        self.controller.load_state_dict(state["controller"])
-        self.divergence.load_state_dict(state["divergence"])
-        if self.clock is not None and state["link"] is not None:
-            self.clock.load_state_dict(state["link"])
+        self.sync.load_state_dict(state["sync"])  # after the model: it digests the weights
         set_rng_state(state["rng"])
         t = state["trainer"]
-        self.sync_period = t["sync_period"]
-        self.global_step, self.boundary = t["global_step"], t["boundary"]
-        self.grad_syncs, self.param_syncs = t["grad_syncs"], t["param_syncs"]
         self.total_compute, self.total_exposed = t["total_compute"], t["total_exposed"]
-        self.k_path = {int(k): v for k, v in t["k_path"].items()}
         self.history = list(t["history"])
-        self.carried_sync = t["carried_sync"]
         self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
         self.rollbacks = t["rollbacks"]
         self.start_epoch = state["epoch"] + 1
@@ -356,29 +274,49 @@ class Trainer:
     def save_checkpoint(self, epoch: int) -> bool:
         """Collective: every rank writes its part. Skipped, keeping the last good checkpoint,
         when any rank holds non-finite weights."""
-        bad = sum(int(not torch.isfinite(p).all()) for p in self.model.parameters())
+        bad = 0 if params_finite(list(self.model.parameters())) else 1
         flag = torch.tensor([float(bad)], dtype=torch.float64, device=self.device)
-        allreduce_sum_(flag, self.clock)
+        allreduce_sum_(flag, self.sync.clock)
         if flag.item() > 0:
             if self.rank == 0:
                 print(f"autok: not checkpointing epoch {epoch}: non-finite weights", flush=True)
             return False
         write_rank_file(self.out_dir, epoch, self.rank, self.state_dict(epoch))
-        allreduce_sum_(torch.zeros(1, dtype=torch.float64, device=self.device), self.clock)
+        allreduce_sum_(torch.zeros(1, dtype=torch.float64, device=self.device), self.sync.clock)
         if self.rank == 0:
             publish(self.out_dir, epoch, self.world_size)
         return True
 
     def restore_latest(self) -> int:
-        """Load the newest valid checkpoint (refusing corrupt ones); return its epoch or -1."""
-        found = latest_valid(self.out_dir, self.world_size)
+        """Load the newest valid checkpoint (refusing corrupt ones); return its epoch or -1.
+        Collective: rank 0 verifies and chooses, every rank loads that epoch's file of its own,
+        so no rank-local failure can make ranks resume from different epochs."""
+        found = latest_valid(self.out_dir, self.world_size) if self.rank == 0 else None
+        choice = torch.tensor([found.epoch + 1.0 if found else 0.0], dtype=torch.float64)
+        choice = choice.to(self.device)
+        allreduce_sum_(choice, None)  # rank 0's choice, everywhere
+        epoch = int(choice.item()) - 1
         if self.rank == 0:
             for name, why in found.refused:
                 print(f"autok: checkpoint {name} refused: {why}", flush=True)
-        if found.path is None:
+        if epoch < 0:
             return -1
-        self.load_state(load_rank_file(found.path, self.rank))
-        return found.epoch
+        try:
+            state, why = (
+                load_rank_file(ckpt_root(self.out_dir) / f"epoch-{epoch:04d}", self.rank),
+                "",
+            )
+        except Exception as exc:  # this rank's file: unreadable here (I/O, memory)
+            state, why = None, f"{type(exc).__name__}: {exc}"
+        failed = torch.tensor([float(state is None)], dtype=torch.float64).to(self.device)
+        allreduce_sum_(failed, None)
+        if failed.item() > 0:
+            raise CheckpointError(
+                f"checkpoint epoch-{epoch:04d} could not be loaded on {int(failed.item())} "
+                f"rank(s){': ' + why[:200] if why else ''}"
+            )
+        self.load_state(state)
+        return epoch
 
     def _roll_back(self, rb: Rollback) -> int:
         """Divergence with --on-divergence rollback: the last good checkpoint, K halved."""
@@ -395,120 +333,19 @@ class Trainer:
                 "(set --checkpoint-every)"
             )
         self.rollbacks = rollbacks
-        self.sync_period = max(1, rb.sync_period // 2)
-        rollback = getattr(self.controller, "rollback", None)
+        self.sync.sync_period = max(1, rb.sync_period // 2)
+        rollback = getattr(self.sync.controller, "rollback", None)
         if rollback is not None:
-            rollback(self.sync_period)
+            rollback(self.sync.sync_period)
         self._emit("on_rewind", epoch)
         if self.rank == 0:
             print(
                 f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
-                f"K -> {self.sync_period} (rollback {self.rollbacks} of "
+                f"K -> {self.sync.sync_period} (rollback {self.rollbacks} of "
                 f"{self.cfg.max_rollbacks})",
                 flush=True,
             )
         return epoch + 1
-
-    def _boundary(
-        self,
-        interval: Interval,
-        epoch: int,
-        k: int,
-        lr: float,
-        times: EpochTimes,
-        overlap: bool = False,
-    ) -> float:
-        """Close the interval; return this rank's averaging wall time (counted in the next one).
-        With `overlap` the averaging only starts here; _finish_boundary() completes it."""
-        if self.strategy.fused_gradients:  # its gradient AllReduce rides in the averaging
-            self.grad_syncs += 1
-            interval.grad_syncs += 1
-        common = dict(
-            boundary=self.boundary,
-            global_step=self.global_step,
-            epoch=epoch,
-            sync_period=k,
-            interval_steps=interval.steps,
-            lr=lr,
-            warmup=epoch < self.cfg.warmup_epochs,
-            # DistributedSampler gives every rank equally many samples per step.
-            samples=interval.samples * self.world_size,
-            grad_syncs=interval.grad_syncs,
-            param_syncs=int(self.averager is not None),
-        )
-        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        if self.averager is None:
-            # ddp: replicas never drift; there is no averaging collective to carry reduced
-            # scalars, so a ddp record holds this rank's own timing and loss. The guard judges
-            # the parameters, which the averaged gradients keep identical on every rank.
-            params = [p.detach() for p in self.model.parameters()]
-            finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all())
-            stats = BoundaryStats(
-                **common,
-                compute_seconds=interval.compute_seconds,
-                exposed_sync_seconds=interval.exposed_sync_seconds,
-                drift_norm=0.0,
-                update_norm=0.0,
-                drift_ratio=0.0,
-                train_loss=interval.loss_sum / interval.steps,
-                bytes_communicated=interval.grad_bytes,
-            )
-            self._close_boundary(stats, k, interval.steps, params_finite=finite)
-            return 0.0
-        totals = IntervalTotals(
-            interval.loss_sum,
-            interval.steps,
-            interval.compute_seconds,
-            interval.exposed_sync_seconds,
-        )
-        pending = self.averager.start(totals, lr, self.clock, overlap=overlap)
-        self.param_syncs += 1
-        times.sync_seconds += pending.seconds
-        self._pending = (pending, common, interval.grad_bytes, k, interval.steps)
-        if overlap:
-            return pending.seconds
-        return pending.seconds + self._finish_boundary(times)
-
-    def _finish_boundary(self, times: EpochTimes) -> float:
-        """Complete the launched averaging; return the seconds this rank spent waiting for it
-        and applying it."""
-        pending, common, grad_bytes, k, steps = self._pending
-        self._pending = None
-        rec = self.averager.finish(pending)
-        finish_seconds = rec.wall_seconds - pending.seconds
-        times.sync_seconds += finish_seconds
-        stats = BoundaryStats(
-            **common,
-            compute_seconds=rec.compute_seconds,
-            exposed_sync_seconds=rec.exposed_sync_seconds,
-            drift_norm=rec.drift_norm,
-            update_norm=rec.update_norm,
-            drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
-            train_loss=rec.train_loss,
-            bytes_communicated=grad_bytes + rec.nbytes,
-        )
-        self._close_boundary(stats, k, steps)
-        return finish_seconds
-
-    def _close_boundary(
-        self, stats: BoundaryStats, k: int, steps: int, params_finite: bool = True
-    ) -> None:
-        """Judge, decide, report: the guard, the K path, the controller, the sinks."""
-        if why := self.divergence.check(stats, params_finite):
-            if self.cfg.on_divergence == "rollback":
-                raise Rollback(why, self.sync_period)
-            raise Diverged(
-                f"training diverged: {why}; lower --lr or --slowmo-beta, or use "
-                "--on-divergence rollback with --checkpoint-every"
-            )
-        at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
-        at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
-        at_k["boundaries"] += 1
-        at_k["steps"] += steps
-        decision = self.controller.observe(stats)
-        self.sync_period = decision.next_sync_period
-        self._emit("on_boundary", stats, decision)
-        self.boundary += 1
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -528,7 +365,7 @@ class Trainer:
         digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
         local = [correct, total, digest, digest if self.rank == 0 else 0.0, *times.values()]
         buf = torch.tensor(local, dtype=torch.float64, device=self.device)
-        allreduce_sum_(buf, self.clock)
+        allreduce_sum_(buf, self.sync.clock)
         red = buf.tolist()
         n = self.world_size
         if red[2] != n * red[3]:
@@ -551,8 +388,8 @@ class Trainer:
             "sync_seconds": t["sync_seconds"],
             # Optimizer step, data loading and bookkeeping.
             "overhead_seconds": overhead,
-            "grad_syncs": self.grad_syncs - grad_syncs0,
-            "param_syncs": self.param_syncs - param_syncs0,
+            "grad_syncs": self.sync.grad_syncs - grad_syncs0,
+            "param_syncs": self.sync.param_syncs - param_syncs0,
             "sync_period": self.k_in_force(epoch),
             "lr": times_lr,
         }
@@ -562,7 +399,7 @@ class Trainer:
         # One slot per rank: each writes its own digest, the SUM gathers them (exact in float64).
         slots = torch.zeros(n, dtype=torch.float64, device=self.device)
         slots[self.rank] = param_digest(list(self.model.parameters()), 32)
-        allreduce_sum_(slots, self.clock)
+        allreduce_sum_(slots, self.sync.clock)
         return {
             "strategy": self.cfg.strategy,
             "policy": self.cfg.policy,
@@ -572,11 +409,11 @@ class Trainer:
             "wall_seconds": wall,
             "compute_seconds": self.total_compute,
             "exposed_sync_seconds": self.total_exposed,
-            "boundaries": self.boundary,
-            "grad_syncs": self.grad_syncs,
-            "param_syncs": self.param_syncs,
-            "final_sync_period": self.sync_period,
-            "k_path": [{"sync_period": k, **v} for k, v in self.k_path.items()],
+            "boundaries": self.sync.boundary,
+            "grad_syncs": self.sync.grad_syncs,
+            "param_syncs": self.sync.param_syncs,
+            "final_sync_period": self.sync.sync_period,
+            "k_path": [{"sync_period": k, **v} for k, v in self.sync.k_path.items()],
             "param_digest_per_rank": [int(v) for v in slots.tolist()],
             "link": self.cfg.link_profile.name,
             "out_dir": str(self.out_dir) if self.out_dir else "",

@@ -154,6 +154,32 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def boundary_record(stats: BoundaryStats, decision: SyncDecision) -> dict[str, Any]:
+    """One line of boundaries.jsonl (DESIGN §5): the fields of §3 and the decision."""
+    record = stats.as_dict()
+    for key in ("warmup", "samples", "grad_syncs", "param_syncs"):
+        record.pop(key)
+    record["next_sync_period"] = decision.next_sync_period
+    record["reason"] = decision.reason
+    return record
+
+
+class BoundaryLog:
+    """boundaries.jsonl alone, for a user's own loop (autok.Sync(out_dir=...)): appended and
+    flushed per boundary, so a crash keeps what was done."""
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
+
+    def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        self._jsonl.write(json.dumps(boundary_record(stats, decision)) + "\n")
+        self._jsonl.flush()
+
+    def close(self) -> None:
+        self._jsonl.close()
+
+
 class FileSink:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
@@ -179,12 +205,7 @@ class FileSink:
     def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
         start = stats.global_step - stats.interval_steps + 1  # K held from the interval's start
         self._path.append((start, stats.sync_period, stats.lr))
-        record = stats.as_dict()
-        for key in ("warmup", "samples", "grad_syncs", "param_syncs"):
-            record.pop(key)
-        record["next_sync_period"] = decision.next_sync_period
-        record["reason"] = decision.reason
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write(json.dumps(boundary_record(stats, decision)) + "\n")
 
     def on_epoch(self, row: dict[str, Any]) -> None:
         self._csv.writerow({k: row[k] for k in EPOCH_COLUMNS})

@@ -1,0 +1,72 @@
+"""The public API: `autok.Sync` in your own training loop (DESIGN §7).
+
+    import autok   # inside an initialized process group (torchrun, or autok's launcher)
+
+    sync = autok.Sync(model, optimizer, strategy="cpdp", sync_period=4, policy="exposed-sync",
+                      link="wan", metrics_port=0, out_dir=None)
+    for epoch in range(epochs):
+        for x, y in loader:
+            with sync.step() as s:           # local step or boundary; no_sync on local steps
+                loss = loss_fn(sync.model(x), y)
+                loss.backward()
+                scaler.step(optimizer)       # or optimizer.step()
+                scaler.update(); optimizer.zero_grad()
+                s.loss = loss                # optional; a tensor is fine
+            scheduler.step()
+        sync.sync_now()                      # a boundary now: replicas identical
+    torch.save({"sync": sync.state_dict(), ...}, path)
+    sync.close()                             # final boundary, metrics server stopped
+
+Every option is the `autok train` flag of the same name and default (`sync_period` is
+--sync-period); a bad one raises `autok.OptionError` (a ValueError) whose one line names it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from autok.config import SyncSettings
+from trainer.options import OptionError, sync_options
+from trainer.sinks import BoundaryLog
+from trainer.sync import StepHandle, StepTimes
+from trainer.sync import Sync as _Engine
+
+__all__ = ["OptionError", "StepHandle", "StepTimes", "Sync"]
+
+
+class Sync(_Engine):
+    """The engine (trainer/sync.py) with the service around it: `out_dir` gets rank 0's
+    boundaries.jsonl, `metrics_port` starts the Prometheus exporter (as `autok train` does)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        out_dir: str | Path | None = None,
+        device: torch.device | None = None,
+        observers: list[Any] | None = None,
+        peak_lr: float | None = None,
+        **options: Any,
+    ) -> None:
+        settings = sync_options(SyncSettings, **options)
+        super().__init__(
+            model,
+            optimizer,
+            device=device,
+            observers=observers,
+            peak_lr=peak_lr,
+            options=settings,
+        )
+        from autok.launch import start_exporter  # the same exporter `autok train` starts
+
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        if self.rank == 0 and self.out_dir is not None:
+            self.observers.append(BoundaryLog(self.out_dir))
+        exporter = start_exporter(settings, self.rank, str(self.out_dir or "run"))
+        if exporter is not None:
+            self.observers.append(exporter)

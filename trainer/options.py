@@ -1,0 +1,165 @@
+"""The engine's typed options: every setting of `Sync` (trainer/sync.py) that concerns
+synchronization. The CLI's TrainConfig composes them (it inherits these fields), so each option has
+the name and default of its `autok train` flag, and the same one-line errors.
+
+Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controllers import REGISTRY as POLICIES
+from controllers import PolicyOptions
+from trainer.link import PROFILES, LinkProfile, resolve_profile
+
+STRATEGIES = ("ddp", "localsgd", "cpdp")
+SEED_MAX = 2**32 - 1
+K_MAX = 2**20
+COUNT_MAX = 1_000_000  # epochs, windows, cooldowns, restarts: beyond any run
+_K_REASON = "K beyond 2^20 steps is never reached: epoch ends synchronize anyway"
+
+# Bounds of the settings whose extremes crash, hang or exhaust the machine mid-run: the reason
+# is printed with the refusal (lower bound "ge", upper bound "le"). Every float must be finite.
+LIMIT_REASONS: dict[tuple[str, str], str] = {
+    ("seed", "ge"): f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
+    ("seed", "le"): f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
+    ("qsr_alpha", "le"): "(alpha/lr)^2 would overflow; K is capped by --max-sync-period anyway",
+    ("link_rtt_ms", "le"): "a minute per round trip; no link to emulate is slower",
+    ("link_jitter_ms", "le"): "a minute of jitter per collective; no link to emulate is slower",
+    ("link_bandwidth_gbps", "ge"): "below 1 kbit/s one collective would take hours",
+    ("sync_period", "le"): _K_REASON,
+    ("max_sync_period", "le"): _K_REASON,
+    ("qsr_base", "le"): _K_REASON,
+}
+
+
+class OptionError(ValueError):
+    """A bad setting; the message starts with the flag (option) to change."""
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def describe(exc: ValidationError) -> str:
+    """The first error as one line that starts with the flag to change (and, for a bound, why)."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ())]
+    msg = " ".join(str(err.get("msg", "invalid")).split())
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if msg.startswith("--"):
+        return msg
+    if err.get("type") == "extra_forbidden":
+        return f"{flag(loc[0])[:60]}: unknown setting (check the name in your --config file)"
+    field = loc[0] if loc else "config"
+    got = repr(err.get("input"))
+    got = got if len(got) <= 60 else got[:57] + "..."
+    line = f"{flag(field)}: {msg.lower()} (got {got})"
+    side = {
+        "less_than_equal": "le",
+        "less_than": "le",
+        "greater_than_equal": "ge",
+        "greater_than": "ge",
+    }.get(str(err.get("type")))
+    if reason := LIMIT_REASONS.get((field, side or "")):
+        line += f": {reason}"
+    return line
+
+
+class SyncOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
+
+    # --- strategy and boundary
+    strategy: Literal["ddp", "localsgd", "cpdp"] = "cpdp"
+    sync_period: int | None = Field(
+        None,
+        ge=1,
+        le=K_MAX,
+        description="K: optimizer steps between boundaries; default 4 (1 on ddp)",
+    )
+    policy: str = "fixed"
+    slowmo_beta: float | None = Field(
+        None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
+    )
+    slowmo_lr_aware: bool = False
+    sync_optimizer_state: bool = False
+    buffer_policy: Literal["average", "broadcast", "local"] = "average"
+    boundary: Literal["auto", "fused", "two-phase"] = "auto"
+    overlap_boundary: bool = False
+    # --- K policy options (see controllers/)
+    target_sync_share: float = Field(0.2, gt=0.0, lt=1.0)
+    max_sync_period: int = Field(64, ge=1, le=K_MAX)
+    sync_window: int = Field(4, ge=1, le=COUNT_MAX, description="boundaries per controller window")
+    k_growth: int = Field(2, ge=2, le=1024)
+    drift_limit: float = Field(3.0, gt=1.0)
+    loss_rise: float = Field(0.1, gt=0.0)
+    guard_cooldown: int = Field(32, ge=1, le=COUNT_MAX)
+    k_lowering: bool = False
+    qsr_base: int | None = Field(None, ge=1, le=K_MAX)
+    qsr_alpha: float | None = Field(None, gt=0.0, le=1e6)
+    # --- link emulator
+    link: str = "wan"
+    link_rtt_ms: float | None = Field(None, ge=0.0, le=60_000.0)
+    link_bandwidth_gbps: float | None = Field(None, ge=1e-6)
+    link_jitter_ms: float | None = Field(None, ge=0.0, le=60_000.0)
+    seed: int = Field(42, ge=0, le=SEED_MAX)
+    # --- divergence guard
+    on_divergence: Literal["stop", "rollback"] = "stop"
+    divergence_factor: float = Field(4.0, gt=1.0)
+
+    @model_validator(mode="after")
+    def _sync_cross_field(self) -> SyncOptions:
+        if self.link not in PROFILES:
+            raise ValueError(f"--link: unknown {self.link!r}; choose from {list(PROFILES)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy: unknown {self.policy!r}; choose from {sorted(POLICIES)}")
+        if self.sync_period is None:
+            self.sync_period = 1 if self.strategy == "ddp" else 4
+        if self.slowmo_beta is None:
+            self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
+        if self.strategy == "ddp":
+            if self.sync_period != 1:
+                raise ValueError("--sync-period: ddp synchronizes every step; use 1 (or cpdp)")
+            if self.slowmo_beta != 0.0:
+                raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
+            if self.policy != "fixed":
+                raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.boundary == "fused" and self.strategy != "cpdp":
+            raise ValueError("--boundary: fused is a cpdp boundary; use two-phase or auto")
+        if self.overlap_boundary and self.strategy == "ddp":
+            raise ValueError("--overlap-boundary: ddp has no parameter averaging to overlap")
+        if self.overlap_boundary and self.boundary == "fused":
+            raise ValueError(
+                "--overlap-boundary: needs --boundary two-phase (or auto): the "
+                "fused boundary's momentum correction cannot arrive a step late"
+            )
+        if self.max_sync_period < self.sync_period:
+            raise ValueError(
+                f"--max-sync-period: {self.max_sync_period} is below --sync-period "
+                f"{self.sync_period}"
+            )
+        return self
+
+    def policy_options(self, peak_lr: float) -> PolicyOptions:
+        """Every PolicyOptions field is the setting of the same name; the peak LR is given."""
+        names = [f.name for f in dataclasses.fields(PolicyOptions) if f.name != "peak_lr"]
+        return PolicyOptions(peak_lr=peak_lr, **{n: getattr(self, n) for n in names})
+
+    @property
+    def link_profile(self) -> LinkProfile:
+        return resolve_profile(
+            self.link, self.link_rtt_ms, self.link_bandwidth_gbps, self.link_jitter_ms
+        )
+
+
+def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions:
+    """Validated options, or an OptionError whose one line names the option to change."""
+    try:
+        return cls(**options)
+    except ValidationError as exc:
+        raise OptionError(describe(exc)) from None

@@ -1,0 +1,496 @@
+"""`Sync`: CPDP in any training loop (DESIGN §7). The engine; the built-in loop is one client.
+
+    sync = Sync(model, optimizer, strategy="cpdp", sync_period=4, policy="exposed-sync")
+    for x, y in loader:
+        with sync.step() as s:        # local step or boundary; no_sync() on local steps
+            loss = loss_fn(sync.model(x), y)
+            loss.backward()
+            optimizer.step()          # or scaler.step(optimizer)
+            optimizer.zero_grad()
+            s.loss = loss             # optional; a tensor is fine (no host sync per step)
+    sync.sync_now()                   # a boundary now: replicas identical
+    sync.close()
+
+One `sync.step()` is one optimizer step for K, whatever happens inside it (GradScaler may skip
+the update): every rank counts the same steps, so ranks always agree on where boundaries are
+(pytorch#76282). The step's clock points come from hooks, so the loop stays the user's: a
+forward hook on the model (end of forward), an optimizer step pre-hook (end of backward: the
+exposed gradient wait is measured there, and a fused boundary captures g_i) and post-hook.
+
+Data flow is one way (DESIGN §2): at a boundary the strategy's collective returns the reduced
+statistics; the controller turns them into a SyncDecision; the engine applies it from the next
+interval and hands stats + decision to the observers (sinks, exporters, user callbacks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from controllers import build_controller
+from controllers.base import BoundaryStats, SyncDecision
+from trainer.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
+from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finite
+from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
+from trainer.link import LinkClock
+from trainer.optim import state_tensors
+from trainer.options import OptionError, SyncOptions, flag, sync_options
+from trainer.profiler import Clock, Interval
+from trainer.strategies import STRATEGIES, fused
+
+
+@dataclass
+class StepTimes:
+    """One `sync.step()` on this rank, for a loop's own accounting (seconds)."""
+
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0  # backward compute; the wait for gradient buckets is sync
+    optimizer_seconds: float = 0.0
+    sync_seconds: float = 0.0  # exposed: gradient wait + this step's share of averaging
+    is_boundary: bool = False
+    grad_synced: bool = False
+
+
+class StepHandle:
+    """What `with sync.step() as s` gives the loop body."""
+
+    def __init__(self, is_boundary: bool) -> None:
+        self.is_boundary = is_boundary
+        self.loss: torch.Tensor | float | None = None
+
+
+def fused_boundary_is_exact(strategy: str, optimizer: torch.optim.Optimizer) -> bool:
+    """The one-collective cpdp boundary is exact for SGD without dampening (linear in g)."""
+    return (
+        strategy == "cpdp"
+        and type(optimizer) is torch.optim.SGD
+        and all(g.get("dampening", 0) == 0 for g in optimizer.param_groups)
+    )
+
+
+class Sync:
+    """The engine in a user's loop. Needs an initialized process group."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        device: torch.device | None = None,
+        observers: list[Any] | None = None,
+        peak_lr: float | None = None,
+        options: SyncOptions | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """`kwargs` are the options (the sync flags of `autok train`, same names and defaults),
+        validated here; or pass `options`, already validated (e.g. the CLI's TrainConfig)."""
+        if options is not None and kwargs:
+            raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
+        opts = options if options is not None else sync_options(**kwargs)
+        exact = fused_boundary_is_exact(opts.strategy, optimizer)
+        if opts.boundary == "fused" and not exact:
+            raise OptionError(
+                "--boundary: fused is exact only for cpdp with torch.optim.SGD without "
+                "dampening (AdamW is not linear in the gradient); use two-phase or auto"
+            )
+        if not dist.is_available() or not dist.is_initialized():
+            raise OptionError(
+                "autok.Sync needs an initialized process group (torchrun, or "
+                "torch.distributed.init_process_group)"
+            )
+        self.options: SyncOptions = opts
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = device or next(model.parameters()).device
+        self.optimizer = optimizer
+        self.module = model
+        self.strategy = STRATEGIES[opts.strategy]
+        use_fused = opts.boundary == "fused" or (
+            opts.boundary == "auto" and exact and not opts.overlap_boundary
+        )
+        if use_fused:
+            self.strategy = fused(self.strategy)
+        self.now = Clock(self.device)
+
+        profile = opts.link_profile
+        self.clock = None if profile.is_ideal else LinkClock(profile, self.world_size, opts.seed)
+        # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
+        # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
+        self.model = DistributedDataParallel(
+            model,
+            forward_sync_buffers=False,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+        )
+        self.grad_state = GradSyncState(self.world_size, self.clock)
+        self.model.register_comm_hook(self.grad_state, emulated_allreduce_hook)
+        self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.averager: ParameterAverager | None = None
+        if self.strategy.averages_parameters:
+            self.averager = ParameterAverager(
+                list(model.parameters()),
+                rank=self.rank,
+                world_size=self.world_size,
+                beta=opts.slowmo_beta,
+                lr_aware=opts.slowmo_lr_aware,
+                averaged_extras=self._averaged_extras,
+                broadcast_extras=self._broadcast_extras,
+                fused_sgd=optimizer if self.strategy.fused_gradients else None,
+            )
+        if peak_lr is None:
+            peak_lr = max(g["lr"] for g in optimizer.param_groups)
+        self.controller = build_controller(
+            opts.policy, opts.sync_period, opts.policy_options(peak_lr)
+        )
+        # ddp's loss is rank-local (no averaging collective carries it): the guard judges the
+        # parameters there, which the averaged gradients keep identical on every rank.
+        self.divergence = DivergenceGuard(
+            factor=opts.divergence_factor, shared_loss=self.averager is not None
+        )
+        self.observers: list[Any] = list(observers or [])
+        self.sync_period = opts.sync_period  # K after warmup; changes only at boundaries
+        self.warmup = False  # K is 1 while True (the built-in loop's warmup epochs)
+        self.epoch = 0  # recorded in BoundaryStats; the loop sets it
+        self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
+        self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
+        self.last_boundary: BoundaryStats | None = None
+        self.last_decision: SyncDecision | None = None
+        self.last_step = StepTimes()
+        self._interval = Interval()
+        self._loss_sum: torch.Tensor | float = 0.0
+        self._pending = None  # a launched averaging not yet applied (overlap)
+        self._in_step: _StepState | None = None
+        model.register_forward_hook(self._after_forward)
+        optimizer.register_step_pre_hook(self._before_optimizer_step)
+        optimizer.register_step_post_hook(self._after_optimizer_step)
+
+    # ----- what rides with the parameters ------------------------------------------------------
+
+    def _averaged_extras(self) -> list[torch.Tensor]:
+        extras = state_tensors(self.optimizer) if self.options.sync_optimizer_state else []
+        if self.options.buffer_policy == "average":
+            extras = extras + self.float_buffers
+        return extras
+
+    def _broadcast_extras(self) -> list[torch.Tensor]:
+        return self.float_buffers if self.options.buffer_policy == "broadcast" else []
+
+    # ----- the step ----------------------------------------------------------------------------
+
+    @property
+    def k_in_force(self) -> int:
+        return 1 if self.warmup else self.sync_period
+
+    @contextmanager
+    def step(self, boundary: bool = False) -> Iterator[StepHandle]:
+        """One optimizer step of the loop. `boundary=True` makes it a boundary whatever K says
+        (the built-in loop does so at each epoch's last step, so epochs start identical)."""
+        if self._in_step is not None:
+            raise RuntimeError("sync.step() is already open: one optimizer step at a time")
+        is_boundary = boundary or self._interval.steps + 1 >= self.k_in_force
+        handle = StepHandle(is_boundary)
+        state = self._in_step = _StepState(is_boundary, last_of_epoch=boundary)
+        self.grad_state.reset()
+        ctx = self.strategy.backward_context(self.model, is_boundary)
+        state.t0 = state.fwd_start = self.now()
+        try:
+            with ctx:
+                yield handle
+        except BaseException:
+            self._in_step = None
+            raise
+        self._in_step = None
+        self._close_step(state, handle)
+
+    def _after_forward(self, module, args, output) -> None:
+        state = self._in_step
+        if state is not None and state.t2 is None:
+            t = self.now()
+            state.forward += t - state.fwd_start
+            state.fwd_start = state.t1 = t  # a further forward (accumulation) starts here
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+                self._interval.samples += args[0].shape[0]  # for samples/s in the records
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        state = self._in_step
+        if state is None or state.t2 is not None:
+            return
+        state.t2 = self.now()
+        state.lr = optimizer.param_groups[0]["lr"]
+        if state.is_boundary and self.strategy.fused_gradients:
+            self.averager.capture_boundary_grads()  # g_i as it enters the step
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        state = self._in_step
+        if state is not None and state.t3 is None and state.t2 is not None:
+            state.t3 = self.now()
+
+    def _close_step(self, state: _StepState, handle: StepHandle) -> None:
+        end = self.now()
+        t1 = state.t1 if state.t1 is not None else state.t0
+        t2 = state.t2 if state.t2 is not None else end  # GradScaler skipped the step
+        t3 = state.t3 if state.t3 is not None else t2
+        if state.lr is None:
+            state.lr = self.optimizer.param_groups[0]["lr"]
+        wait = self.grad_state.exposed_wait(t1, t2)
+        grad_synced = wait is not None
+        backward = t2 - t1 - (wait or 0.0)
+        wait = wait or 0.0
+        if grad_synced:
+            self.grad_syncs += 1
+        times = StepTimes(
+            forward_seconds=state.forward,
+            backward_seconds=backward,
+            optimizer_seconds=t3 - t2,
+            sync_seconds=wait,
+            is_boundary=state.is_boundary,
+            grad_synced=grad_synced,
+        )
+        self.last_step = times
+        interval = self._interval
+        if self._pending is not None:  # an overlapped average arrives one local step later
+            interval.exposed_sync_seconds += self._finish_boundary(times)
+        loss = handle.loss
+        if loss is not None:
+            # float64 on the device: summed without a host sync per step
+            loss = loss.detach().double() if isinstance(loss, torch.Tensor) else float(loss)
+            self._loss_sum = self._loss_sum + loss
+        interval.steps += 1
+        interval.compute_seconds += state.forward + backward + (t3 - t2)
+        interval.exposed_sync_seconds += wait
+        interval.grad_bytes += self.grad_state.nbytes
+        interval.grad_syncs += grad_synced
+        if state.is_boundary:
+            # Overlap after warmup, but never at a forced (epoch-end) boundary.
+            overlap = (
+                self.options.overlap_boundary
+                and self.averager is not None
+                and not self.warmup
+                and not state.last_of_epoch
+            )
+            k = 1 if self.warmup else self.sync_period
+            carried = self._boundary(interval, k, state.lr, times, overlap)
+            self._interval = Interval(exposed_sync_seconds=carried)
+            self._loss_sum = 0.0
+        self.global_step += 1
+
+    # ----- boundaries --------------------------------------------------------------------------
+
+    def _boundary(
+        self,
+        interval: Interval,
+        k: int,
+        lr: float,
+        times: StepTimes,
+        overlap: bool = False,
+        boundary_step: bool = True,
+    ) -> float:
+        """Close the interval; return this rank's averaging wall time (counted in the next one).
+        With `overlap` the averaging only starts here; _finish_boundary() completes it.
+        `boundary_step` is False for sync_now(): no step's gradients ride along."""
+        if self.strategy.fused_gradients and boundary_step:
+            # the fused boundary's gradient AllReduce rides in the averaging
+            self.grad_syncs += 1
+            interval.grad_syncs += 1
+        loss_sum = float(self._loss_sum)  # one host sync per boundary, not per step
+        common = dict(
+            boundary=self.boundary,
+            global_step=self.global_step,
+            epoch=self.epoch,
+            sync_period=k,
+            interval_steps=interval.steps,
+            lr=lr,
+            warmup=self.warmup,
+            # DistributedSampler gives every rank equally many samples per step.
+            samples=interval.samples * self.world_size,
+            grad_syncs=interval.grad_syncs,
+            param_syncs=int(self.averager is not None),
+        )
+        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
+        if self.averager is None:
+            # ddp: replicas never drift; there is no averaging collective to carry reduced
+            # scalars, so a ddp record holds this rank's own timing and loss. The guard judges
+            # the parameters, which the averaged gradients keep identical on every rank.
+            finite = params_finite([p.detach() for p in self.module.parameters()])
+            stats = BoundaryStats(
+                **common,
+                compute_seconds=interval.compute_seconds,
+                exposed_sync_seconds=interval.exposed_sync_seconds,
+                drift_norm=0.0,
+                update_norm=0.0,
+                drift_ratio=0.0,
+                train_loss=loss_sum / interval.steps,
+                bytes_communicated=interval.grad_bytes,
+            )
+            self._close_boundary(stats, k, interval.steps, params_finite=finite)
+            return 0.0
+        totals = IntervalTotals(
+            loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds
+        )
+        pending = self.averager.start(totals, lr, self.clock, overlap=overlap)
+        self.param_syncs += 1
+        times.sync_seconds += pending.seconds
+        self._pending = (pending, common, interval.grad_bytes, k, interval.steps)
+        if overlap:
+            return pending.seconds
+        return pending.seconds + self._finish_boundary(times)
+
+    def _finish_boundary(self, times: StepTimes) -> float:
+        """Complete the launched averaging; return the seconds this rank spent waiting for it
+        and applying it."""
+        pending, common, grad_bytes, k, steps = self._pending
+        self._pending = None
+        rec = self.averager.finish(pending)
+        finish_seconds = rec.wall_seconds - pending.seconds
+        times.sync_seconds += finish_seconds
+        stats = BoundaryStats(
+            **common,
+            compute_seconds=rec.compute_seconds,
+            exposed_sync_seconds=rec.exposed_sync_seconds,
+            drift_norm=rec.drift_norm,
+            update_norm=rec.update_norm,
+            drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
+            train_loss=rec.train_loss,
+            bytes_communicated=grad_bytes + rec.nbytes,
+        )
+        self._close_boundary(stats, k, steps)
+        return finish_seconds
+
+    def _close_boundary(
+        self, stats: BoundaryStats, k: int, steps: int, params_finite: bool = True
+    ) -> None:
+        """Judge, decide, report: the guard, the K path, the controller, the observers."""
+        if why := self.divergence.check(stats, params_finite):
+            if self.options.on_divergence == "rollback":
+                raise Rollback(why, self.sync_period)
+            raise Diverged(
+                f"training diverged: {why}; lower --lr or --slowmo-beta, or use "
+                "--on-divergence rollback with --checkpoint-every"
+            )
+        at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
+        at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
+        at_k["boundaries"] += 1
+        at_k["steps"] += steps
+        decision = self.controller.observe(stats)
+        self.sync_period = decision.next_sync_period
+        self.last_boundary, self.last_decision = stats, decision
+        self._emit("on_boundary", stats, decision)
+        self.boundary += 1
+
+    def sync_now(self) -> float:
+        """A boundary now, outside any step (epoch end, before evaluation or a checkpoint): on
+        return every rank holds identical parameters (and, by the buffer policy, buffers).
+        Returns this rank's seconds spent. Collective: every rank must call it."""
+        if self._in_step is not None:
+            raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes())
+        if self.averager is None or self._interval.steps == 0:
+            # Nothing open: replicas already agree. ddp has no averaging collective to carry
+            # buffers, so they are reconciled here.
+            if (
+                self.averager is None
+                and self.float_buffers
+                and self.options.buffer_policy != "local"
+            ):
+                reconcile_buffers(
+                    self.float_buffers,
+                    self.options.buffer_policy,
+                    self.rank,
+                    self.world_size,
+                    self.clock,
+                )
+            return time.perf_counter() - t0
+        if self.strategy.fused_gradients:
+            # no boundary step ran: carry zero gradients, so the momentum correction is zero
+            self.averager.zero_boundary_grads()
+        k = self.k_in_force
+        lr = self.optimizer.param_groups[0]["lr"]
+        carried = self._boundary(self._interval, k, lr, StepTimes(), boundary_step=False)
+        self._interval = Interval(exposed_sync_seconds=carried)
+        self._loss_sum = 0.0
+        return time.perf_counter() - t0
+
+    def take_carried_sync(self) -> float:
+        """The averaging seconds already counted into the open interval (the built-in loop's
+        epoch accounting reads them at an epoch's end)."""
+        return self._interval.exposed_sync_seconds
+
+    def _emit(self, event: str, *args: Any) -> None:
+        for obs in self.observers:
+            fn = getattr(obs, event, None)
+            if fn is not None:
+                fn(*args)
+
+    # ----- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the engine needs to continue exactly (this rank's part): SlowMo reference
+        and velocity, the controller, the divergence guard, the link's jitter stream, counters
+        and the open interval. Plain tensors, numbers and lists (loads with weights_only)."""
+        if self._pending is not None:
+            raise RuntimeError("an overlapped averaging is in flight: call sync.sync_now() first")
+        return {
+            "averager": self.averager.state_dict() if self.averager else None,
+            "controller": self.controller.state_dict(),
+            "divergence": self.divergence.state_dict(),
+            "link": self.clock.state_dict() if self.clock else None,
+            "counters": {
+                "sync_period": self.sync_period,
+                "global_step": self.global_step,
+                "boundary": self.boundary,
+                "grad_syncs": self.grad_syncs,
+                "param_syncs": self.param_syncs,
+                "k_path": self.k_path,
+                "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
+                "loss_sum": float(self._loss_sum),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Call after the model's own state is loaded. Saved at a boundary (an empty interval),
+        the replica check's digest is taken from the loaded weights, so replicas resumed from
+        differing files are caught at the first boundary; saved mid-interval, the replicas
+        rightly differ, and the digest of the last boundary is restored instead."""
+        c = state["counters"]
+        if self.averager is not None:
+            at_boundary = c["interval"]["steps"] == 0
+            self.averager.load_state_dict(state["averager"], recompute_digest=at_boundary)
+        self.controller.load_state_dict(state["controller"])
+        self.divergence.load_state_dict(state["divergence"])
+        if self.clock is not None and state["link"] is not None:
+            self.clock.load_state_dict(state["link"])
+        self.sync_period = c["sync_period"]
+        self.global_step, self.boundary = c["global_step"], c["boundary"]
+        self.grad_syncs, self.param_syncs = c["grad_syncs"], c["param_syncs"]
+        self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
+        self._interval = Interval(**c["interval"])
+        self._loss_sum = c["loss_sum"]
+
+    def close(self) -> None:
+        """End with a boundary (identical replicas), then stop what the engine runs."""
+        self.sync_now()
+        for obs in self.observers:
+            close = getattr(obs, "close", None)
+            if close is not None:
+                close()
+
+
+@dataclass
+class _StepState:
+    is_boundary: bool
+    last_of_epoch: bool
+    t0: float = 0.0
+    fwd_start: float = 0.0
+    forward: float = 0.0
+    t1: float | None = None
+    t2: float | None = None
+    t3: float | None = None
+    lr: float | None = None
