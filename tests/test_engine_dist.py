@@ -63,7 +63,8 @@ def _rank_fill_worker(rank, world, strategy, k, beta):
                 self.expected = new.clone()
             err = (got - self.expected).abs().max().item()
             log.append((tr.global_step, is_boundary, err))
-            last_of_epoch = (tr.global_step + 1) % tr.steps_per_epoch == 0
+            # on_step comes after the step: global_step already counts it
+            last_of_epoch = tr.global_step % tr.steps_per_epoch == 0
             if is_boundary and not last_of_epoch:
                 self.expected = torch.full_like(got, float(rank))
                 self.filled = True
