@@ -188,6 +188,8 @@ def R(argv, expect, setup=None, id=None):  # noqa: A002
 
 
 TRAIN = [
+    R(["train", "--metrics-host", "example.com", "--out", "{out}"], ("--metrics-host",)),
+    R(["train", "--metrics-host", "", "--out", "{out}"], ("--metrics-host",)),
     # non-finite floats: every float setting of `autok train`
     *[
         R(["train", f"{flag(f)}={v}", "--out", "{out}"], flag(f), id=f"{flag(f)}={v}")
