@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OptionError", "StepHandle", "StepTimes", "Sync"]
+__all__ = [
+    "ACCURACY",
+    "PERPLEXITY",
+    "Metric",
+    "OptionError",
+    "StepHandle",
+    "StepTimes",
+    "Sync",
+    "Task",
+]
 
 
 def __getattr__(name: str) -> Any:

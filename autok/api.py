@@ -34,8 +34,18 @@ from trainer.options import OptionError, sync_options
 from trainer.sinks import BoundaryLog
 from trainer.sync import StepHandle, StepTimes
 from trainer.sync import Sync as _Engine
+from trainer.tasks import ACCURACY, PERPLEXITY, Metric, Task
 
-__all__ = ["OptionError", "StepHandle", "StepTimes", "Sync"]
+__all__ = [
+    "ACCURACY",
+    "PERPLEXITY",
+    "Metric",
+    "OptionError",
+    "StepHandle",
+    "StepTimes",
+    "Sync",
+    "Task",
+]
 
 
 class Sync(_Engine):

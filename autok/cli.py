@@ -18,11 +18,22 @@ import time
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from autok.config import SEED_MAX, ConfigError, TrainConfig, flag, load_config, read_yaml
-from autok.sweep import OBJECTIVES
+from autok.config import (
+    SEED_MAX,
+    ConfigError,
+    TrainConfig,
+    check_task,
+    flag,
+    load_config,
+    read_yaml,
+)
+from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
 from trainer.link import PROFILES
+
+if TYPE_CHECKING:
+    from trainer.tasks import Metric
 
 EXIT_USAGE = 2
 RUN_FILES = ("config.json", "epochs.csv", "boundaries.jsonl", "summary.json", "model.pt")
@@ -208,10 +219,11 @@ def build_parser() -> Parser:
     s.add_argument("--study-name", default="autok", help="(default: autok)")
     s.add_argument(
         "--objective",
-        choices=list(OBJECTIVES),
+        choices=[*OBJECTIVES, *OBJECTIVE_ALIASES],
         default="pareto",
-        help="pareto: maximize peak accuracy and minimize wall-clock; accuracy or "
-        "time-to-accuracy: one objective, with pruning (default: pareto)",
+        help="pareto: the best test metric (accuracy, or the --task's own) and the least "
+        "wall-clock; metric or time-to-target: one objective, with pruning; accuracy and "
+        "time-to-accuracy are the same two (default: pareto)",
     )
     s.add_argument(
         "--pruner",
@@ -220,10 +232,13 @@ def build_parser() -> Parser:
         help="pruner for single-objective sweeps (default: median)",
     )
     s.add_argument(
+        "--target",
         "--target-accuracy",
+        dest="target",
         type=float,
-        default=0.9,
-        help="accuracy that time-to-accuracy measures the time to (default: 0.9)",
+        default=None,
+        help="the test metric value time-to-target measures the time to (default: 0.9 for "
+        "accuracy; a task with another metric must give it)",
     )
     s.add_argument("--sampler-seed", type=int, default=0, help="(default: 0)")
     s.add_argument(
@@ -407,6 +422,24 @@ def check_resumable(out: Path, cfg: TrainConfig) -> None:
         raise ConfigError(f"--resume: {exc}") from None
 
 
+def check_target(metric: Metric, target: float | None, objective: str) -> float:
+    """The sweep's --target for this metric: an accuracy is a fraction; another metric has no
+    natural target, so time-to-target needs one given."""
+    if target is None:
+        if metric.name == "accuracy":
+            return 0.9
+        if OBJECTIVE_ALIASES.get(objective, objective) == "time-to-target":
+            raise ConfigError(
+                f"--target: the task's metric is {metric.name}; give the value to reach"
+            )
+        return math.nan
+    if metric.name == "accuracy" and not 0 < target <= 1:
+        raise ConfigError(
+            f"--target: {target} is not a fraction in (0, 1] (accuracies are fractions)"
+        )
+    return target
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from autok.launch import launch, torchrun_restart, under_torchrun
     from autok.metrics import check_metrics_ports
@@ -421,12 +454,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
         out = Path(cfg.out)
         if ns.resume is not None:
             check_resumable(out, cfg)
+        check_task(cfg)
         check_metrics_ports(cfg)
         if rank0:
             write_config(cfg, out)
         launch(cfg, out, resume=True)
         return 0
     cfg = config_from_args(ns)
+    check_task(cfg)
     check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json
     out = prepare_out_dir(cfg, write=rank0)
     launch(cfg, out)
@@ -443,7 +478,7 @@ SWEEP_KEYS = (
     "study_name",
     "objective",
     "pruner",
-    "target_accuracy",
+    "target",
     "sampler_seed",
     "address",
     "enqueue",
@@ -467,11 +502,8 @@ def check_sweep_flags(ns: argparse.Namespace) -> None:
             f"--sampler-seed: {ns.sampler_seed} is outside 0..{SEED_MAX} (Optuna's sampler "
             "takes a 32-bit seed)"
         )
-    if not (math.isfinite(ns.target_accuracy) and 0 < ns.target_accuracy <= 1):
-        raise ConfigError(
-            f"--target-accuracy: {ns.target_accuracy} is not a fraction in (0, 1] "
-            "(accuracies are fractions)"
-        )
+    if ns.target is not None and not math.isfinite(ns.target):
+        raise ConfigError(f"--target: {ns.target} is not a finite number")
     if not ns.study_name.strip():
         raise ConfigError("--study-name: empty; give a name")
 
@@ -489,11 +521,19 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
     # beta on a searched strategy, stay free); it must be a valid run by itself.
     fixed = given_values(train_args)
-    load_config({}, fixed)
+    metric = check_task(load_config({}, fixed))
+    sweep_args["target"] = check_target(metric, sweep_args["target"], sweep_args["objective"])
+    sweep_args["objective"] = OBJECTIVE_ALIASES.get(sweep_args["objective"], ns.objective)
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
     space = load_space(sweep_args.pop("space"))
     sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
-    opts = SweepOptions(out=Path(out), seed=sweep_args.pop("sampler_seed"), **sweep_args)
+    opts = SweepOptions(
+        out=Path(out),
+        seed=sweep_args.pop("sampler_seed"),
+        metric_name=metric.name,
+        higher_is_better=metric.higher_is_better,
+        **sweep_args,
+    )
     check_out_path(opts.out)
     on_sqlite = opts.backend == "optuna" and opts.storage is None
     if opts.resume and on_sqlite and not (opts.out / "study.db").is_file():
@@ -509,7 +549,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     except ConfigError:  # refused before any trial (e.g. --storage): leave no empty directory
         remove_created(created)
         raise
-    print(table(rows, space))
+    print(table(rows, space, opts=opts))
     print(f"\nautok: {len(rows)} trials in {out}: trials.csv, pareto.csv, pareto.png, best.yaml")
     return 0
 

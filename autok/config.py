@@ -25,6 +25,7 @@ from trainer.options import (
     describe,
     flag,
 )
+from trainer.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task
 
 __all__ = [
     "STRATEGIES",
@@ -61,6 +62,10 @@ LIMIT_REASONS.update(
         ("epochs", "le"): "a million epochs is beyond any run",
     }
 )
+
+
+# The built-in task's settings: a --task builds its own data and model instead.
+TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
 
 
 class SyncSettings(SyncOptions):
@@ -103,6 +108,12 @@ class TrainConfig(SyncSettings):
     lr_warmup_epochs: int | None = Field(None, ge=0, description="default: --warmup-epochs")
     lr_schedule: Literal["constant", "cosine"] = "cosine"
     # --- data and model
+    task: str | None = Field(
+        None,
+        max_length=200,
+        description="MODULE:FUNCTION returning an autok.Task; default: "
+        "the built-in classification of --dataset with --model",
+    )
     dataset: str = "mnist1d"
     data_dir: Path | None = None
     model: str | None = None
@@ -132,18 +143,27 @@ class TrainConfig(SyncSettings):
             raise ValueError("the path contains a NUL byte")
         return v
 
+    @field_validator("task")
+    @classmethod
+    def _a_task_spec(cls, v: str | None) -> str | None:
+        if v is not None and not TASK_SPEC.match(v):
+            raise ValueError(f"--task: {v[:120]!r} is not MODULE:FUNCTION (e.g. mypkg.tasks:build)")
+        return v
+
     @model_validator(mode="after")
     def _cross_field(self) -> TrainConfig:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"--dataset: unknown {self.dataset!r}; choose from {list(DATASETS)}")
-        if self.model is None:
-            self.model = DEFAULT_MODEL[self.dataset]
-        if self.model not in MODELS:
-            raise ValueError(f"--model: unknown {self.model!r}; choose from {list(MODELS)}")
-        if why := incompatibility(self.dataset, self.model):
-            raise ValueError(f"--model: {why}")
-        if why := check_data_dir(self.dataset, self.data_dir):
-            raise ValueError(f"--data-dir: {why}")
+        if self.task is not None:
+            # A value that differs from the default was asked for (a resumed run's saved
+            # config carries every default): the task would silently ignore it.
+            fields = type(self).model_fields
+            given = [f for f in TASK_OWNS if getattr(self, f) != fields[f].default]
+            if given:
+                raise ValueError(
+                    f"{flag(given[0])}: the task builds its own data and model; "
+                    "drop it or drop --task"
+                )
+        else:
+            self._check_builtin_task()
         if self.boundary == "fused" and not self.fused_is_exact:
             raise ValueError(
                 "--boundary: fused is exact only for cpdp with --optimizer sgd "
@@ -163,6 +183,18 @@ class TrainConfig(SyncSettings):
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
         return self
+
+    def _check_builtin_task(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"--dataset: unknown {self.dataset!r}; choose from {list(DATASETS)}")
+        if self.model is None:
+            self.model = DEFAULT_MODEL[self.dataset]
+        if self.model not in MODELS:
+            raise ValueError(f"--model: unknown {self.model!r}; choose from {list(MODELS)}")
+        if why := incompatibility(self.dataset, self.model):
+            raise ValueError(f"--model: {why}")
+        if why := check_data_dir(self.dataset, self.data_dir):
+            raise ValueError(f"--data-dir: {why}")
 
     @property
     def fused_is_exact(self) -> bool:
@@ -258,6 +290,18 @@ def read_yaml(path: Path, flag_name: str) -> Any:
         raise ConfigError(f"{flag_name}: {path} is refused: {why[:160]}") from None
     finally:
         loader.dispose()
+
+
+def check_task(cfg: TrainConfig) -> Metric:
+    """Before anything is launched or written: a --task imports, runs, and returns a usable
+    autok.Task (built once here, in the launching process); its metric. One line naming --task
+    otherwise."""
+    if cfg.task is None:
+        return ACCURACY  # the built-in classification, already checked with the config
+    try:
+        return load_task(cfg).metric
+    except TaskError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(file_values: dict, cli_values: dict) -> TrainConfig:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from autok.config import ConfigError, TrainConfig, load_config, read_yaml
+from autok.config import ConfigError, TrainConfig, check_task, load_config, read_yaml
 from autok.procs import start_logged
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -114,6 +114,7 @@ def expand(
     vary = spec.get("vary", {})
     out = []
     dirs: dict[str, str] = {}
+    tasks_checked: set[str] = set()
     for run in exp["runs"]:
         keys = [k for k in vary if k not in run]
         for combo in itertools.product(*(vary[k] for k in keys)):
@@ -133,7 +134,10 @@ def expand(
             for seed in seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
                 try:
-                    load_config({}, s)
+                    cfg = load_config({}, s)
+                    if cfg.task is not None and cfg.task not in tasks_checked:
+                        check_task(cfg)  # imports and builds it once, before any run starts
+                        tasks_checked.add(cfg.task)
                 except ConfigError as exc:
                     raise ConfigError(f"experiment {exp['name']}, run {label!r}: {exc}") from None
                 run_ = Run(label, seed, s)
@@ -273,7 +277,10 @@ def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:
         extra = ""
         summary = out / run.dir / "summary.json"
         if summary.exists():
-            extra = f", peak accuracy {json.loads(summary.read_text())['peak_test_accuracy']:.4f}"
+            data = json.loads(summary.read_text())
+            name = data.get("metric", {}).get("name", "accuracy")
+            best = data.get("peak_test_metric", data.get("peak_test_accuracy"))
+            extra = f", best {name} {best:.4f}"
         print(
             f"[{done}/{total}] {run.label} seed {run.seed}: {how} ({seconds:.0f} s{extra})",
             flush=True,

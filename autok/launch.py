@@ -46,7 +46,7 @@ def pick_backend(cfg: TrainConfig) -> str:
 
 def prepare_data(cfg: TrainConfig) -> None:
     """Work done once before the workers start, so N processes do not repeat it."""
-    if cfg.dataset == "mnist1d":
+    if cfg.task is None and cfg.dataset == "mnist1d":
         prepare_mnist1d(cfg.mnist1d_samples, DATA_SEED)
 
 

@@ -62,7 +62,8 @@ GAUGES = {
     "drift_ratio": "drift_norm / update_norm at the last boundary",
     "update_norm": "||theta_avg - theta_ref|| at the last boundary",
     "train_loss": "mean training loss over the last interval and the ranks",
-    "test_accuracy_ratio": "test accuracy after the last finished epoch",
+    "test_accuracy_ratio": "test accuracy after the last finished epoch (classification)",
+    "test_metric": "the task's test metric after the last finished epoch (accuracy, perplexity)",
     "epoch": "epoch being trained (0-based)",
 }
 COUNTERS = {
@@ -191,7 +192,9 @@ class MetricsExporter:
 
     def on_epoch(self, row: dict[str, Any]) -> None:
         with self._lock:
-            self._gauges["test_accuracy_ratio"] = row["test_accuracy"]
+            if "test_accuracy" in row:
+                self._gauges["test_accuracy_ratio"] = row["test_accuracy"]
+            self._gauges["test_metric"] = row["test_metric"]
             self._version += 1
 
     def on_local_interval(self, compute_seconds: float, wait_seconds: float) -> None:

@@ -1,4 +1,5 @@
-"""The accuracy / wall-clock Pareto front: pure function, and its plot."""
+"""The quality / wall-clock Pareto front: pure function, and its plot. Quality is higher-is-
+better (accuracy; a lower-is-better metric such as perplexity is passed negated)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def plot_front(rows: list[dict], front: list[int], out: Path) -> None:
-    """Accuracy against wall-clock for every finished trial, coloured by K, front joined."""
+def plot_front(rows: list[dict], front: list[int], out: Path, metric: str = "accuracy") -> None:
+    """The test metric against wall-clock for every finished trial, coloured by K, front
+    joined."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,19 +42,19 @@ def plot_front(rows: list[dict], front: list[int], out: Path) -> None:
         ks = [float(r.get("sync_period") or 1) for r in rows]
         sc = ax.scatter(
             [r["wall_seconds"] for r in rows],
-            [r["peak_test_accuracy"] for r in rows],
+            [r["peak_test_metric"] for r in rows],
             c=ks,
             cmap="viridis",
             norm=LogNorm(vmin=min(ks), vmax=max(max(ks), 2)),
         )
         fig.colorbar(sc, ax=ax, label="K (sync period)")
         fx = [rows[i]["wall_seconds"] for i in front]
-        fy = [rows[i]["peak_test_accuracy"] for i in front]
+        fy = [rows[i]["peak_test_metric"] for i in front]
         ax.plot(fx, fy, "r--", lw=1, label="Pareto front")
         ax.legend()
     ax.set_xlabel("wall-clock (s)")
-    ax.set_ylabel("peak test accuracy")
-    ax.set_title("autok sweep: accuracy vs wall-clock")
+    ax.set_ylabel(f"best test {metric}")
+    ax.set_title(f"autok sweep: {metric} vs wall-clock")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

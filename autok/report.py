@@ -1,10 +1,10 @@
 """`autok report DIR`: the study's table format over an experiment's runs.
 
-report.md: per method (and varied setting) mean ± std over seeds of peak and final test accuracy
-(%), wall-clock and exposed sync; Δ vs DDP in percentage points; a Welch two-sided t-test p-value
-against DDP's seeds. report.csv: one row per run. PNGs: the accuracy-time frontier over K, test
-accuracy against wall-clock per method, the K paths of the adaptive policies, exposed sync vs
-compute per method.
+report.md: per method (and varied setting) mean ± std over seeds of the best and final test
+metric (accuracy in %, or a --task's own metric, e.g. perplexity), wall-clock and exposed sync;
+Δ vs DDP (percentage points for accuracy); a Welch two-sided t-test p-value against DDP's seeds.
+report.csv: one row per run. PNGs: the quality-time frontier over K, the test metric against
+wall-clock per method, the K paths of the adaptive policies, exposed sync vs compute per method.
 """
 
 from __future__ import annotations
@@ -45,14 +45,8 @@ class ReportError(ValueError):
     """A run's file that the report cannot read: names the file and the field."""
 
 
-SUMMARY_NUMBERS = (
-    "peak_test_accuracy",
-    "final_test_accuracy",
-    "wall_seconds",
-    "compute_seconds",
-    "exposed_sync_seconds",
-)
-EPOCH_NUMBERS = ("test_accuracy", "epoch_seconds")
+SUMMARY_NUMBERS = ("wall_seconds", "compute_seconds", "exposed_sync_seconds")
+EPOCH_NUMBERS = ("epoch_seconds",)
 EPOCH_COUNTS = ("epoch", "grad_syncs", "param_syncs")
 BOUNDARY_NUMBERS = ("exposed_sync_seconds", "compute_seconds")
 BOUNDARY_COUNTS = ("epoch", "global_step", "sync_period")
@@ -101,11 +95,86 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+@dataclass(frozen=True)
+class Quality:
+    """What the runs are judged by: accuracy (shown in %), or a task's own metric."""
+
+    name: str = "accuracy"
+    higher_is_better: bool = True
+
+    @property
+    def scale(self) -> float:
+        return 100.0 if self.is_accuracy else 1.0
+
+    @property
+    def is_accuracy(self) -> bool:
+        return self.name == "accuracy" and self.higher_is_better
+
+    @property
+    def column(self) -> str:
+        return "test accuracy" if self.is_accuracy else f"test {self.name}"
+
+    @property
+    def best(self) -> str:  # the summary's peak_test_metric: the best in the metric's direction
+        return "peak" if self.is_accuracy else "best"
+
+    @property
+    def unit(self) -> str:
+        return " (%)" if self.is_accuracy else ""
+
+    @property
+    def delta_unit(self) -> str:
+        return "pp" if self.is_accuracy else self.name
+
+    def better(self, values: list[float]) -> float:
+        if not values:
+            return math.nan
+        return max(values) if self.higher_is_better else min(values)
+
+
+def _a_metric(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and isinstance(v.get("name"), str)
+        and bool(v["name"].strip())
+        and isinstance(v.get("higher_is_better"), bool)
+    )
+
+
 def read_summary(path: Path) -> dict[str, Any]:
+    """summary.json, checked, with the test metric under one set of keys: a task's run has
+    `metric`, peak_test_metric and final_test_metric (DESIGN §5); a run written before tasks
+    had only the accuracies, which are its metric."""
     summary = read_json_object(path)
     for key in SUMMARY_NUMBERS:
         _need(path, summary, key, _is_number, "a number")
+    if "metric" in summary:
+        _need(path, summary, "metric", _a_metric, "a {name, higher_is_better} object")
+        for key in ("peak_test_metric", "final_test_metric"):
+            _need(path, summary, key, _is_number, "a number")
+    else:
+        for key in ("peak_test_accuracy", "final_test_accuracy"):
+            _need(path, summary, key, _is_number, "a number")
+        summary["metric"] = {"name": "accuracy", "higher_is_better": True}
+        summary["peak_test_metric"] = summary["peak_test_accuracy"]
+        summary["final_test_metric"] = summary["final_test_accuracy"]
     return summary
+
+
+def quality_of(runs: list[RunResult]) -> Quality:
+    """The one metric every run of the experiment is judged by; runs judged by different ones
+    cannot share a table."""
+    kinds = {(r.summary["metric"]["name"], r.summary["metric"]["higher_is_better"]) for r in runs}
+    if len(kinds) > 1:
+        names = ", ".join(sorted(n for n, _ in kinds))
+        raise ReportError(f"the runs are judged by different metrics ({names}); report them apart")
+    name, higher = kinds.pop() if kinds else ("accuracy", True)
+    return Quality(name, higher)
+
+
+def epoch_metric(row: dict[str, str]) -> float:
+    """An epochs.csv row's test metric: a task's test_metric, else the test accuracy."""
+    return float(row["test_metric"] if "test_metric" in row else row["test_accuracy"])
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -132,6 +201,8 @@ def read_epochs(
             columns = reader.fieldnames or []
     except (OSError, ValueError, csv.Error) as exc:  # ValueError: malformed UTF-8
         raise ReportError(f"{path}: not readable CSV ({_brief(exc)})") from None
+    # The test metric's column: a task's test_metric, or a classification's test_accuracy.
+    numbers = (*numbers, "test_metric" if "test_metric" in columns else "test_accuracy")
     for key in (*counts, *numbers):
         if key not in columns:
             raise ReportError(f"{path}: {key}: no such column")
@@ -213,11 +284,11 @@ class StoppedRun:
     label: str
     seed: int
     epochs_done: int
-    peak: float  # best test accuracy over the epochs it finished (nan if none)
+    peak: float  # best test metric over the epochs it finished (nan if none)
     why: str
 
 
-def collect_stopped(root: Path) -> list[StoppedRun]:
+def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun]:
     out = []
     for tag in sorted(root.rglob("experiment.json")):
         d = tag.parent
@@ -226,9 +297,7 @@ def collect_stopped(root: Path) -> list[StoppedRun]:
         meta = read_meta(tag)
         epochs = []
         if (d / "epochs.csv").exists():
-            epochs = read_epochs(
-                d / "epochs.csv", numbers=("test_accuracy",), counts=(), torn_ok=True
-            )
+            epochs = read_epochs(d / "epochs.csv", numbers=(), counts=(), torn_ok=True)
         why = "no summary (running, or killed)"
         if (d / "train.log").exists():
             log = (d / "train.log").read_text(encoding="utf-8", errors="replace")
@@ -237,28 +306,29 @@ def collect_stopped(root: Path) -> list[StoppedRun]:
                 # "autok: training failed: pkg.Error: what; advice" -> "what"
                 why = lines[-1].removeprefix("autok: ").removeprefix("training failed: ")
                 why = re.sub(r"^[\w.]+(Error|Exception|Diverged): ", "", why).split("; ")[0]
-        accs = [float(e["test_accuracy"]) for e in epochs]
-        out.append(
-            StoppedRun(meta["label"], meta["seed"], len(epochs), max(accs, default=math.nan), why)
-        )
+        values = [epoch_metric(e) for e in epochs]
+        best = quality.better(values)
+        out.append(StoppedRun(meta["label"], meta["seed"], len(epochs), best, why))
     return out
 
 
-def render_stopped(stopped: list[StoppedRun]) -> str:
+def render_stopped(stopped: list[StoppedRun], quality: Quality = Quality()) -> str:
     if not stopped:
         return ""
+    q = quality
     lines = [
         "## Runs that did not finish",
         "",
-        "Not in the tables above (their final accuracy does not exist); peak accuracy is the best "
-        "over the epochs they finished.",
+        f"Not in the tables above (their final {q.name} does not exist); {q.best} {q.name} is "
+        "the best over the epochs they finished.",
         "",
-        "| method | seed | epochs finished | peak acc before the stop (%) | why |",
+        f"| method | seed | epochs finished | {q.best} {q.name} before the stop{q.unit} | why |",
         "|---|---|---|---|---|",
     ]
     for r in stopped:
         why = r.why.replace("|", "\\|")
-        lines.append(f"| {r.label} | {r.seed} | {r.epochs_done} | {100 * r.peak:.2f} | {why} |")
+        best = f"{q.scale * r.peak:.{_digits(q)}f}"
+        lines.append(f"| {r.label} | {r.seed} | {r.epochs_done} | {best} | {why} |")
     return "\n".join(lines) + "\n"
 
 
@@ -291,7 +361,7 @@ class Row:
     final: tuple[float, float]
     wall: tuple[float, float]
     exposed: tuple[float, float]
-    delta_pp: float  # mean peak accuracy minus DDP's, percentage points
+    delta: float  # mean best metric minus DDP's (percentage points for accuracy)
     p_value: float
     peaks: list[float]
     speedup: float = math.nan  # DDP's mean wall-clock / this row's
@@ -323,14 +393,15 @@ def baseline_label(groups: dict[str, list[RunResult]], variant: str) -> str | No
 
 def table_rows(runs: list[RunResult]) -> list[Row]:
     groups = group(runs)
+    scale = quality_of(runs).scale
     rows = []
     for label, rs in groups.items():
-        peaks = [r.summary["peak_test_accuracy"] for r in rs]
+        peaks = [r.summary["peak_test_metric"] for r in rs]
         walls = [r.summary["wall_seconds"] for r in rs]
         base_label = baseline_label(groups, rs[0].variant)
         base_runs = groups.get(base_label, []) if base_label != label else []
-        base = [r.summary["peak_test_accuracy"] for r in base_runs]
-        delta = 100 * (statistics.fmean(peaks) - statistics.fmean(base)) if base else math.nan
+        base = [r.summary["peak_test_metric"] for r in base_runs]
+        delta = scale * (statistics.fmean(peaks) - statistics.fmean(base)) if base else math.nan
         speedup = (
             statistics.fmean(r.summary["wall_seconds"] for r in base_runs) / statistics.fmean(walls)
             if base_runs
@@ -341,10 +412,10 @@ def table_rows(runs: list[RunResult]) -> list[Row]:
                 label=label,
                 n=len(rs),
                 peak=mean_std(peaks),
-                final=mean_std([r.summary["final_test_accuracy"] for r in rs]),
+                final=mean_std([r.summary["final_test_metric"] for r in rs]),
                 wall=mean_std(walls),
                 exposed=mean_std([r.summary["exposed_sync_seconds"] for r in rs]),
-                delta_pp=delta,
+                delta=delta,
                 p_value=welch_p(peaks, base) if base else math.nan,
                 peaks=peaks,
                 speedup=speedup,
@@ -417,24 +488,33 @@ def _pm(ms: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{ms[0] * scale:.{digits}f} ± {ms[1] * scale:.{digits}f}"
 
 
-def render(rows: list[Row], title: str) -> str:
+def _digits(q: Quality) -> int:
+    return 2 if q.is_accuracy else 4
+
+
+def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
+    q = quality
+    direction = (
+        "" if q.is_accuracy else f" ({'higher' if q.higher_is_better else 'lower'} is better)"
+    )
     lines = [
         f"# {title}",
         "",
-        "Mean ± standard deviation over seeds (n). Δ vs DDP: difference of mean peak accuracy "
-        "in percentage points, with the two-sided Welch t-test p-value against DDP's seeds; "
-        "speedup: DDP's mean wall-clock over the row's.",
+        f"Mean ± standard deviation over seeds (n), judged by test {q.name}{direction}. Δ vs "
+        f"DDP: difference of mean {q.best} {q.name} ({q.delta_unit}), with the two-sided Welch "
+        "t-test p-value against DDP's seeds; speedup: DDP's mean wall-clock over the row's.",
         "",
-        "| method | n | peak acc (%) | final acc (%) | wall (s) | exposed sync (s) | "
-        "Δ vs DDP (pp) | p (Welch) | speedup |",
+        f"| method | n | {q.best} {q.name}{q.unit} | final {q.name}{q.unit} | wall (s) | "
+        f"exposed sync (s) | Δ vs DDP ({q.delta_unit}) | p (Welch) | speedup |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    d = _digits(q)
     for r in rows:
-        delta = "—" if math.isnan(r.delta_pp) else f"{r.delta_pp:+.2f}"
+        delta = "—" if math.isnan(r.delta) else f"{r.delta:+.{d}f}"
         p = "—" if math.isnan(r.p_value) else f"{r.p_value:.3g}"
         speedup = "—" if math.isnan(r.speedup) else f"{r.speedup:.2f}×"
         lines.append(
-            f"| {r.label} | {r.n} | {_pm(r.peak, 100)} | {_pm(r.final, 100)} | "
+            f"| {r.label} | {r.n} | {_pm(r.peak, q.scale, d)} | {_pm(r.final, q.scale, d)} | "
             f"{_pm(r.wall, digits=1)} | {_pm(r.exposed, digits=1)} | {delta} | {p} | {speedup} |"
         )
     return "\n".join(lines) + "\n"
@@ -452,6 +532,9 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
         "workers",
         "peak_test_accuracy",
         "final_test_accuracy",
+        "metric",
+        "peak_test_metric",
+        "final_test_metric",
         "wall_seconds",
         "compute_seconds",
         "exposed_sync_seconds",
@@ -471,7 +554,8 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
                     "seed": r.seed,
                     "run_dir": str(r.dir),
                     **{k: r.config.get(k) for k in cols[2:8]},
-                    **{k: r.summary.get(k) for k in cols[8:17]},
+                    **{k: r.summary.get(k) for k in cols[8:20]},
+                    "metric": r.summary["metric"]["name"],
                 }
             )
 
@@ -483,12 +567,13 @@ def plots(runs: list[RunResult], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     made = []
-    # 1. the accuracy-time frontier over K
+    q = quality_of(runs)
+    # 1. the quality-time frontier over K
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ks = [r.config.get("sync_period") or 1 for r in runs]
     sc = ax.scatter(
         [r.summary["wall_seconds"] for r in runs],
-        [r.summary["peak_test_accuracy"] for r in runs],
+        [r.summary["peak_test_metric"] for r in runs],
         c=ks,
         cmap="viridis",
     )
@@ -496,13 +581,15 @@ def plots(runs: list[RunResult], out: Path) -> list[Path]:
     for r in runs:
         if r.seed == runs[0].seed:
             ax.annotate(
-                r.label, (r.summary["wall_seconds"], r.summary["peak_test_accuracy"]), fontsize=6
+                r.label, (r.summary["wall_seconds"], r.summary["peak_test_metric"]), fontsize=6
             )
     ax.set(
-        xlabel="wall-clock (s)", ylabel="peak test accuracy", title="accuracy-time frontier over K"
+        xlabel="wall-clock (s)",
+        ylabel=f"{q.best} {q.column}",
+        title=f"{q.name}-time frontier over K",
     )
     made.append(_save(fig, out / "frontier.png"))
-    # 2. test accuracy against wall-clock, per method (first seed of each)
+    # 2. the test metric against wall-clock, per method (first seed of each)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     seen = set()
     for r in runs:
@@ -512,11 +599,11 @@ def plots(runs: list[RunResult], out: Path) -> list[Path]:
         t, accs = 0.0, []
         for e in r.epochs:
             t += float(e["epoch_seconds"])
-            accs.append((t, float(e["test_accuracy"])))
+            accs.append((t, epoch_metric(e)))
         ax.plot(*zip(*accs, strict=True), label=r.label, lw=1)
-    ax.set(xlabel="training time (s)", ylabel="test accuracy", title="test accuracy vs time")
+    ax.set(xlabel="training time (s)", ylabel=q.column, title=f"{q.column} vs time")
     ax.legend(fontsize=6)
-    made.append(_save(fig, out / "accuracy_vs_time.png"))
+    made.append(_save(fig, out / f"{'accuracy' if q.is_accuracy else 'metric'}_vs_time.png"))
     # 3. the K paths of adaptive policies
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in runs:
@@ -564,13 +651,14 @@ def report(root: Path) -> str:
     if not runs:
         raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
     rows = table_rows(runs)
-    text = render(rows, f"autok report: {root}")
-    stopped = collect_stopped(root)
+    quality = quality_of(runs)
+    text = render(rows, f"autok report: {root}", quality)
+    stopped = collect_stopped(root, quality)
     if stopped:
         text += f"\n{len(stopped)} run(s) of the grid did not finish: see the last section.\n"
     text += "\n" + render_profile(sync_profile(runs))
     if stopped:
-        text += "\n" + render_stopped(stopped)
+        text += "\n" + render_stopped(stopped, quality)
     (root / "report.md").write_text(
         text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots(runs, root)) + "\n"
     )

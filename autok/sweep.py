@@ -25,7 +25,9 @@ from autok.pareto import pareto_front, plot_front
 from autok.space import Dim
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
-OBJECTIVES = ("pareto", "accuracy", "time-to-accuracy")
+# The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
+OBJECTIVES = ("pareto", "metric", "time-to-target")
+OBJECTIVE_ALIASES = {"accuracy": "metric", "time-to-accuracy": "time-to-target"}
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,16 @@ class SweepOptions:
     study_name: str = "autok"
     objective: str = "pareto"
     pruner: str = "median"
-    target_accuracy: float = 0.9
+    target: float = 0.9  # the metric value time-to-target measures the time to
+    metric_name: str = "accuracy"
+    higher_is_better: bool = True
     seed: int = 0
     address: str | None = None  # ray
     enqueue: tuple[dict, ...] = ()  # settings to evaluate first (warm start)
+
+
+# What a trial's result adds to its row of trials.csv.
+RESULT_KEYS = ("peak_test_metric", "wall_seconds", "time_to_target")
 
 
 class TrialFailed(Exception):
@@ -161,16 +169,34 @@ def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
 
 def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:
     if opts.objective == "pareto":
-        return [res.peak_test_accuracy, res.wall_seconds]
-    if opts.objective == "accuracy":
-        return [res.peak_test_accuracy]
-    return [res.time_to_accuracy]
+        return [res.peak_test_metric, res.wall_seconds]
+    if opts.objective == "metric":
+        return [res.peak_test_metric]
+    return [res.time_to_target]
 
 
-def intermediate(opts: SweepOptions, accuracy: float) -> float:
-    """Per-epoch value reported for pruning, in the study's direction: accuracy when maximizing,
-    the error 1 - accuracy when minimizing time to accuracy."""
-    return accuracy if opts.objective == "accuracy" else 1.0 - accuracy
+def directions(opts: SweepOptions) -> list[str]:
+    """Optuna's study directions for the objective values, in order."""
+    metric = "maximize" if opts.higher_is_better else "minimize"
+    return {
+        "pareto": [metric, "minimize"],
+        "metric": [metric],
+        "time-to-target": ["minimize"],
+    }[opts.objective]
+
+
+def intermediate(opts: SweepOptions, value: float) -> float:
+    """Per-epoch value reported for pruning, in the study's direction: the metric itself when
+    optimizing it; when minimizing the time to a target, a value that falls as the metric
+    improves (the error 1 - accuracy, the loss or perplexity itself)."""
+    if opts.objective == "metric" or not opts.higher_is_better:
+        return value
+    return 1.0 - value if opts.metric_name == "accuracy" else -value
+
+
+def oriented(opts: SweepOptions, value: float) -> float:
+    """The metric with higher always better (for the Pareto front and the ranking)."""
+    return value if opts.higher_is_better else -value
 
 
 # ----- Optuna ----------------------------------------------------------------------------------
@@ -217,11 +243,6 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         )
     if opts.resume and opts.study_name not in existing:
         raise ConfigError(f"--resume: no study {opts.study_name!r} to continue in {opts.out}")
-    directions = {
-        "pareto": ["maximize", "minimize"],
-        "accuracy": ["maximize"],
-        "time-to-accuracy": ["minimize"],
-    }[opts.objective]
     pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
     if opts.objective != "pareto":  # Optuna prunes single-objective studies only
         epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
@@ -233,7 +254,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     study = optuna.create_study(
         storage=storage,
         study_name=opts.study_name,
-        directions=directions,
+        directions=directions(opts),
         sampler=optuna.samplers.TPESampler(seed=opts.seed),
         pruner=pruner,
         load_if_exists=opts.resume,
@@ -255,18 +276,23 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             trial.set_user_attr("reason", f"invalid settings: {why}")
             raise TrialFailed(why)
 
-        def report(epoch: int, acc: float) -> bool:
+        def report(epoch: int, value: float) -> bool:
             if opts.objective == "pareto":
                 return False
-            trial.report(intermediate(opts, acc), epoch)
+            trial.report(intermediate(opts, value), epoch)
             return trial.should_prune()
 
         res = run_trial(
-            {**fixed, **params}, run_dir, report, opts.target_accuracy, should_stop=stop
+            {**fixed, **params},
+            run_dir,
+            report,
+            opts.target,
+            should_stop=stop,
+            higher_is_better=opts.higher_is_better,
         )
         if stop():
             trial.study.stop()  # no new trial; the running ones stop at their next poll
-        for key in ("peak_test_accuracy", "wall_seconds", "time_to_accuracy"):
+        for key in RESULT_KEYS:
             trial.set_user_attr(key, _plain(getattr(res, key)))
         trial.set_user_attr("reason", res.reason)
         if res.state == PRUNED:
@@ -312,9 +338,7 @@ def optuna_rows(study, space: list[Dim]) -> list[dict]:
                 "number": t.number,
                 "state": t.state.name,
                 **{d.name: t.params.get(d.name) for d in space},
-                "peak_test_accuracy": attrs.get("peak_test_accuracy"),
-                "wall_seconds": attrs.get("wall_seconds"),
-                "time_to_accuracy": attrs.get("time_to_accuracy"),
+                **{key: attrs.get(key) for key in RESULT_KEYS},
                 "run_dir": attrs.get("run_dir", ""),
                 "reason": attrs.get("reason", ""),
             }
@@ -330,7 +354,7 @@ def _finished(rows: list[dict]) -> list[dict]:
         r
         for r in rows
         if r["state"] == COMPLETE
-        and r["peak_test_accuracy"] is not None
+        and r["peak_test_metric"] is not None
         and r["wall_seconds"] is not None
     ]
 
@@ -339,12 +363,12 @@ def best_row(opts: SweepOptions, rows: list[dict]) -> dict | None:
     done = _finished(rows)
     if not done:
         return None
-    if opts.objective == "time-to-accuracy":
-        reached = [r for r in done if r["time_to_accuracy"] is not None]
+    if opts.objective == "time-to-target":
+        reached = [r for r in done if r["time_to_target"] is not None]
         if reached:
-            return min(reached, key=lambda r: r["time_to_accuracy"])
-    # pareto: the most accurate point of the front (ties: the faster); accuracy: the same
-    return max(done, key=lambda r: (r["peak_test_accuracy"], -r["wall_seconds"]))
+            return min(reached, key=lambda r: r["time_to_target"])
+    # pareto: the best-scoring point of the front (ties: the faster); metric: the same
+    return max(done, key=lambda r: (oriented(opts, r["peak_test_metric"]), -r["wall_seconds"]))
 
 
 def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[dict]) -> None:
@@ -356,9 +380,7 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
         "number",
         "state",
         *[d.name for d in space],
-        "peak_test_accuracy",
-        "wall_seconds",
-        "time_to_accuracy",
+        *RESULT_KEYS,
         "run_dir",
         "reason",
     ]
@@ -367,7 +389,7 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
         w.writeheader()
         w.writerows(rows)
     done = _finished(rows)
-    front = pareto_front([(r["peak_test_accuracy"], r["wall_seconds"]) for r in done])
+    front = pareto_front([(oriented(opts, r["peak_test_metric"]), r["wall_seconds"]) for r in done])
     with open(out / "pareto.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
@@ -375,29 +397,32 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
     plot_rows = [
         {**r, "sync_period": r.get("sync_period") or fixed.get("sync_period") or 4} for r in done
     ]
-    plot_front(plot_rows, front, out / "pareto.png")
+    plot_front(plot_rows, front, out / "pareto.png", opts.metric_name)
     best = best_row(opts, rows)
     if best is not None:
         config = {k: _plain(v) for k, v in fixed.items() if k != "out"}
         config.update({d.name: best[d.name] for d in space})
         (out / "best.yaml").write_text(
-            f"# best trial {best['number']} of {out}: peak test accuracy "
-            f"{best['peak_test_accuracy']:.4f}, {best['wall_seconds']:.1f} s\n"
+            f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
+            f"{best['peak_test_metric']:.4g}, {best['wall_seconds']:.1f} s\n"
             f"# run it: autok train --config {out / 'best.yaml'}\n"
             + yaml.safe_dump(config, sort_keys=True)
         )
 
 
-def table(rows: list[dict], space: list[Dim], limit: int = 15) -> str:
-    done = sorted(_finished(rows), key=lambda r: -r["peak_test_accuracy"])
-    head = ["#", "state", *[d.name for d in space], "peak acc", "wall s"]
+def table(
+    rows: list[dict], space: list[Dim], limit: int = 15, opts: SweepOptions | None = None
+) -> str:
+    opts = opts or SweepOptions()
+    done = sorted(_finished(rows), key=lambda r: -oriented(opts, r["peak_test_metric"]))
+    head = ["#", "state", *[d.name for d in space], f"best {opts.metric_name[:7]}", "wall s"]
     lines = ["  ".join(f"{h:>12}" for h in head)]
     for r in done[:limit] + [r for r in rows if r["state"] != COMPLETE][:limit]:
         cells = [str(r["number"]), r["state"]]
         for d in space:
             v = r[d.name]
             cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
-        acc, wall = r["peak_test_accuracy"], r["wall_seconds"]
-        cells += [f"{acc:.4f}" if acc is not None else "-", f"{wall:.1f}" if wall else "-"]
+        value, wall = r["peak_test_metric"], r["wall_seconds"]
+        cells += [f"{value:.4g}" if value is not None else "-", f"{wall:.1f}" if wall else "-"]
         lines.append("  ".join(f"{c:>12}" for c in cells))
     return "\n".join(lines)

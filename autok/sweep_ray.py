@@ -1,9 +1,10 @@
 """`autok sweep --backend ray`: Ray Tune over the same space and trials as the Optuna backend.
 
 A Tuner with OptunaSearch (define-by-run over the space file) and an ASHA scheduler on per-epoch
-test accuracy; each trial reserves as many CPUs as it has workers and runs the multi-worker
-training as a subprocess, exactly like an Optuna trial. Works on a local Ray, against a cluster
-(`--address auto` or `ray://HOST:PORT`), and as a Ray job (`ray job submit -- autok sweep ...`).
+test metric (accuracy, or the task's own); each trial reserves as many CPUs as it has workers
+and runs the multi-worker training as a subprocess, exactly like an Optuna trial. Works on a
+local Ray, against a cluster (`--address auto` or `ray://HOST:PORT`), and as a Ray job
+(`ray job submit -- autok sweep ...`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from autok.space import Dim
 from autok.sweep import (
     SweepOptions,
     check_settings,
+    directions,
     first_line,
     objective_values,
     redact,
@@ -39,24 +41,23 @@ class DefineSpace:
             d.suggest(trial)
 
 
-def _trainable(
-    config: dict[str, Any], fixed: dict[str, Any], out: str, target: float, objective: str
-) -> None:
+def _trainable(config: dict[str, Any], fixed: dict[str, Any], out: str, opts: SweepOptions) -> None:
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
     run_dir = Path(out) / "trials" / f"ray-{trial_id}"
     if why := check_settings(fixed, config):
         raise ValueError(f"invalid settings: {why}")
-    t0, peak = time.time(), 0.0
+    t0, peak = time.time(), math.nan
+    better = max if opts.higher_is_better else min
 
-    def report(epoch: int, acc: float) -> bool:
+    def report(epoch: int, value: float) -> bool:
         nonlocal peak
-        peak = max(peak, acc)
+        peak = value if math.isnan(peak) else better(peak, value)
         tune.report(
             {
-                "test_accuracy": acc,
-                "peak_test_accuracy": peak,
+                "test_metric": value,
+                "peak_test_metric": peak,
                 "epoch": epoch,
                 "wall_seconds": time.time() - t0,
                 "run_dir": str(run_dir),
@@ -64,17 +65,19 @@ def _trainable(
         )
         return False  # ASHA stops the trial itself; the subprocess dies with this process
 
-    res = run_trial({**fixed, **config}, run_dir, report, target)
+    res = run_trial(
+        {**fixed, **config}, run_dir, report, opts.target, higher_is_better=opts.higher_is_better
+    )
     if res.state == FAIL:
         raise RuntimeError(res.reason)
-    values = objective_values(SweepOptions(objective=objective), res)
+    values = objective_values(opts, res)
     final = {
-        "test_accuracy": res.peak_test_accuracy,
-        "peak_test_accuracy": res.peak_test_accuracy,
+        "test_metric": res.peak_test_metric,
+        "peak_test_metric": res.peak_test_metric,
         "wall_seconds": res.wall_seconds,
         "epoch": res.epochs,
         "objective": values[0],
-        "time_to_accuracy": res.time_to_accuracy,
+        "time_to_target": res.time_to_target,
         "run_dir": str(run_dir),
         "completed": True,
     }
@@ -111,12 +114,13 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             why = redact(first_line(exc), opts.address)
             raise ConfigError(f"--address: {redact_url(opts.address)}: {why}") from None
 
+    modes = [d[:3] for d in directions(opts)]  # maximize -> max, minimize -> min
     if opts.objective == "pareto":
-        metric, mode = ["peak_test_accuracy", "wall_seconds"], ["max", "min"]
-    elif opts.objective == "accuracy":
-        metric, mode = "peak_test_accuracy", "max"
+        metric, mode = ["peak_test_metric", "wall_seconds"], modes
+    elif opts.objective == "metric":
+        metric, mode = "peak_test_metric", modes[0]
     else:
-        metric, mode = "time_to_accuracy", "min"
+        metric, mode = "time_to_target", "min"
     search = OptunaSearch(
         DefineSpace(space),
         metric=metric,
@@ -125,8 +129,8 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
         points_to_evaluate=list(opts.enqueue) or None,
     )
     scheduler = ASHAScheduler(
-        metric="test_accuracy",
-        mode="max",
+        metric="test_metric",
+        mode="max" if opts.higher_is_better else "min",
         time_attr="epoch",
         max_t=epochs,
         grace_period=1,
@@ -138,8 +142,7 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             _trainable,
             fixed=fixed,
             out=str(out),
-            target=opts.target_accuracy,
-            objective=opts.objective,
+            opts=opts,
         ),
         {"cpu": workers},
     )
@@ -177,9 +180,9 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
                 "number": i,
                 "state": state,
                 **{d.name: (result.config or {}).get(d.name) for d in space},
-                "peak_test_accuracy": m.get("peak_test_accuracy"),
+                "peak_test_metric": m.get("peak_test_metric"),
                 "wall_seconds": m.get("wall_seconds") if state == COMPLETE else None,
-                "time_to_accuracy": m.get("time_to_accuracy"),
+                "time_to_target": m.get("time_to_target"),
                 "run_dir": m.get("run_dir", ""),
                 "reason": reason,
             }

@@ -1,7 +1,8 @@
 """One sweep trial = one full `autok train` run in its own processes, watched from outside.
 
 The trial writes its run dir as any run does; the driver tails `epochs.csv` to report each
-epoch's test accuracy (for pruning) and to spot divergence, and kills the run when told to stop.
+epoch's test metric (accuracy, or the task's own: for pruning) and to spot divergence, and
+kills the run when told to stop.
 The run has its own session, so a terminal's Ctrl-C reaches only the sweep, which stops its
 trials through `should_stop` (and they die with it if it is killed).
 """
@@ -32,10 +33,19 @@ class TrialResult:
     state: str
     run_dir: str
     reason: str = ""
-    peak_test_accuracy: float = math.nan
+    peak_test_metric: float = math.nan  # best in the metric's direction
     wall_seconds: float = math.nan
-    time_to_accuracy: float = math.inf  # training seconds until the target accuracy
+    time_to_target: float = math.inf  # training seconds until the metric reached the target
     epochs: int = 0
+
+
+def test_metric(row: dict[str, str]) -> float:
+    """An epochs.csv row's test metric: a task's own, or a classification's accuracy."""
+    return float(row["test_metric"] if "test_metric" in row else row["test_accuracy"])
+
+
+def reached(value: float, target: float, higher_is_better: bool) -> bool:
+    return value >= target if higher_is_better else value <= target
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -57,13 +67,15 @@ def run_trial(
     settings: dict[str, Any],
     run_dir: Path,
     report: Callable[[int, float], bool] | None = None,
-    target_accuracy: float = 0.9,
+    target: float = 0.9,
     poll_seconds: float = 0.2,
     should_stop: Callable[[], bool] | None = None,
+    higher_is_better: bool = True,
 ) -> TrialResult:
-    """Train with `settings` into `run_dir`. `report(epoch, test_accuracy)` is called once per
+    """Train with `settings` into `run_dir`. `report(epoch, test_metric)` is called once per
     finished epoch; returning True stops the run (pruned). `should_stop()` returning True stops
-    it too (FAIL, reason INTERRUPTED)."""
+    it too (FAIL, reason INTERRUPTED). `target` is the metric value time_to_target measures
+    the time to (reached at or above it, or at or below it when lower is better)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "trial.yaml"
     cfg_file.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "out"}))
@@ -90,11 +102,11 @@ def run_trial(
                     break
                 rows = _rows(run_dir / "epochs.csv")
                 for row in rows[seen:]:
-                    epoch, acc = int(row["epoch"]), float(row["test_accuracy"])
+                    epoch, value = int(row["epoch"]), test_metric(row)
                     if not math.isfinite(float(row["train_loss"])):
                         stop = (FAIL, f"diverged: non-finite training loss at epoch {epoch}")
-                    elif report is not None and report(epoch, acc):
-                        stop = (PRUNED, f"pruned at epoch {epoch} (test accuracy {acc:.4f})")
+                    elif report is not None and report(epoch, value):
+                        stop = (PRUNED, f"pruned at epoch {epoch} (test metric {value:.4g})")
                     if stop:
                         break
                 seen = len(rows)
@@ -112,13 +124,13 @@ def run_trial(
     rows = _rows(run_dir / "epochs.csv")
     result = TrialResult(state=COMPLETE, run_dir=str(run_dir), epochs=len(rows))
     if rows:
-        accs = [float(r["test_accuracy"]) for r in rows]
-        result.peak_test_accuracy = max(accs)
+        values = [test_metric(r) for r in rows]
+        result.peak_test_metric = max(values) if higher_is_better else min(values)
         elapsed = 0.0
-        for r, acc in zip(rows, accs, strict=True):
+        for r, value in zip(rows, values, strict=True):
             elapsed += float(r["epoch_seconds"])
-            if acc >= target_accuracy:
-                result.time_to_accuracy = elapsed
+            if reached(value, target, higher_is_better):
+                result.time_to_target = elapsed
                 break
     if stop:
         result.state, result.reason = stop
@@ -126,6 +138,6 @@ def run_trial(
         result.state, result.reason = FAIL, _last_error(log)
     else:
         summary = json.loads((run_dir / "summary.json").read_text())
-        result.peak_test_accuracy = summary["peak_test_accuracy"]
+        result.peak_test_metric = summary.get("peak_test_metric", summary.get("peak_test_accuracy"))
         result.wall_seconds = summary["wall_seconds"]
     return result

@@ -340,9 +340,47 @@ SWEEP = [
     R(["sweep", "--sampler-seed", "-1", "--out", "{out}"], "--sampler-seed"),
     R(["sweep", "--sampler-seed", str(2**40), "--out", "{out}"], "--sampler-seed"),
     *[
-        R(["sweep", "--target-accuracy", v, "--out", "{out}"], "--target-accuracy")
+        R(["sweep", name, v, "--out", "{out}"], "--target")
+        for name in ("--target", "--target-accuracy")  # the older name of the same flag
         for v in ("nan", "inf", "0", "2", "-0.5")
     ],
+    R(
+        [
+            "sweep",
+            "--target",
+            "0.5",
+            "--task",
+            "tests.task_fixtures:regression",
+            "--target",
+            "nan",
+            "--out",
+            "{out}",
+        ],
+        "--target: nan is not a finite",
+    ),  # fmt: skip
+    R(
+        [
+            "sweep",
+            "--task",
+            "tests.task_fixtures:regression",
+            "--objective",
+            "time-to-target",
+            "--out",
+            "{out}",
+        ],
+        "--target: the task's metric is mse; give the value to reach",
+    ),  # fmt: skip
+    R(["sweep", "--task", "tests.task_fixtures:raises", "--out", "{out}"], "--task: "),
+    R(
+        ["sweep", "--task", "tests.task_fixtures:regression", "--model", "mlp", "--out", "{out}"],
+        "--model: the task builds",
+    ),  # fmt: skip
+    R(["train", "--task", "tests.task_fixtures:not_a_task", "--out", "{out}"], "--task: "),
+    R(["train", "--task", "tests.no_such_module:x", "--out", "{out}"], "--task: cannot import"),
+    R(["train", "--task", "tests.task_fixtures:missing", "--out", "{out}"], "--task: "),
+    R(["train", "--task", "a:b:c", "--out", "{out}"], "--task: 'a:b:c' is not MODULE:FUNCTION"),
+    R(["train", "--task", "../evil:x", "--out", "{out}"], "--task: "),
+    R(["train", "--task", "x" * 300 + ":y", "--out", "{out}"], "--task"),
     R(["sweep", "--study-name", " ", "--out", "{out}"], "--study-name"),
     R(["sweep", "--out", "{tmp}/f"], "--out", file("f", "mine"), id="sweep-out=file"),
     R(["sweep", "--out", ""], "--out", id="sweep-out=empty"),

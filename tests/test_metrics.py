@@ -86,7 +86,7 @@ def test_names_types_and_labels():
     try:
         for i in range(3):
             exp.on_boundary(*stats(i, k=4, nxt=8 if i == 2 else 4))
-        exp.on_epoch({"test_accuracy": 0.75})
+        exp.on_epoch({"test_accuracy": 0.75, "test_metric": 0.75, "metric_name": "accuracy"})
         text = scrape(exp.port)
     finally:
         exp.close()
@@ -101,6 +101,7 @@ def test_names_types_and_labels():
         "autok_update_norm": "gauge",
         "autok_train_loss": "gauge",
         "autok_test_accuracy_ratio": "gauge",
+        "autok_test_metric": "gauge",
         "autok_epoch": "gauge",
         "autok_exposed_sync_seconds": "histogram",
         "autok_compute_seconds": "histogram",

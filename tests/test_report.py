@@ -102,10 +102,10 @@ def test_statistics_match_scipy(synthetic):
         assert std == pytest.approx(np.std(values, ddof=1))
     want = stats.ttest_ind(peaks["cpdp-k4"], peaks["ddp"], equal_var=False).pvalue
     assert rows["cpdp-k4"].p_value == pytest.approx(want)
-    assert rows["cpdp-k4"].delta_pp == pytest.approx(
+    assert rows["cpdp-k4"].delta == pytest.approx(
         100 * (np.mean(peaks["cpdp-k4"]) - np.mean(peaks["ddp"]))
     )
-    assert math.isnan(rows["ddp"].p_value) and math.isnan(rows["ddp"].delta_pp)
+    assert math.isnan(rows["ddp"].p_value) and math.isnan(rows["ddp"].delta)
     assert math.isnan(rows["cpdp-es"].p_value)  # one seed: no test
     assert mean_std([0.5]) == (0.5, 0.0)
     assert math.isnan(welch_p([1.0], [1.0, 2.0]))
@@ -175,9 +175,9 @@ def test_rows_in_natural_order_against_the_single_ddp_row(tmp_path):
         "ddp",
     ]
     by = {r.label: r for r in rows}
-    assert by["cpdp sync_period=2"].delta_pp == pytest.approx(2.0)
+    assert by["cpdp sync_period=2"].delta == pytest.approx(2.0)
     assert by["cpdp sync_period=16"].speedup == pytest.approx(4.0)
-    assert math.isnan(by["ddp"].speedup) and math.isnan(by["ddp"].delta_pp)
+    assert math.isnan(by["ddp"].speedup) and math.isnan(by["ddp"].delta)
 
 
 def test_a_tiny_experiment_end_to_end(tmp_path):
@@ -239,3 +239,58 @@ def test_the_named_experiments_expand_to_valid_runs():
     assert ksweep.count("ddp") == 1 and "ddp sync_period=2" not in ksweep
     assert {f"cpdp sync_period={k}" for k in (1, 2, 4, 8, 16, 32, 64)} <= set(ksweep)
     assert len(ksweep) == 15
+
+
+def as_task_run(d: Path, metric: str = "perplexity") -> None:
+    """Rewrite a fake run's files as a --task run judged by `metric` (lower is better): the
+    summary's metric keys (DESIGN §5) and epochs.csv's test_metric column."""
+    summary = json.loads((d / "summary.json").read_text())
+    best = 10 - 5 * summary.pop("peak_test_accuracy")  # higher accuracy -> lower perplexity
+    summary.pop("final_test_accuracy")
+    summary |= {
+        "metric": {"name": metric, "higher_is_better": False},
+        "peak_test_metric": best,
+        "final_test_metric": best + 0.1,
+    }
+    (d / "summary.json").write_text(json.dumps(summary))
+    rows = list(csv.DictReader((d / "epochs.csv").open()))
+    with open(d / "epochs.csv", "w", newline="") as f:
+        fields = ["epoch", "test_loss", "test_metric", "epoch_seconds", "grad_syncs", "param_syncs"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for i, r in enumerate(rows):
+            w.writerow(
+                {**{k: r[k] for k in fields if k in r}, "test_metric": best + 2 - i, "test_loss": 1}
+            )
+
+
+def test_a_task_metric_is_reported_in_its_own_units_and_direction(tmp_path):
+    for label, ppl_like, seeds in (("ddp", 0.90, (1, 2)), ("cpdp-k4", 0.92, (1, 2))):
+        for seed in seeds:
+            fake_run(tmp_path, label, seed, ppl_like + seed / 1000, 50.0, 4)
+            as_task_run(tmp_path / label / f"seed-{seed}")
+    stopped = tmp_path / "localsgd" / "seed-1"
+    stopped.mkdir(parents=True)
+    (stopped / "experiment.json").write_text(json.dumps({"label": "localsgd", "seed": 1}))
+    (stopped / "epochs.csv").write_text("epoch,test_loss,test_metric\n0,2,7.5\n1,2,6.25\n")
+    text = report(tmp_path)
+    assert "judged by test perplexity (lower is better)" in text
+    assert "| method | n | best perplexity | final perplexity |" in text
+    rows = {r.label: r for r in table_rows(collect(tmp_path))}
+    ddp = np.mean([10 - 5 * (0.90 + s / 1000) for s in (1, 2)])
+    cpdp = np.mean([10 - 5 * (0.92 + s / 1000) for s in (1, 2)])
+    assert rows["cpdp-k4"].peak[0] == pytest.approx(cpdp)
+    assert rows["cpdp-k4"].delta == pytest.approx(cpdp - ddp)  # in perplexity, not x100
+    assert f"| cpdp-k4 | 2 | {cpdp:.4f} ± " in text and f"| {cpdp - ddp:+.4f} |" in text
+    assert "| localsgd | 1 | 2 | 6.2500 |" in text  # a stopped run's best is its lowest
+    assert (tmp_path / "metric_vs_time.png").stat().st_size > 1000
+    rows = list(csv.DictReader((tmp_path / "report.csv").open()))
+    assert {r["metric"] for r in rows} == {"perplexity"} and rows[0]["peak_test_accuracy"] == ""
+
+
+def test_runs_judged_by_different_metrics_are_not_mixed_in_one_table(tmp_path):
+    fake_run(tmp_path, "ddp", 1, 0.9, 50.0)
+    fake_run(tmp_path, "cpdp-k4", 1, 0.9, 50.0, 4)
+    as_task_run(tmp_path / "cpdp-k4" / "seed-1")
+    with pytest.raises(ValueError, match=r"different metrics \(accuracy, perplexity\)"):
+        report(tmp_path)

@@ -92,7 +92,7 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
         "state",
         "sync_period",
         "lr",
-        "peak_test_accuracy",
+        "peak_test_metric",
         "wall_seconds",
         "run_dir",
     } <= set(rows[0])
@@ -308,11 +308,11 @@ def stand_in(phase: str):
             once.set()
             interrupt_main()
 
-    def run_trial(settings, run_dir, report=None, target_accuracy=0.9, should_stop=None, **kw):
+    def run_trial(settings, run_dir, report=None, target=0.9, should_stop=None, **kw):
         run_dir.mkdir(parents=True, exist_ok=True)
         if phase == "after":  # the run has finished; Ctrl-C comes before the sweep records it
             interrupt_once()
-            return TrialResult(COMPLETE, str(run_dir), peak_test_accuracy=0.5, wall_seconds=1.0)
+            return TrialResult(COMPLETE, str(run_dir), peak_test_metric=0.5, wall_seconds=1.0)
         if phase == "during":
             interrupt_once()
         deadline = time.monotonic() + 120  # "running" until told to stop, as the real one polls

@@ -24,14 +24,13 @@ from trainer.checkpoint import (
     publish,
     write_rank_file,
 )
-from trainer.data import build_splits
 from trainer.divergence import Diverged, Rollback, params_finite
 from trainer.link import allreduce_sum_
-from trainer.models import build_model
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.profiler import Clock, EpochTimes
-from trainer.sinks import FileSink, ProgressSink, rewind_outputs, summary_table
+from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
 from trainer.sync import Sync
+from trainer.tasks import Task, load_task
 
 if TYPE_CHECKING:  # the CLI's config is a SyncOptions with the run's settings; no import cycle
     from autok.config import TrainConfig
@@ -44,9 +43,10 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """The built-in classification loop: `autok.Sync` (trainer/sync.py) around an ordinary
-    PyTorch loop, plus what a run adds: data, evaluation, epoch records, checkpoints,
-    rollbacks. It uses the engine's public surface only, as a user's loop would."""
+    """The built-in loop: `autok.Sync` (trainer/sync.py) around an ordinary PyTorch loop over a
+    task (trainer/tasks.py: the built-in classification or a user's --task), plus what a run
+    adds: evaluation, epoch records, checkpoints, rollbacks. It uses the engine's public
+    surface only, as a user's loop would."""
 
     def __init__(
         self,
@@ -63,24 +63,19 @@ class Trainer:
         self.device = device or torch.device("cpu")
         self.now = Clock(self.device)
 
-        splits = build_splits(
-            cfg.dataset,
-            cfg.data_dir,
-            mnist1d_samples=cfg.mnist1d_samples,
-            image_size=cfg.image_size,
-        )
-        # Identical initial weights on every rank; per-rank streams afterwards (augmentation).
+        # Identical initial weights on every rank (DDP would broadcast rank 0's anyway); per-rank
+        # streams afterwards (augmentation).
         seed_everything(cfg.seed)
-        self.model: nn.Module = build_model(
-            cfg.model, splits.meta.input_shape, splits.meta.num_classes
-        ).to(self.device)
+        self.task: Task = load_task(cfg)
+        self.model: nn.Module = self.task.model.to(self.device)
         seed_everything(cfg.seed + 1000 * (rank + 1))
+        train, test = self.task.train_dataset, self.task.test_dataset
 
         self.sampler = DistributedSampler(
-            splits.train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
+            train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
         )
         self.train_loader = DataLoader(
-            splits.train,
+            train,
             batch_size=cfg.batch_size,
             sampler=self.sampler,
             num_workers=cfg.loader_workers,
@@ -89,7 +84,7 @@ class Trainer:
         # Each rank evaluates a disjoint slice; the counts are summed, so the accuracy is that
         # of the whole test set (DistributedSampler would pad with duplicates).
         self.test_loader = DataLoader(
-            Subset(splits.test, range(rank, len(splits.test), world_size)), batch_size=512
+            Subset(test, range(rank, len(test), world_size)), batch_size=512
         )
         self.steps_per_epoch = len(self.train_loader)
 
@@ -130,7 +125,8 @@ class Trainer:
         if resume and out_dir is not None:
             epoch = self.restore_latest()
             if rank == 0:
-                rewind_outputs(out_dir, epoch)  # rows after the checkpoint would be re-written
+                # rows after the checkpoint would be re-written
+                rewind_outputs(out_dir, epoch, epoch_columns(self.task.classifies))
                 print(
                     f"autok: resuming after epoch {epoch}"
                     if epoch >= 0
@@ -138,7 +134,7 @@ class Trainer:
                     flush=True,
                 )
         if rank == 0 and out_dir is not None:
-            self.observers.append(FileSink(out_dir))
+            self.observers.append(FileSink(out_dir, epoch_columns(self.task.classifies)))
             self.observers.append(
                 ProgressSink(cfg.epochs * self.steps_per_epoch, cfg.progress, self.global_step)
             )
@@ -198,7 +194,7 @@ class Trainer:
         return summary
 
     def _train_epoch(self, epoch: int) -> None:
-        criterion = nn.CrossEntropyLoss()
+        loss_fn, classifies = self.task.loss_fn, self.task.classifies
         sync = self.sync
         self.sampler.set_epoch(epoch)
         sync.model.train()
@@ -213,7 +209,7 @@ class Trainer:
             with sync.step(boundary=i == last) as s:
                 self.optimizer.zero_grad(set_to_none=True)
                 out = sync.model(x)
-                loss = criterion(out, y)
+                loss = loss_fn(out, y)
                 loss.backward()
                 lr = self.optimizer.param_groups[0]["lr"]
                 self.optimizer.step()
@@ -225,7 +221,8 @@ class Trainer:
             times.optimizer_seconds += step.optimizer_seconds
             times.sync_seconds += step.sync_seconds
             times.train_loss_sum += loss.item() * len(y)
-            times.train_correct += (out.argmax(1) == y).sum().item()
+            if classifies:  # another metric is judged on the test set only
+                times.train_correct += float(self.task.metric.batch(out.detach(), y)[0])
             times.train_seen += len(y)
             times.steps += 1
             self._emit("on_step", self, step.is_boundary)
@@ -234,7 +231,7 @@ class Trainer:
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
-        self.history.append(row["test_accuracy"])
+        self.history.append(row["test_metric"])
         self._emit("on_epoch", row)
 
     # ----- checkpoints, resume, rollback -------------------------------------------------------
@@ -348,39 +345,55 @@ class Trainer:
         return epoch + 1
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
+    def evaluate(self) -> list[float]:
+        """This rank's slice of the test set as sums: [metric sum, metric count, loss sum,
+        samples]; summed over ranks they give the whole set's metric and mean loss."""
         self.model.eval()
-        correct = total = 0
+        metric_sum = metric_count = loss_sum = seen = 0.0
         for x, y in self.test_loader:
             x, y = x.to(self.device), y.to(self.device)
-            correct += (self.model(x).argmax(1) == y).sum().item()
-            total += len(y)
+            out = self.model(x)
+            total, count = self.task.metric.batch(out, y)
+            metric_sum += float(total)
+            metric_count += float(count)
+            loss_sum += float(self.task.loss_fn(out, y)) * len(y)
+            seen += len(y)
         self.model.train()
-        return float(correct), float(total)
+        return [metric_sum, metric_count, loss_sum, seen]
 
     def _end_epoch(
         self, epoch: int, times: EpochTimes, grad_syncs0: int, param_syncs0: int, times_lr: float
     ) -> dict[str, Any]:
-        correct, total = self.evaluate()
         digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
-        local = [correct, total, digest, digest if self.rank == 0 else 0.0, *times.values()]
+        local = [digest, digest if self.rank == 0 else 0.0, *self.evaluate(), *times.values()]
         buf = torch.tensor(local, dtype=torch.float64, device=self.device)
         allreduce_sum_(buf, self.sync.clock)
         red = buf.tolist()
         n = self.world_size
-        if red[2] != n * red[3]:
+        if red[0] != n * red[1]:
             raise ReplicaMismatch(f"replicas differ at the end of epoch {epoch}")
-        t = dict(zip(EpochTimes.names(), [v / n for v in red[4:]], strict=True))
+        metric_sum, metric_count, test_loss_sum, test_seen = red[2:6]
+        test_metric = self.task.metric.value(metric_sum / max(metric_count, 1.0))
+        t = dict(zip(EpochTimes.names(), [v / n for v in red[6:]], strict=True))
         self.total_compute += t["forward_seconds"] + t["backward_seconds"] + t["optimizer_seconds"]
         self.total_exposed += t["sync_seconds"]
         seen = t["train_seen"] * n
         overhead = t["epoch_seconds"] - t["forward_seconds"] - t["backward_seconds"]
         overhead -= t["sync_seconds"]
+        quality = (
+            {
+                "train_accuracy": t["train_correct"] * n / seen,
+                "test_accuracy": test_metric,
+            }
+            if self.task.classifies
+            else {"test_loss": test_loss_sum / max(test_seen, 1.0)}
+        )
         return {
             "epoch": epoch,
             "train_loss": t["train_loss_sum"] * n / seen,
-            "train_accuracy": t["train_correct"] * n / seen,
-            "test_accuracy": red[0] / red[1],
+            **quality,
+            "test_metric": test_metric,
+            "metric_name": self.task.metric.name,
             "epoch_seconds": t["epoch_seconds"],
             "samples_per_second": seen / t["epoch_seconds"],
             "forward_seconds": t["forward_seconds"],
@@ -395,17 +408,26 @@ class Trainer:
         }
 
     def _summary(self, history: list[float], wall: float) -> dict[str, Any]:
+        """summary.json (DESIGN §5). `history`: the test metric per epoch."""
         n = self.world_size
         # One slot per rank: each writes its own digest, the SUM gathers them (exact in float64).
         slots = torch.zeros(n, dtype=torch.float64, device=self.device)
         slots[self.rank] = param_digest(list(self.model.parameters()), 32)
         allreduce_sum_(slots, self.sync.clock)
+        metric = self.task.metric
+        best = max(history) if metric.higher_is_better else min(history)
+        quality: dict[str, Any] = {
+            "metric": metric.describe(),
+            "peak_test_metric": best,
+            "final_test_metric": history[-1],
+        }
+        if self.task.classifies:
+            quality |= {"peak_test_accuracy": best, "final_test_accuracy": history[-1]}
         return {
             "strategy": self.cfg.strategy,
             "policy": self.cfg.policy,
             "world_size": n,
-            "peak_test_accuracy": max(history),
-            "final_test_accuracy": history[-1],
+            **quality,
             "wall_seconds": wall,
             "compute_seconds": self.total_compute,
             "exposed_sync_seconds": self.total_exposed,

@@ -28,6 +28,17 @@ EPOCH_COLUMNS = [
     "lr",
 ]
 
+# A task judged by another metric (e.g. perplexity; DESIGN §5): its loss and metric on the test
+# set replace the accuracies, which mean nothing there.
+TASK_EPOCH_COLUMNS = [
+    {"train_accuracy": "test_loss", "test_accuracy": "test_metric"}.get(c, c) for c in EPOCH_COLUMNS
+]
+
+
+def epoch_columns(classifies: bool) -> list[str]:
+    return EPOCH_COLUMNS if classifies else TASK_EPOCH_COLUMNS
+
+
 SUMMARY_KEYS = [
     "strategy",
     "policy",
@@ -68,11 +79,11 @@ def _complete_lines(path: Path) -> list[str]:
     return lines
 
 
-def _csv_epoch(path: Path, i: int, line: str, width: int) -> int:
+def _csv_epoch(path: Path, i: int, line: str, header: list[str]) -> int:
     fields = next(csv.reader([line]), [])
-    if len(fields) != width:
-        raise ValueError(f"{path} line {i}: {len(fields)} fields, the header has {width}")
-    for name, value in zip(EPOCH_COLUMNS, fields, strict=False):
+    if len(fields) != len(header):
+        raise ValueError(f"{path} line {i}: {len(fields)} fields, the header has {len(header)}")
+    for name, value in zip(header, fields, strict=False):
         try:
             float(value)
         except ValueError:
@@ -116,14 +127,15 @@ def _read_outputs(out_dir: Path) -> tuple[list[tuple[int, str]], list[tuple[int,
     rows: list[tuple[int, str]] = []
     if csv_path.exists():
         lines = _complete_lines(csv_path)
+        header = EPOCH_COLUMNS
         if lines:
             header = next(csv.reader([lines[0]]), [])
-            if header != EPOCH_COLUMNS:
+            if header not in (EPOCH_COLUMNS, TASK_EPOCH_COLUMNS):
                 raise ValueError(f"{csv_path} line 1: not the header autok writes")
             rows.append((-1, lines[0]))
         for i, ln in enumerate(lines[1:], 2):
             if ln.strip():
-                rows.append((_csv_epoch(csv_path, i, ln, len(EPOCH_COLUMNS)), ln))
+                rows.append((_csv_epoch(csv_path, i, ln, header), ln))
     records: list[tuple[int, str]] = []
     if jsonl_path.exists():
         for i, ln in enumerate(_complete_lines(jsonl_path), 1):
@@ -132,14 +144,14 @@ def _read_outputs(out_dir: Path) -> tuple[list[tuple[int, str]], list[tuple[int,
     return rows, records
 
 
-def rewind_outputs(out_dir: Path, last_epoch: int) -> None:
+def rewind_outputs(out_dir: Path, last_epoch: int, columns: list[str] = EPOCH_COLUMNS) -> None:
     """Drop the rows of epochs after `last_epoch` (they are about to be trained again), so a
     resumed or rolled-back run has no duplicate and no missing row. Atomic per file. Rows that
     are not autok's are refused (ValueError naming file, line and field), never guessed at."""
     rows, records = _read_outputs(out_dir)
     csv_path, jsonl_path = out_dir / "epochs.csv", out_dir / "boundaries.jsonl"
     if csv_path.exists():
-        header = [] if rows else [",".join(EPOCH_COLUMNS) + "\r\n"]  # a header a crash cut
+        header = [] if rows else [",".join(columns) + "\r\n"]  # a header a crash cut
         _write_atomic(csv_path, "".join(header + [ln for e, ln in rows if e <= last_epoch]))
     if jsonl_path.exists():
         _write_atomic(jsonl_path, "".join(ln for e, ln in records if e <= last_epoch))
@@ -181,8 +193,8 @@ class BoundaryLog:
 
 
 class FileSink:
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
+    def __init__(self, out_dir: Path, columns: list[str] = EPOCH_COLUMNS) -> None:
+        self.out_dir, self.columns = out_dir, columns
         self._open()
 
     def _open(self) -> None:
@@ -198,7 +210,7 @@ class FileSink:
         self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
         new_csv = not (out_dir / "epochs.csv").exists()
         self._csv_file = open(out_dir / "epochs.csv", "a", newline="")  # noqa: SIM115
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=EPOCH_COLUMNS)
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=self.columns)
         if new_csv:
             self._csv.writeheader()
 
@@ -208,13 +220,13 @@ class FileSink:
         self._jsonl.write(json.dumps(boundary_record(stats, decision)) + "\n")
 
     def on_epoch(self, row: dict[str, Any]) -> None:
-        self._csv.writerow({k: row[k] for k in EPOCH_COLUMNS})
+        self._csv.writerow({k: row[k] for k in self.columns})
         self._csv_file.flush()
         self._jsonl.flush()
 
     def on_rewind(self, last_epoch: int) -> None:
         self._close()
-        rewind_outputs(self.out_dir, last_epoch)
+        rewind_outputs(self.out_dir, last_epoch, self.columns)
         self._open()
 
     def on_stop(self, epoch: int) -> None:
@@ -251,7 +263,10 @@ class ProgressSink:
         self._bar.set_postfix(self._post, refresh=False)
 
     def on_epoch(self, row: dict[str, Any]) -> None:
-        self._post["acc"] = f"{row['test_accuracy']:.3f}"
+        if "test_accuracy" in row:
+            self._post["acc"] = f"{row['test_accuracy']:.3f}"
+        else:
+            self._post[row["metric_name"][:4]] = f"{row['test_metric']:.4g}"
         self._bar.set_postfix(self._post)
 
     def on_rewind(self, last_epoch: int) -> None:
@@ -286,15 +301,21 @@ def plot_k_and_lr(path: list[tuple[int, int, float]], out: Path, summary: dict) 
     plt.close(fig)
 
 
+def _quality_row(summary: dict[str, Any]) -> tuple[str, str]:
+    if "peak_test_accuracy" in summary:
+        peak, final = summary["peak_test_accuracy"], summary["final_test_accuracy"]
+        return "peak / final test acc", f"{peak:.4f} / {final:.4f}"
+    name = summary["metric"]["name"]
+    peak, final = summary["peak_test_metric"], summary["final_test_metric"]
+    return f"best / final test {name}", f"{peak:.4g} / {final:.4g}"
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     wall = summary["wall_seconds"]
     rows = [
         ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
         ("workers, link", f"{summary['world_size']}, {summary['link']}"),
-        (
-            "peak / final test acc",
-            f"{summary['peak_test_accuracy']:.4f} / {summary['final_test_accuracy']:.4f}",
-        ),
+        _quality_row(summary),
         ("wall-clock", f"{wall:.1f} s"),
         ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
         (

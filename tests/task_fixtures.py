@@ -1,0 +1,60 @@
+"""Tasks for the --task tests: a user's module, imported by name as `autok train --task` does
+(`tests.task_fixtures:regression`). Only the public API: `autok.Task`, `autok.Metric`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import autok
+
+
+def _squared_error(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return ((output.squeeze(-1) - target) ** 2).sum(), target.numel()
+
+
+MSE = autok.Metric("mse", higher_is_better=False, batch=_squared_error)
+
+
+def regression_data() -> tuple[TensorDataset, TensorDataset]:
+    """y = x·w with noise; the same on every rank and in the test (a fixed generator)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(640, 8, generator=g)
+    y = x @ torch.randn(8, generator=g) + 0.1 * torch.randn(640, generator=g)
+    return TensorDataset(x[:512], y[:512]), TensorDataset(x[512:], y[512:])
+
+
+def regression_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def _mse_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output.squeeze(-1), target)
+
+
+def regression(cfg) -> autok.Task:
+    """Not a classification: MSE loss, judged by test MSE (lower is better)."""
+    train, test = regression_data()
+    return autok.Task(regression_model(), train, test, loss_fn=_mse_loss, metric=MSE)
+
+
+def not_a_task(cfg):
+    return {"model": regression_model()}
+
+
+def raises(cfg):
+    raise RuntimeError("the data set is not where this task expects it")
+
+
+def no_parameters(cfg) -> autok.Task:
+    train, test = regression_data()
+    return autok.Task(nn.Identity(), train, test)
+
+
+def empty_test_set(cfg) -> autok.Task:
+    train, _ = regression_data()
+    return autok.Task(regression_model(), train, TensorDataset(torch.zeros(0, 8)))
+
+
+NOT_CALLABLE = 3

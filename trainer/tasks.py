@@ -1,0 +1,176 @@
+"""Tasks: what the built-in loop trains (DESIGN §7). A task is a model, its data and how to judge
+it; `--task MODULE:FUNCTION` names a function `FUNCTION(cfg) -> Task`. The built-in data sets
+and models are the task `trainer.tasks:classification`, registered the same way, so the CLI's
+own runs go through the path a user's task takes.
+
+A metric is judged from sums, not means: each rank evaluates a disjoint slice of the test set,
+the (sum, count) pairs are added across ranks, and `value(sum / count)` is the metric of the
+whole test set whatever the slicing (accuracy: correct / seen; perplexity: exp(mean NLL)).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+__all__ = ["ACCURACY", "BUILTIN_TASK", "Metric", "PERPLEXITY", "Task", "TaskError", "load_task"]
+
+BUILTIN_TASK = "trainer.tasks:classification"
+# `package.module:function`: identifiers only, so a spec can never name a file path or code.
+TASK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+
+
+class TaskError(ValueError):
+    """A task that cannot be used; the message names --task."""
+
+
+def _identity(x: float) -> float:
+    return x
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a task is judged. `batch(output, target)` returns (sum, count) for one batch (tensors
+    or numbers); the metric is `value(total sum / total count)`."""
+
+    name: str
+    higher_is_better: bool
+    batch: Callable[[Any, Any], tuple[Any, Any]]
+    value: Callable[[float], float] = _identity
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "higher_is_better": self.higher_is_better}
+
+
+def _correct(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    return (output.argmax(-1) == target).sum(), target.numel()
+
+
+def _token_nll(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    # Logits (..., vocabulary) against class indices (...): summed NLL and the token count.
+    logits = output.reshape(-1, output.shape[-1]).float()
+    return F.cross_entropy(logits, target.reshape(-1), reduction="sum"), target.numel()
+
+
+def _exp(mean_nll: float) -> float:
+    return math.exp(min(mean_nll, 700.0))  # a diverged model reads as huge, not as an error
+
+
+ACCURACY = Metric("accuracy", True, _correct)
+PERPLEXITY = Metric("perplexity", False, _token_nll, _exp)
+
+
+def _cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+@dataclass
+class Task:
+    """What `--task MODULE:FUNCTION` returns: the model (built by FUNCTION(cfg), which runs on
+    every rank; DDP starts every replica from rank 0's weights), the data sets (the same on every
+    rank: the loop shards them), the loss (default cross-entropy over the last dimension) and
+    the metric (default accuracy)."""
+
+    model: nn.Module
+    train_dataset: Dataset
+    test_dataset: Dataset
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    metric: Metric | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_fn is None:
+            self.loss_fn = _cross_entropy
+        if self.metric is None:
+            self.metric = ACCURACY
+
+    @property
+    def classifies(self) -> bool:
+        """Accuracy-judged: the run's files keep their classification columns."""
+        return self.metric.name == "accuracy" and self.metric.higher_is_better
+
+
+def classification(cfg: Any) -> Task:
+    """The built-in task: `--dataset` with `--model` (trainer/data.py, trainer/models.py)."""
+    from trainer.data import build_splits
+    from trainer.models import build_model
+
+    splits = build_splits(
+        cfg.dataset, cfg.data_dir, mnist1d_samples=cfg.mnist1d_samples, image_size=cfg.image_size
+    )
+    model = build_model(cfg.model, splits.meta.input_shape, splits.meta.num_classes)
+    return Task(model, splits.train, splits.test)
+
+
+def resolve(spec: str) -> Callable[[Any], Any]:
+    """The function a `--task` spec names, imported. Raises TaskError naming --task."""
+    if not TASK_SPEC.match(spec):
+        raise TaskError(f"--task: {spec[:120]!r} is not MODULE:FUNCTION (e.g. mypkg.tasks:build)")
+    module_name, fn_name = spec.split(":")
+    # As `python -m` does: modules of the directory the command runs in are importable (the
+    # launcher's workers and sweep trials start in that directory too).
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any failure of the user's import is the task's problem
+        raise TaskError(f"--task: cannot import {module_name}: {_brief(exc)}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise TaskError(f"--task: {module_name} has no function {fn_name!r}")
+    return fn
+
+
+def load_task(cfg: Any) -> Task:
+    """Build the run's task (`cfg.task`, or the built-in classification); TaskError naming
+    --task when the function fails or returns something that is not a usable Task."""
+    spec = getattr(cfg, "task", None) or BUILTIN_TASK
+    fn = resolve(spec)
+    try:
+        task = fn(cfg)
+    except TaskError:
+        raise
+    except Exception as exc:
+        raise TaskError(f"--task: {spec} failed: {_brief(exc)}") from None
+    if why := _unusable(task):
+        raise TaskError(f"--task: {spec} returned {why}")
+    return task
+
+
+def _unusable(task: Any) -> str | None:
+    if not isinstance(task, Task):
+        return f"a {type(task).__name__}, not an autok.Task"
+    if not isinstance(task.model, nn.Module):
+        return f"a model that is a {type(task.model).__name__}, not a torch.nn.Module"
+    if not any(p.requires_grad for p in task.model.parameters()):
+        return "a model with no trainable parameters"
+    for name in ("train_dataset", "test_dataset"):
+        ds = getattr(task, name)
+        try:
+            n = len(ds)
+        except TypeError:
+            return f"a {name} without a length (a map-style Dataset is needed: the loop shards it)"
+        if n == 0:
+            return f"an empty {name}"
+    if not callable(task.loss_fn):
+        return "a loss_fn that is not callable"
+    m = task.metric
+    if not (isinstance(m, Metric) and m.name and callable(m.batch) and callable(m.value)):
+        return "a metric that is not an autok.Metric with a name and a batch function"
+    return None
+
+
+def _brief(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
