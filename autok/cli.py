@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from autok.config import (
     SEED_MAX,
+    TASK_OWNS,
     ConfigError,
     TrainConfig,
     check_task,
@@ -527,8 +528,14 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
     space = load_space(sweep_args.pop("space"))
     sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
+    if fixed.get("task") is not None and (owned := [d for d in space if d.name in TASK_OWNS]):
+        raise ConfigError(
+            f"--space: {owned[0].name}: the --task builds its own data and model; "
+            "it cannot be searched"
+        )
     opts = SweepOptions(
         out=Path(out),
+        workdir=os.getcwd(),
         seed=sweep_args.pop("sampler_seed"),
         metric_name=metric.name,
         higher_is_better=metric.higher_is_better,

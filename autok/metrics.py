@@ -63,7 +63,8 @@ GAUGES = {
     "update_norm": "||theta_avg - theta_ref|| at the last boundary",
     "train_loss": "mean training loss over the last interval and the ranks",
     "test_accuracy_ratio": "test accuracy after the last finished epoch (classification)",
-    "test_metric": "the task's test metric after the last finished epoch (accuracy, perplexity)",
+    "test_metric": "the task's test metric after the last finished epoch (its name in the "
+    "metric label: accuracy, perplexity, ...)",
     "epoch": "epoch being trained (0-based)",
 }
 COUNTERS = {
@@ -154,6 +155,7 @@ class MetricsExporter:
         self._version = 0
         self._cache: tuple[int, bytes] = (-1, b"")
         self._gauges: dict[str, float] = {}
+        self._metric_name = "accuracy"  # the task's, labelled on autok_test_metric
         self._counters = {name: 0.0 for name in COUNTERS}
         self._k_changes: dict[str, int] = {}
         self._exposed, self._compute = _Hist(), _Hist()
@@ -195,6 +197,7 @@ class MetricsExporter:
             if "test_accuracy" in row:
                 self._gauges["test_accuracy_ratio"] = row["test_accuracy"]
             self._gauges["test_metric"] = row["test_metric"]
+            self._metric_name = str(row.get("metric_name", "accuracy"))
             self._version += 1
 
     def on_local_interval(self, compute_seconds: float, wait_seconds: float) -> None:
@@ -224,8 +227,9 @@ class MetricsExporter:
             if self.cluster:
                 for name, doc in GAUGES.items():
                     if name in self._gauges:
-                        m = GaugeMetricFamily(f"autok_{name}", doc, labels=names)
-                        m.add_metric(values, self._gauges[name])
+                        extra = {"metric": self._metric_name} if name == "test_metric" else {}
+                        m = GaugeMetricFamily(f"autok_{name}", doc, labels=[*names, *extra])
+                        m.add_metric([*values, *extra.values()], self._gauges[name])
                         yield m
                 for name, doc in COUNTERS.items():
                     m = CounterMetricFamily(f"autok_{name}", doc, labels=names)

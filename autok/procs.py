@@ -19,7 +19,9 @@ import sys
 _PR_SET_PDEATHSIG = 1
 
 
-def start_logged(cmd: list[str], log, *, new_session: bool = False) -> subprocess.Popen:
+def start_logged(
+    cmd: list[str], log, *, new_session: bool = False, cwd: str | None = None
+) -> subprocess.Popen:
     """A child with stdout and stderr in `log`, no stdin, dying with this process (on Linux;
     elsewhere it just runs). `new_session`: the child gets its own session and process group, so
     a terminal's Ctrl-C reaches only this process, which then decides how the child stops."""
@@ -29,6 +31,7 @@ def start_logged(cmd: list[str], log, *, new_session: bool = False) -> subproces
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=new_session,
+        cwd=cwd,
     )
 
 

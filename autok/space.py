@@ -107,6 +107,8 @@ def load_space(path: Path | None) -> list[Dim]:
             raise ConfigError(f"{where}: not an `autok train` setting")
         if name in ("out", "workers"):
             raise ConfigError(f"{where}: fixed per sweep, cannot be searched")
+        if name == "task":  # its metric sets the sweep's direction: one per sweep
+            raise ConfigError(f"{where}: fixed per sweep (give --task), cannot be searched")
         if not isinstance(spec, dict) or spec.get("type") not in ("int", "float", "categorical"):
             raise ConfigError(f"{where}: needs type: int, float or categorical")
         kind = spec["type"]

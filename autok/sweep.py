@@ -47,10 +47,13 @@ class SweepOptions:
     seed: int = 0
     address: str | None = None  # ray
     enqueue: tuple[dict, ...] = ()  # settings to evaluate first (warm start)
+    workdir: str | None = None  # where trials start (the sweep's directory: --task modules)
 
 
-# What a trial's result adds to its row of trials.csv.
+# What a trial's result adds to its row of trials.csv; studies made before tasks stored the
+# same values under the accuracy names.
 RESULT_KEYS = ("peak_test_metric", "wall_seconds", "time_to_target")
+OLD_NAMES = {"peak_test_metric": "peak_test_accuracy", "time_to_target": "time_to_accuracy"}
 
 
 class TrialFailed(Exception):
@@ -259,6 +262,13 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         pruner=pruner,
         load_if_exists=opts.resume,
     )
+    if opts.resume and (was := [d.name.lower() for d in study.directions]) != directions(opts):
+        # Optuna keeps a resumed study's directions: it would optimize one way, best.yaml and
+        # the front the other.
+        raise ConfigError(
+            f"--resume: the study {opts.study_name!r} was made to {' and '.join(was)} "
+            f"(its objective and metric); resume it with the same --objective and --task"
+        )
     if not opts.resume:
         study.set_user_attr("fixed", {k: _plain(v) for k, v in fixed.items()})
     for params in opts.enqueue:
@@ -289,6 +299,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             opts.target,
             should_stop=stop,
             higher_is_better=opts.higher_is_better,
+            workdir=opts.workdir,
         )
         if stop():
             trial.study.stop()  # no new trial; the running ones stop at their next poll
@@ -338,7 +349,7 @@ def optuna_rows(study, space: list[Dim]) -> list[dict]:
                 "number": t.number,
                 "state": t.state.name,
                 **{d.name: t.params.get(d.name) for d in space},
-                **{key: attrs.get(key) for key in RESULT_KEYS},
+                **{key: attrs.get(key, attrs.get(OLD_NAMES.get(key, ""))) for key in RESULT_KEYS},
                 "run_dir": attrs.get("run_dir", ""),
                 "reason": attrs.get("reason", ""),
             }

@@ -9,6 +9,7 @@ local Ray, against a cluster (`--address auto` or `ray://HOST:PORT`), and as a R
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -65,8 +66,14 @@ def _trainable(config: dict[str, Any], fixed: dict[str, Any], out: str, opts: Sw
         )
         return False  # ASHA stops the trial itself; the subprocess dies with this process
 
+    workdir = opts.workdir if opts.workdir and os.path.isdir(opts.workdir) else None
     res = run_trial(
-        {**fixed, **config}, run_dir, report, opts.target, higher_is_better=opts.higher_is_better
+        {**fixed, **config},
+        run_dir,
+        report,
+        opts.target,
+        higher_is_better=opts.higher_is_better,
+        workdir=workdir,
     )
     if res.state == FAIL:
         raise RuntimeError(res.reason)
@@ -142,7 +149,8 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             _trainable,
             fixed=fixed,
             out=str(out),
-            opts=opts,
+            # what a trial needs, without the storage URL (it may hold a password)
+            opts=dataclasses.replace(opts, storage=None, enqueue=()),
         ),
         {"cpu": workers},
     )

@@ -71,11 +71,14 @@ def run_trial(
     poll_seconds: float = 0.2,
     should_stop: Callable[[], bool] | None = None,
     higher_is_better: bool = True,
+    workdir: str | None = None,
 ) -> TrialResult:
     """Train with `settings` into `run_dir`. `report(epoch, test_metric)` is called once per
     finished epoch; returning True stops the run (pruned). `should_stop()` returning True stops
     it too (FAIL, reason INTERRUPTED). `target` is the metric value time_to_target measures
-    the time to (reached at or above it, or at or below it when lower is better)."""
+    the time to (reached at or above it, or at or below it when lower is better). `workdir`:
+    the directory the run starts in (the sweep's: a --task module is found from there, even
+    when Ray has moved this process into a trial directory)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "trial.yaml"
     cfg_file.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "out"}))
@@ -92,7 +95,7 @@ def run_trial(
         "--no-progress",
     ]
     with open(log, "w") as log_f:
-        proc = start_logged(cmd, log_f, new_session=True)
+        proc = start_logged(cmd, log_f, new_session=True, cwd=workdir)
         seen, stop = 0, None
         try:
             while True:

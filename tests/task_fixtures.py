@@ -58,3 +58,21 @@ def empty_test_set(cfg) -> autok.Task:
 
 
 NOT_CALLABLE = 3
+
+
+def unpaired_samples(cfg) -> autok.Task:
+    train, test = regression_data()
+    return autok.Task(regression_model(), TensorDataset(train.tensors[0]), test)
+
+
+def wrong_shapes(cfg) -> autok.Task:
+    """A model for 5 input features on data with 8: fails in the model, on every rank."""
+    train, test = regression_data()
+    return autok.Task(nn.Linear(5, 1), train, test, loss_fn=_mse_loss, metric=MSE)
+
+
+def loss_not_scalar(cfg) -> autok.Task:
+    train, test = regression_data()
+    return autok.Task(
+        regression_model(), train, test, loss_fn=lambda out, y: (out.squeeze(-1) - y) ** 2
+    )

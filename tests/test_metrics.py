@@ -127,6 +127,7 @@ def test_names_types_and_labels():
                 "bandwidth_gbps",
                 "jitter_ms",
                 "rank",
+                "metric",
             }
     assert sample(fams, "autok_boundaries", "_total") == 3
     assert sample(fams, "autok_samples", "_total") == 384

@@ -118,6 +118,13 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert len(trials(out)) == 3  # the same study, one more trial
+    # Optuna would keep the study's directions (maximize, minimize) under another objective
+    other = ["--objective", "time-to-target", "--space", str(small_space), "--out", str(out)]
+    res = autok("sweep", "--trials", "1", "--resume", *other, *FIXED)
+    assert res.returncode == 2 and res.stderr.startswith(
+        "autok: error: --resume: the study 'autok' was made to maximize and minimize"
+    )
+    assert len(trials(out)) == 3
 
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["workers"] == 2 and "sync_period" in best and "lr" in best
@@ -508,20 +515,14 @@ def test_optuna_sweep_against_a_real_postgresql(tmp_path, small_space):
 
 @pytest.mark.dist
 def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
+    # On a --task judged by a lower-is-better metric: Ray moves each trial into its own
+    # directory, and the task's module must still be found (from the sweep's directory).
     out = tmp_path / "ray"
+    task = ["--task", "tests.task_fixtures:regression", "--workers", "2", "--epochs", "2"]
     res = autok(
-        "sweep",
-        "--backend",
-        "ray",
-        "--trials",
-        "2",
-        "--space",
-        str(small_space),
-        "--out",
-        str(out),
-        *FIXED,
-        timeout=900,
-    )
+        "sweep", "--backend", "ray", "--trials", "2", "--space", str(small_space),
+        "--out", str(out), *task, "--link", "none", "--slowmo-beta", "0", timeout=900,
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     rows = trials(out)
     # ASHA may stop the weaker trial after its first epoch (grace period 1)
@@ -529,5 +530,9 @@ def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
     done = [r for r in rows if r["state"] == "COMPLETE"]
     assert done
     for r in done:
-        assert json.loads((Path(r["run_dir"]) / "summary.json").read_text())["world_size"] == 2
-    assert (out / "best.yaml").exists() and (out / "pareto.png").exists()
+        summary = json.loads((Path(r["run_dir"]) / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["metric"]["name"] == "mse"
+        assert float(r["peak_test_metric"]) == summary["peak_test_metric"]
+    assert (out / "pareto.png").exists()
+    best = min(done, key=lambda r: float(r["peak_test_metric"]))  # lower is better
+    assert (out / "best.yaml").read_text().startswith(f"# best trial {best['number']} of ")

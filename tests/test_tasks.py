@@ -44,6 +44,10 @@ def test_the_builtin_classification_is_a_task_like_any_other():
         ("tests.task_fixtures:NOT_CALLABLE", "has no function 'NOT_CALLABLE'"),
         ("tests.task_fixtures:missing", "has no function 'missing'"),
         ("tests.no_such_module:task", "cannot import tests.no_such_module: ModuleNotFoundError"),
+        ("tests.task_fixture_exits:task", "cannot import tests.task_fixture_exits: SystemExit"),
+        ("tests.task_fixtures:unpaired_samples", "samples are not (input, target) pairs"),
+        ("tests.task_fixtures:wrong_shapes", "train_dataset fails in the model on 2 samples"),
+        ("tests.task_fixtures:loss_not_scalar", "a loss_fn that does not return a scalar"),
     ],
 )
 def test_an_unusable_task_is_one_line_naming_the_flag(spec, says):
@@ -179,3 +183,47 @@ def test_time_to_target_on_a_task_needs_the_target_value(tmp_path):
     assert res.stderr.strip() == (
         "autok: error: --target: the task's metric is mse; give the value to reach"
     )
+
+
+def test_the_probe_leaves_no_trace_in_the_model():
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from trainer.tasks import _probe
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    data = TensorDataset(torch.randn(6, 3) * 5 + 3, torch.tensor([0, 1, 0, 1, 0, 1]))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert _probe(Task(model, data, data)) is None
+    assert model.training  # the mode it had
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN stats too
+
+
+# ----- the sweep's direction (pure functions) -----------------------------------------------
+
+
+def test_a_lower_is_better_metric_is_minimized_ranked_and_pruned_that_way():
+    from autok.pareto import pareto_front
+    from autok.sweep import SweepOptions, best_row, directions, intermediate, oriented
+
+    low = SweepOptions(metric_name="perplexity", higher_is_better=False)
+    acc = SweepOptions()
+    assert directions(low) == ["minimize", "minimize"] and directions(acc) == [
+        "maximize",
+        "minimize",
+    ]
+    metric = SweepOptions(objective="metric", metric_name="mse", higher_is_better=False)
+    assert directions(metric) == ["minimize"] and intermediate(metric, 3.0) == 3.0
+    ttt = SweepOptions(objective="time-to-target", metric_name="perplexity", higher_is_better=False)
+    assert directions(ttt) == ["minimize"] and intermediate(ttt, 12.0) == 12.0
+    ttt_acc = SweepOptions(objective="time-to-target")
+    assert intermediate(ttt_acc, 0.8) == pytest.approx(0.2)  # the error
+    rows = [
+        {"number": i, "state": "COMPLETE", "peak_test_metric": m, "wall_seconds": w,
+         "time_to_target": None}
+        for i, (m, w) in enumerate([(12.0, 10.0), (9.0, 30.0), (15.0, 5.0), (9.5, 40.0)])
+    ]  # fmt: skip
+    assert best_row(low, rows)["number"] == 1  # the lowest perplexity
+    assert best_row(acc, rows)["number"] == 2  # the same numbers as accuracies: the highest
+    front = pareto_front([(oriented(low, r["peak_test_metric"]), r["wall_seconds"]) for r in rows])
+    assert sorted(front) == [0, 1, 2]  # (9.5, 40 s) is dominated by (9.0, 30 s)

@@ -5,6 +5,7 @@ synchronization is the engine's (trainer/sync.py), reached through its public su
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from pathlib import Path
@@ -81,8 +82,8 @@ class Trainer:
             num_workers=cfg.loader_workers,
             pin_memory=self.device.type == "cuda",
         )
-        # Each rank evaluates a disjoint slice; the counts are summed, so the accuracy is that
-        # of the whole test set (DistributedSampler would pad with duplicates).
+        # Each rank evaluates a disjoint slice; the metric's sums are added, so it is that of the
+        # whole test set (DistributedSampler would pad with duplicates).
         self.test_loader = DataLoader(
             Subset(test, range(rank, len(test), world_size)), batch_size=512
         )
@@ -110,7 +111,7 @@ class Trainer:
         self.observers = self.sync.observers
         self.total_compute = 0.0  # mean over ranks, summed over epochs
         self.total_exposed = 0.0
-        self.history: list[float] = []  # test accuracy per epoch
+        self.history: list[float] = []  # the test metric per epoch
         self.rollbacks = 0
         self.start_epoch = 0
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
@@ -222,7 +223,9 @@ class Trainer:
             times.sync_seconds += step.sync_seconds
             times.train_loss_sum += loss.item() * len(y)
             if classifies:  # another metric is judged on the test set only
-                times.train_correct += float(self.task.metric.batch(out.detach(), y)[0])
+                total, count = self.task.metric.batch(out.detach(), y)
+                times.train_correct += float(total)
+                times.train_counted += float(count)
             times.train_seen += len(y)
             times.steps += 1
             self._emit("on_step", self, step.is_boundary)
@@ -356,7 +359,8 @@ class Trainer:
             total, count = self.task.metric.batch(out, y)
             metric_sum += float(total)
             metric_count += float(count)
-            loss_sum += float(self.task.loss_fn(out, y)) * len(y)
+            if not self.task.classifies:  # test_loss is reported beside another metric only
+                loss_sum += float(self.task.loss_fn(out, y)) * len(y)
             seen += len(y)
         self.model.train()
         return [metric_sum, metric_count, loss_sum, seen]
@@ -373,7 +377,10 @@ class Trainer:
         if red[0] != n * red[1]:
             raise ReplicaMismatch(f"replicas differ at the end of epoch {epoch}")
         metric_sum, metric_count, test_loss_sum, test_seen = red[2:6]
-        test_metric = self.task.metric.value(metric_sum / max(metric_count, 1.0))
+        # A metric that counted nothing has no value (not a perfect score).
+        test_metric = (
+            self.task.metric.value(metric_sum / metric_count) if metric_count > 0 else math.nan
+        )
         t = dict(zip(EpochTimes.names(), [v / n for v in red[6:]], strict=True))
         self.total_compute += t["forward_seconds"] + t["backward_seconds"] + t["optimizer_seconds"]
         self.total_exposed += t["sync_seconds"]
@@ -382,7 +389,7 @@ class Trainer:
         overhead -= t["sync_seconds"]
         quality = (
             {
-                "train_accuracy": t["train_correct"] * n / seen,
+                "train_accuracy": t["train_correct"] / max(t["train_counted"], 1e-300),
                 "test_accuracy": test_metric,
             }
             if self.task.classifies
@@ -415,7 +422,8 @@ class Trainer:
         slots[self.rank] = param_digest(list(self.model.parameters()), 32)
         allreduce_sum_(slots, self.sync.clock)
         metric = self.task.metric
-        best = max(history) if metric.higher_is_better else min(history)
+        scored = [v for v in history if not math.isnan(v)]
+        best = math.nan if not scored else max(scored) if metric.higher_is_better else min(scored)
         quality: dict[str, Any] = {
             "metric": metric.describe(),
             "peak_test_metric": best,

@@ -45,7 +45,8 @@ class EpochTimes:
     sync_seconds: float = 0.0  # exposed: gradient waits + parameter averaging
     epoch_seconds: float = 0.0
     train_loss_sum: float = 0.0
-    train_correct: float = 0.0
+    train_correct: float = 0.0  # the metric's sum over training batches (classification)
+    train_counted: float = 0.0  # and its count (targets, not samples: a target per token...)
     train_seen: float = 0.0
     steps: float = 0.0
 

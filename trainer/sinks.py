@@ -39,12 +39,13 @@ def epoch_columns(classifies: bool) -> list[str]:
     return EPOCH_COLUMNS if classifies else TASK_EPOCH_COLUMNS
 
 
-SUMMARY_KEYS = [
+SUMMARY_KEYS = [  # peak_test_accuracy, final_test_accuracy too, on a classification
     "strategy",
     "policy",
     "world_size",
-    "peak_test_accuracy",
-    "final_test_accuracy",
+    "metric",
+    "peak_test_metric",
+    "final_test_metric",
     "wall_seconds",
     "compute_seconds",
     "exposed_sync_seconds",
@@ -150,6 +151,12 @@ def rewind_outputs(out_dir: Path, last_epoch: int, columns: list[str] = EPOCH_CO
     are not autok's are refused (ValueError naming file, line and field), never guessed at."""
     rows, records = _read_outputs(out_dir)
     csv_path, jsonl_path = out_dir / "epochs.csv", out_dir / "boundaries.jsonl"
+    if rows and next(csv.reader([rows[0][1]])) != columns:
+        # the task's metric changed since the file was written: rows would not fit its header
+        raise ValueError(
+            f"{csv_path} line 1: the columns of another kind of task (its metric changed since "
+            "the run started); the run cannot continue in this file"
+        )
     if csv_path.exists():
         header = [] if rows else [",".join(columns) + "\r\n"]  # a header a crash cut
         _write_atomic(csv_path, "".join(header + [ln for e, ln in rows if e <= last_epoch]))

@@ -124,7 +124,7 @@ def resolve(spec: str) -> Callable[[Any], Any]:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any failure of the user's import is the task's problem
+    except (Exception, SystemExit) as exc:  # the user's import failing (or running argparse)
         raise TaskError(f"--task: cannot import {module_name}: {_brief(exc)}") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
@@ -134,16 +134,18 @@ def resolve(spec: str) -> Callable[[Any], Any]:
 
 def load_task(cfg: Any) -> Task:
     """Build the run's task (`cfg.task`, or the built-in classification); TaskError naming
-    --task when the function fails or returns something that is not a usable Task."""
+    --task when the function fails or returns something that is not a usable Task: the
+    checks include one forward, loss and metric on two samples of each data set, so a task
+    that cannot train is refused here, before any worker starts."""
     spec = getattr(cfg, "task", None) or BUILTIN_TASK
     fn = resolve(spec)
     try:
         task = fn(cfg)
     except TaskError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise TaskError(f"--task: {spec} failed: {_brief(exc)}") from None
-    if why := _unusable(task):
+    if why := _unusable(task) or _probe(task):
         raise TaskError(f"--task: {spec} returned {why}")
     return task
 
@@ -161,6 +163,8 @@ def _unusable(task: Any) -> str | None:
             n = len(ds)
         except TypeError:
             return f"a {name} without a length (a map-style Dataset is needed: the loop shards it)"
+        except Exception as exc:
+            return f"a {name} whose length fails: {_brief(exc)}"
         if n == 0:
             return f"an empty {name}"
     if not callable(task.loss_fn):
@@ -168,6 +172,40 @@ def _unusable(task: Any) -> str | None:
     m = task.metric
     if not (isinstance(m, Metric) and m.name and callable(m.batch) and callable(m.value)):
         return "a metric that is not an autok.Metric with a name and a batch function"
+    return None
+
+
+def _probe(task: Task) -> str | None:
+    """Why two samples of each data set cannot go through the model, the loss and the metric
+    as the loop will put them, or None. Runs in eval mode without gradients, so it leaves no
+    trace in the model (BatchNorm statistics, autograd state)."""
+    from torch.utils.data import default_collate
+
+    was_training = task.model.training
+    task.model.eval()
+    try:
+        for name in ("train_dataset", "test_dataset"):
+            ds = getattr(task, name)
+            stage = "batching"
+            try:
+                batch = default_collate([ds[i] for i in range(min(2, len(ds)))])
+                if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+                    return f"a {name} whose samples are not (input, target) pairs"
+                x, y = batch
+                with torch.no_grad():
+                    stage = "the model"
+                    out = task.model(x)
+                    stage = "loss_fn"
+                    loss = task.loss_fn(out, y)
+                    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+                        return "a loss_fn that does not return a scalar tensor"
+                    stage = "the metric"
+                    total, count = task.metric.batch(out, y)
+                    float(total), float(count)
+            except Exception as exc:
+                return f"a task whose {name} fails in {stage} on 2 samples: {_brief(exc)}"
+    finally:
+        task.model.train(was_training)
     return None
 
 
