@@ -99,6 +99,8 @@ HELP = {
     "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
     "seed": "seed for weights, data order and jitter",
     "out": "run directory (default: runs/<timestamp>)",
+    "tensorboard": "also write the per-boundary and per-epoch scalars as TensorBoard event "
+    "files into this directory (default: unset)",
     "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
     "progress": "show the progress bar and the closing summary",
     "checkpoint_every": "checkpoint every E epochs (0: only the final one); each keeps the "
@@ -150,11 +152,55 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return annotation, None
 
 
-def add_train_flags(p: argparse.ArgumentParser, renamed: dict[str, str] | None = None) -> None:
-    """One flag per TrainConfig field; `renamed` maps a field to another flag (dest unchanged)."""
+# `autok train --help` in the groups of the README's "A quick tour of the flags". A field that no
+# group names is listed under "other settings" (a test asks for every field to have its group).
+FLAG_GROUPS: dict[str, tuple[str, ...]] = {
+    "distribution and synchronization": (
+        "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
+        "sync_optimizer_state", "buffer_policy", "boundary", "overlap_boundary", "backend",
+        "collective_timeout",
+    ),
+    "K policy": (
+        "policy", "target_sync_share", "max_sync_period", "sync_window", "k_growth",
+        "k_lowering", "drift_limit", "loss_rise", "guard_cooldown", "qsr_base", "qsr_alpha",
+    ),
+    "link emulator": ("link", "link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms"),
+    "optimization": (
+        "optimizer", "lr", "momentum", "nesterov", "weight_decay", "batch_size", "epochs",
+        "warmup_epochs", "lr_warmup_epochs", "lr_schedule",
+    ),
+    "data and model": (
+        "task", "dataset", "data_dir", "model", "mnist1d_samples", "image_size", "loader_workers",
+    ),
+    "run": ("seed", "out", "progress"),
+    "checkpoints and failures": (
+        "checkpoint_every", "stop_after_epochs", "max_restarts", "on_divergence",
+        "divergence_factor", "max_rollbacks",
+    ),
+    "metrics": ("metrics_port", "metrics_host", "metrics_per_rank", "tensorboard"),
+}  # fmt: skip
+OTHER_GROUP = "other settings"
+
+
+def add_train_flags(
+    p: argparse.ArgumentParser, renamed: dict[str, str] | None = None
+) -> dict[str, argparse._ArgumentGroup]:
+    """One flag per TrainConfig field, in FLAG_GROUPS' argument groups; `renamed` maps a field
+    to another flag (dest unchanged). Returns the groups by title."""
     renamed = renamed or {}
-    p.add_argument("--config", type=path_arg, help="YAML file of settings; flags given here win")
-    for name, field in TrainConfig.model_fields.items():
+    groups = {title: p.add_argument_group(title) for title in FLAG_GROUPS}
+    group_of = {name: title for title, names in FLAG_GROUPS.items() for name in names}
+    groups["run"].add_argument(
+        "--config", type=path_arg, help="YAML file of settings; flags given here win"
+    )
+    fields = TrainConfig.model_fields
+    order = [n for names in FLAG_GROUPS.values() for n in names if n in fields]
+    order += [n for n in fields if n not in group_of]
+    for name in order:
+        field = fields[name]
+        if name not in group_of and OTHER_GROUP not in groups:
+            groups[OTHER_GROUP] = p.add_argument_group(OTHER_GROUP)
+        g = groups[group_of.get(name, OTHER_GROUP)]
         text = HELP.get(name, field.description or "")
         if "(default" not in text:  # a default that depends on other flags is spelled out
             text += f" (default: {'unset' if field.default is None else field.default})"
@@ -162,24 +208,47 @@ def add_train_flags(p: argparse.ArgumentParser, renamed: dict[str, str] | None =
         conv = path_arg if conv is Path else conv
         names = dict(dest=name, default=argparse.SUPPRESS, help=text)
         if conv is bool:
-            p.add_argument(
+            g.add_argument(
                 renamed.get(name, flag(name)), action=argparse.BooleanOptionalAction, **names
             )
         else:
-            p.add_argument(
+            g.add_argument(
                 renamed.get(name, flag(name)),
                 type=conv,
                 choices=choices,
                 metavar=name.upper() if not choices else None,
                 **names,
             )
+    return groups
+
+
+class VersionAction(argparse.Action):
+    """`autok --version`: the installed distribution's version, read only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> typing.NoReturn:
+        print(f"autok {package_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autok")
+    except PackageNotFoundError:  # a bare checkout on PYTHONPATH, never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="autok", description="CPDP training with an online sync period K.")
+    parser.add_argument("--version", action=VersionAction, help="print autok's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     train = sub.add_parser("train", help="train with ddp, localsgd or cpdp")
-    train.add_argument(
+    train_groups = add_train_flags(train)
+    train_groups["run"].add_argument(
         "--resume",
         type=path_arg,
         metavar="DIR",
@@ -188,7 +257,6 @@ def build_parser() -> Parser:
         "settings; only --epochs, --stop-after-epochs, --max-restarts, "
         "--metrics-port, --metrics-host, --progress may change)",
     )
-    add_train_flags(train)
     sweep = sub.add_parser(
         "sweep",
         help="joint search over K, beta, LR (any train flag); each trial a full run",
@@ -223,7 +291,8 @@ def build_parser() -> Parser:
         choices=[*OBJECTIVES, *OBJECTIVE_ALIASES],
         default="pareto",
         help="pareto: the best test metric (accuracy, or the --task's own) and the least "
-        "wall-clock; metric or time-to-target: one objective, with pruning; accuracy and "
+        "training wall-clock (start-up is reported apart, as total seconds); metric or "
+        "time-to-target: one objective, with pruning; accuracy and "
         "time-to-accuracy are the same two (default: pareto)",
     )
     s.add_argument(
@@ -297,6 +366,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
 
 RESUME_MAY_CHANGE = {
     "epochs",
+    "tensorboard",
     "stop_after_epochs",
     "max_restarts",
     "metrics_port",
@@ -413,7 +483,7 @@ def write_config(cfg: TrainConfig, out: Path) -> None:
 def check_resumable(out: Path, cfg: TrainConfig) -> None:
     """Before anything is launched or written: the run has a checkpoint this world can continue
     from. A resume that cannot continue is refused; it never starts over on top of the run."""
-    from autok.launch import under_torchrun
+    from autok.procs import under_torchrun
     from trainer.checkpoint import CheckpointError, resume_point
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.workers
@@ -442,8 +512,8 @@ def check_target(metric: Metric, target: float | None, objective: str) -> float:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from autok.launch import launch, torchrun_restart, under_torchrun
     from autok.metrics import check_metrics_ports
+    from autok.procs import torchrun_restart, under_torchrun  # torch-free
 
     rank0 = not under_torchrun() or os.environ.get("RANK") == "0"
     if ns.resume is not None or torchrun_restart():
@@ -459,12 +529,25 @@ def cmd_train(ns: argparse.Namespace) -> int:
         check_metrics_ports(cfg)
         if rank0:
             write_config(cfg, out)
+        from autok.launch import launch  # torch: only once the settings are known good
+
         launch(cfg, out, resume=True)
         return 0
     cfg = config_from_args(ns)
     check_task(cfg)
     check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json
-    out = prepare_out_dir(cfg, write=rank0)
+    tb_created = []
+    if rank0 and cfg.tensorboard is not None:  # writable, before anything else is written
+        tb_created = make_out_dir(cfg.tensorboard, "--tensorboard")
+    try:
+        out = prepare_out_dir(cfg, write=rank0)
+    except ConfigError:
+        remove_created(tb_created)
+        raise
+    if rank0:
+        print(f"autok: run directory {out} (starting {cfg.workers} workers)", flush=True)
+    from autok.launch import launch  # torch: only once the settings are known good
+
     launch(cfg, out)
     return 0
 
@@ -542,6 +625,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         **sweep_args,
     )
     check_out_path(opts.out)
+    if opts.backend == "ray":
+        from autok.sweep_ray import check_local_ray
+
+        check_local_ray(opts, fixed)
     on_sqlite = opts.backend == "optuna" and opts.storage is None
     if opts.resume and on_sqlite and not (opts.out / "study.db").is_file():
         raise ConfigError(f"--resume: no study to continue in {opts.out} (no study.db)")
@@ -640,6 +727,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     command = "autok"
     argv = sys.argv[1:] if argv is None else argv
+    from autok.procs import process_started
+
+    # The run's total time counts from this process's start (workers inherit it): a summary
+    # reports the time a user waits, start-up included, beside the training time.
+    os.environ["AUTOK_STARTED"] = repr(process_started())
     if argv[:1] == ["bench"]:  # its flags are the benchmark's own
         from benchmarks.engine import main as bench
 

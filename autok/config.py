@@ -122,6 +122,7 @@ class TrainConfig(SyncSettings):
     loader_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank")
     # --- run
     out: Path | None = None
+    tensorboard: Path | None = None
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     progress: bool = True
     collective_timeout: float = Field(300.0, ge=1.0, le=604_800.0, description="seconds")
@@ -133,7 +134,7 @@ class TrainConfig(SyncSettings):
     max_restarts: int = Field(0, ge=0, le=1000)
     max_rollbacks: int = Field(3, ge=0, le=1000)
 
-    @field_validator("out", "data_dir", mode="before")
+    @field_validator("out", "data_dir", "tensorboard", mode="before")
     @classmethod
     def _a_real_path(cls, v: Any) -> Any:
         # pydantic reads "" as Path("."): a run would land in the current directory.

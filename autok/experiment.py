@@ -23,8 +23,7 @@ import yaml
 
 from autok.config import ConfigError, TrainConfig, check_task, load_config, read_yaml
 from autok.procs import start_logged
-
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+from autok.resources import experiments_dir
 
 
 @dataclass(frozen=True)
@@ -32,6 +31,7 @@ class Run:
     label: str  # the method and its varied settings, e.g. "cpdp-k4 lr=0.4"
     seed: int
     settings: dict[str, Any]
+    order: int = 0  # the run's place in the grid (runs x vary x seeds): the report's row order
 
     @property
     def dir(self) -> str:
@@ -39,11 +39,11 @@ class Run:
 
 
 def available() -> list[str]:
-    return sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
+    return sorted(p.stem for p in experiments_dir().glob("*.yaml"))
 
 
 def load_experiment(name: str) -> dict[str, Any]:
-    path = Path(name) if name.endswith(".yaml") else EXPERIMENTS / f"{name}.yaml"
+    path = Path(name) if name.endswith(".yaml") else experiments_dir() / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(
             f"experiment {name[:80]!r} not found; choose from {available()} or give a .yaml path"
@@ -140,7 +140,7 @@ def expand(
                         tasks_checked.add(cfg.task)
                 except ConfigError as exc:
                     raise ConfigError(f"experiment {exp['name']}, run {label!r}: {exc}") from None
-                run_ = Run(label, seed, s)
+                run_ = Run(label, seed, s, len(out))
                 if run_.dir in dirs:  # two runs would write (and clear) one directory
                     raise ConfigError(
                         f"experiment {exp['name']}: runs {dirs[run_.dir]!r} and {label!r} "
@@ -174,18 +174,22 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
         ]
         how = "done"
     (run_dir / "experiment.json").write_text(
-        json.dumps({"label": run.label, "seed": run.seed, "settings": run.settings}, indent=2)
+        json.dumps(
+            {"label": run.label, "seed": run.seed, "order": run.order, "settings": run.settings},
+            indent=2,
+        )
     )
-    with open(run_dir / "train.log", "a") as log:
+    # console.log: all the run printed, errors included (train.log is the run's own log)
+    with open(run_dir / "console.log", "a") as log:
         returncode = start_logged(cmd, log).wait()
     if returncode != 0:
-        lines = (run_dir / "train.log").read_text().strip().splitlines()
+        lines = (run_dir / "console.log").read_text().strip().splitlines()
         return f"FAILED: {lines[-1] if lines else returncode}", time.time() - t0
     return how, time.time() - t0
 
 
 # What a run directory of an experiment holds when autok wrote it: `autok train`'s files, the
-# experiment's own (run.yaml, experiment.json, train.log) and their temporary names.
+# experiment's own (run.yaml, experiment.json, console.log) and their temporary names.
 OWN_FILES = {
     "config.json",
     "epochs.csv",
@@ -196,6 +200,7 @@ OWN_FILES = {
     "run.yaml",
     "experiment.json",
     "train.log",
+    "console.log",
 }
 OWN_TEMP = re.compile(r"\.(config\.json|epochs\.csv|boundaries\.jsonl|summary\.json)\.tmp")
 STAGING = re.compile(r"\.staging-epoch-\d{4,9}")
@@ -249,7 +254,7 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
 
 
 def clear_unstarted(run_dir: Path) -> None:
-    """Remove what an unstarted run left (autok's own files only; train.log keeps its history).
+    """Remove what an unstarted run left (autok's own files only; the logs keep their history).
     Anything else stops the run: it is refused, never deleted."""
     if foreign := foreign_files(run_dir):
         raise ConfigError(f"--out: {foreign[0]} was not written by autok; move it away")
@@ -260,7 +265,7 @@ def clear_unstarted(run_dir: Path) -> None:
             for staged in p.iterdir():
                 shutil.rmtree(staged)
             p.rmdir()
-        elif p.name != "train.log":
+        elif p.name not in ("train.log", "console.log"):
             p.unlink()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import socket
 import tempfile
@@ -15,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autok.config import SyncSettings, TrainConfig
-from autok.procs import die_with_parent
+from autok.procs import die_with_parent, under_torchrun
 from trainer.data import DATA_SEED, prepare_mnist1d
 
 
@@ -26,10 +27,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS has no affinity
         return os.cpu_count() or 1
-
-
-def under_torchrun() -> bool:
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def free_port() -> int:
@@ -50,11 +47,6 @@ def prepare_data(cfg: TrainConfig) -> None:
         prepare_mnist1d(cfg.mnist1d_samples, DATA_SEED)
 
 
-def torchrun_restart() -> bool:
-    """torchrun is restarting its workers after a failure (--max-restarts)."""
-    return under_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-
-
 def worker(
     rank: int,
     world_size: int,
@@ -66,6 +58,7 @@ def worker(
     init_method: str | None = None,
 ) -> dict | None:
     from trainer.loop import Trainer, print_summary
+    from trainer.runlog import LOGGER, close_run_logger
 
     cfg = TrainConfig.model_validate_json(cfg_json)
     backend = pick_backend(cfg)
@@ -113,15 +106,14 @@ def worker(
         summary = trainer.run()
         if summary is None:  # --stop-after-epochs
             if rank == 0:
-                print(
+                logging.getLogger(LOGGER).info(
                     f"autok: stopped after {cfg.stop_after_epochs} epochs with a checkpoint;"
-                    f" continue with: autok train --resume {out_dir}",
-                    flush=True,
+                    f" continue with: autok train --resume {out_dir}"
                 )
             return None
         trainer.finish()
-        if rank == 0 and cfg.progress:
-            print_summary(summary)
+        if rank == 0:
+            print_summary(summary)  # --no-progress hides the bar only
         return summary
     finally:
         if exporter is not None:
@@ -131,6 +123,7 @@ def worker(
         # they cannot take the GIL and abort the process (seen once: SIGABRT after the summary
         # was written; pytorch/pytorch#179291 describes the mechanism).
         trainer = None
+        close_run_logger()
         gc.collect()
         dist.destroy_process_group()
 
@@ -154,6 +147,7 @@ def start_exporter(cfg: SyncSettings, rank: int, out_dir: str | None):
         cluster=rank == 0,
         per_rank=cfg.metrics_per_rank,
         host=cfg.metrics_host,
+        target_sync_share=cfg.target_sync_share,
     )
     if getattr(cfg, "progress", True):  # autok.Sync has no progress bar to silence
         where = f"http://{url_host(exporter.host)}:{exporter.port}/metrics"

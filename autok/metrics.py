@@ -2,7 +2,9 @@
 
 Names follow the Prometheus conventions: prefix `autok_`, base units in the name (`_seconds`,
 `_bytes`), `_total` on counters, ratios in 0..1. Labels are few and of low cardinality: run_id,
-strategy, policy (and `reason` on K changes, `rank` on per-rank metrics).
+strategy, policy (and `reason` on K changes, `rank` on per-rank metrics). The K-change events
+(`autok_sync_period_change_timestamp_seconds`) carry `change`, `old_k`, `new_k` and `reason` as
+well, but only the last CHANGES_KEPT are served, so a run never has more of them at once.
 
 All values live under one lock and a collector builds the families from a snapshot, so a scrape
 never sees a histogram half-updated. The text is rendered once per change and cached: fifty
@@ -14,6 +16,8 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -66,7 +70,17 @@ GAUGES = {
     "test_metric": "the task's test metric after the last finished epoch (its name in the "
     "metric label: accuracy, perplexity, ...)",
     "epoch": "epoch being trained (0-based)",
+    "target_sync_share_ratio": "the exposed-sync share the policy raises K to stay under "
+    "(--target-sync-share; exposed-sync and composite only)",
+    "start_time_seconds": "unix time the exporter started serving: the run's start",
 }
+# The policies that steer K by --target-sync-share (controllers/__init__.py's `_share`); only
+# they get autok_target_sync_share_ratio, the reference line of the dashboard's share panel.
+TARGET_SHARE_POLICIES = frozenset({"exposed-sync", "composite"})
+# K-change events served at once: each its own series, so that Grafana can mark every change at
+# its instant even when several fall between two scrapes (K 1 -> 32 -> 64 within one 5 s scrape).
+# Older events drop out of the exposition but stay in Prometheus's storage.
+CHANGES_KEPT = 32
 COUNTERS = {
     "samples": "training samples processed, all ranks",
     "boundaries": "boundaries (synchronization points)",
@@ -100,7 +114,9 @@ def served_ports(cfg: TrainConfig) -> dict[int, int]:
     --metrics-per-rank every rank's (PORT + rank); under torchrun only this process's rank."""
     if cfg.metrics_port == 0:
         return {}
-    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+    from autok.procs import under_torchrun
+
+    if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         ranks = [rank] if rank == 0 or cfg.metrics_per_rank else []
     else:
@@ -147,7 +163,10 @@ class MetricsExporter:
         cluster: bool = True,
         per_rank: bool = False,
         host: str = "127.0.0.1",
+        target_sync_share: float | None = None,
     ) -> None:
+        """`target_sync_share` is the run's --target-sync-share: served as
+        autok_target_sync_share_ratio when the policy steers by it (TARGET_SHARE_POLICIES)."""
         self.labels = {"run_id": run_id, "strategy": strategy, "policy": policy}
         self.link, self.rank = link, rank
         self.cluster, self.per_rank = cluster, per_rank
@@ -158,6 +177,13 @@ class MetricsExporter:
         self._metric_name = "accuracy"  # the task's, labelled on autok_test_metric
         self._counters = {name: 0.0 for name in COUNTERS}
         self._k_changes: dict[str, int] = {}
+        # (change number, old K, new K, reason kind, unix time) of the last CHANGES_KEPT changes
+        self._change_events: deque[tuple[int, int, int, str, float]] = deque(maxlen=CHANGES_KEPT)
+        self._n_changes = 0
+        self._warmup_end: tuple[float, int] | None = None  # (time, K) of the last warmup boundary
+        self._gauges["start_time_seconds"] = time.time()
+        if target_sync_share is not None and policy in TARGET_SHARE_POLICIES:
+            self._gauges["target_sync_share_ratio"] = float(target_sync_share)
         self._exposed, self._compute = _Hist(), _Hist()
         self._rank_compute = self._rank_wait = 0.0
         self.registry = CollectorRegistry(auto_describe=False)
@@ -170,6 +196,7 @@ class MetricsExporter:
     # ----- trainer events ----------------------------------------------------------------------
 
     def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
+        now = time.time()
         with self._lock:
             g = self._gauges
             g["sync_period"] = stats.sync_period
@@ -187,10 +214,22 @@ class MetricsExporter:
             c["grad_syncs"] += stats.grad_syncs
             c["param_syncs"] += stats.param_syncs
             c["communicated_bytes"] += stats.bytes_communicated
+            if stats.warmup:
+                self._warmup_end = (now, stats.sync_period)
+            elif self._warmup_end is not None:  # the first interval after warmup: K left 1
+                when, warm_k = self._warmup_end
+                self._warmup_end = None
+                if stats.sync_period != warm_k:
+                    self._k_event(warm_k, stats.sync_period, "warmup_end", when)
             if decision.next_sync_period != stats.sync_period and not stats.warmup:
                 kind = reason_kind(decision.reason)
                 self._k_changes[kind] = self._k_changes.get(kind, 0) + 1
+                self._k_event(stats.sync_period, decision.next_sync_period, kind, now)
             self._version += 1
+
+    def _k_event(self, old: int, new: int, kind: str, when: float) -> None:
+        self._n_changes += 1
+        self._change_events.append((self._n_changes, old, new, kind, when))
 
     def on_epoch(self, row: dict[str, Any]) -> None:
         with self._lock:
@@ -242,6 +281,15 @@ class MetricsExporter:
                 )
                 for kind, n in sorted(self._k_changes.items()):
                     m.add_metric([*values, kind], n)
+                yield m
+                m = GaugeMetricFamily(
+                    "autok_sync_period_change_timestamp_seconds",
+                    "unix time of each of the last K changes (the end of warmup included), "
+                    "one series per change",
+                    labels=[*names, "change", "old_k", "new_k", "reason"],
+                )
+                for n, old, new, kind, when in self._change_events:
+                    m.add_metric([*values, str(n), str(old), str(new), kind], when)
                 yield m
                 for name, hist, doc in (
                     ("exposed_sync_seconds", self._exposed, "exposed sync per boundary interval"),

@@ -51,3 +51,29 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 if __name__ == "__main__":
     exec_dying_with(int(sys.argv[1]), sys.argv[2:])
+
+
+def process_started() -> float:
+    """When this process started (Unix time), interpreter start-up and imports included: from
+    /proc on Linux; elsewhere, now. A command's total time is measured from here."""
+    import time
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            # field 22, after the parenthesised name (which may hold spaces): clock ticks since boot
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as f:  # seconds since boot, to 10 ms (btime: to 1 s)
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def under_torchrun() -> bool:
+    """This process is one of torchrun's workers (its environment says so)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def torchrun_restart() -> bool:
+    """torchrun is restarting its workers after a failure (--max-restarts)."""
+    return under_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

@@ -3,8 +3,10 @@
 report.md: per method (and varied setting) mean ± std over seeds of the best and final test
 metric (accuracy in %, or a --task's own metric, e.g. perplexity), wall-clock and exposed sync;
 Δ vs DDP (percentage points for accuracy); a Welch two-sided t-test p-value against DDP's seeds.
-report.csv: one row per run. PNGs: the quality-time frontier over K, the test metric against
-wall-clock per method, the K paths of the adaptive policies, exposed sync vs compute per method.
+report.csv: one row per run. PNGs, each answering one question (the docstring of the function
+that draws it says which): the quality-time frontier over K, the test metric against wall-clock
+per method, the K paths of the adaptive policies (when there are any), where each method's
+wall-clock goes. Rows and plots follow the experiment's order (see `row_order`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,26 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.plots import (
+    MARKERS,
+    family_colors,
+    family_markers,
+    k_axis,
+    k_cmap,
+    k_colorbar,
+    k_norm,
+    label_points,
+    pyplot,
+    save,
+    short_lr,
+    staircase,
+    without_lr,
+)
 
 BASELINE = "ddp"
 
@@ -30,6 +49,7 @@ class RunResult:
     summary: dict[str, Any]
     epochs: list[dict[str, str]]
     boundaries: list[dict[str, Any]] | None = None  # boundaries.jsonl, read by collect
+    order: int | None = None  # the run's place in the experiment's grid (experiment.json)
 
     @property
     def method(self) -> str:
@@ -92,6 +112,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     meta = read_json_object(path)
     _need(path, meta, "label", lambda v: isinstance(v, str) and v.strip(), "a label")
     _need(path, meta, "seed", lambda v: type(v) is int, "an integer")
+    if "order" in meta:
+        _need(path, meta, "order", _is_count, "a count")
     return meta
 
 
@@ -270,6 +292,7 @@ def collect(root: Path) -> list[RunResult]:
             read_config(d / "config.json"),
             read_summary(d / "summary.json"),
             read_epochs(d / "epochs.csv"),
+            order=meta.get("order"),
         )
         run.boundaries = read_boundaries(d / "boundaries.jsonl")
         runs.append(run)
@@ -299,8 +322,9 @@ def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun
         if (d / "epochs.csv").exists():
             epochs = read_epochs(d / "epochs.csv", numbers=(), counts=(), torn_ok=True)
         why = "no summary (running, or killed)"
-        if (d / "train.log").exists():
-            log = (d / "train.log").read_text(encoding="utf-8", errors="replace")
+        log_file = next((d / n for n in ("console.log", "train.log") if (d / n).exists()), None)
+        if log_file is not None:  # console.log: what an experiment's run printed, errors too
+            log = log_file.read_text(encoding="utf-8", errors="replace")
             lines = [x for x in log.splitlines() if x.startswith("autok:")]
             if lines:
                 # "autok: training failed: pkg.Error: what; advice" -> "what"
@@ -375,14 +399,43 @@ def label_key(label: str) -> list[tuple[int, float | str]]:
     ]
 
 
+def variant_of(label: str) -> str:
+    return label.split(" ", 1)[1] if " " in label else ""
+
+
+def row_order(runs: list[RunResult]) -> list[str]:
+    """The labels in the experiment's order, in blocks that each open with the DDP row they are
+    compared against: paper-wan's LR 0.1 rows (DDP first, then the runs as its file lists
+    them), then its LR 0.4 rows; the K sweep's one DDP row, then CPDP at K = 1..64, then
+    LocalSGD. The experiment's order is experiment.json's `order` (the run's place in the
+    grid); runs that lack it (written before it was recorded) are in natural label order."""
+    labels = {r.label for r in runs}
+    if runs and all(r.order is not None for r in runs):
+        first: dict[str, int] = {}
+        for r in runs:
+            o = int(r.order or 0)
+            first[r.label] = min(first.get(r.label, o), o)
+        place = {label: (first[label], label_key(label)) for label in labels}
+    else:
+        place = {label: (0, label_key(label)) for label in labels}
+
+    def key(label: str):
+        base = baseline_label(labels, variant_of(label))
+        block = place[base] if base is not None else place[label]
+        return (block, label != base, place[label])
+
+    return sorted(labels, key=key)
+
+
 def group(runs: list[RunResult]) -> dict[str, list[RunResult]]:
-    groups: dict[str, list[RunResult]] = {}
-    for r in sorted(runs, key=lambda r: (label_key(r.label), r.seed)):
-        groups.setdefault(r.label, []).append(r)
+    """Runs by label, in the report's row order (row_order), each label's runs by seed."""
+    groups: dict[str, list[RunResult]] = {label: [] for label in row_order(runs)}
+    for r in sorted(runs, key=lambda r: r.seed):
+        groups[r.label].append(r)
     return groups
 
 
-def baseline_label(groups: dict[str, list[RunResult]], variant: str) -> str | None:
+def baseline_label(groups: Collection[str], variant: str) -> str | None:
     """DDP at the same varied settings, else the one DDP run of the grid (DDP has no K to vary:
     in the K sweep it is a single row)."""
     for cand in (f"{BASELINE} {variant}".strip(), BASELINE):
@@ -430,26 +483,31 @@ class SyncProfile:
 
     label: str
     boundaries: float  # synchronization points per epoch
-    events: float  # gradient AllReduces + parameter averagings per epoch
+    events: float  # logical syncs: gradient syncs + parameter syncs per epoch
+    collectives: float  # what crossed the network per epoch (a fused boundary: 1 for 2 syncs)
     per_boundary_ms: float  # exposed sync per synchronization point
     exposed: float  # exposed sync, seconds per epoch
     compute: float  # compute, seconds per epoch: the floor with a free network
 
 
-def _run_profile(r: RunResult) -> tuple[float, float, float, float, float]:
+def _run_profile(r: RunResult) -> tuple[float, float, float, float, float, float]:
     warmup = int(r.config.get("warmup_epochs") or 0)
     recs = boundary_records(r)
     steady = [b for b in recs if b["epoch"] >= warmup] or recs
     if not steady:  # a run with no boundary at all: nothing to profile
-        return (math.nan,) * 5
+        return (math.nan,) * 6
     epochs = {b["epoch"] for b in steady}
     rows = [e for e in r.epochs if int(e["epoch"]) in epochs]
     n = len(epochs)
     exposed = sum(b["exposed_sync_seconds"] for b in steady)
     events = sum(int(e["grad_syncs"]) + int(e["param_syncs"]) for e in rows)
+    # runs written before the column existed have no count of collectives
+    counted = bool(rows) and "collectives" in rows[0]
+    collectives = sum(int(e["collectives"]) for e in rows) if counted else math.nan
     return (
         len(steady) / n,
         events / n,
+        collectives / n,
         1000 * exposed / len(steady),
         exposed / n,
         sum(b["compute_seconds"] for b in steady) / n,
@@ -469,22 +527,27 @@ def render_profile(profiles: list[SyncProfile]) -> str:
         "## Synchronization profile",
         "",
         "Per epoch after the warmup epochs, mean over seeds: synchronization points (boundaries),"
-        " sync events (gradient AllReduces + parameter averagings), exposed sync per point, "
+        " logical syncs (gradient syncs + parameter syncs) and collectives (what crossed the "
+        "network: a fused cpdp boundary carries both syncs in one), exposed sync per point, "
         "exposed sync and compute per epoch (compute is the floor a free network would leave).",
         "",
-        "| method | boundaries/epoch | sync events/epoch | exposed per boundary (ms) | "
-        "exposed sync/epoch (s) | compute/epoch (s) |",
-        "|---|---|---|---|---|---|",
+        "| method | boundaries/epoch | syncs/epoch (grad + param) | collectives/epoch | "
+        "exposed per boundary (ms) | exposed sync/epoch (s) | compute/epoch (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for p in profiles:
+        coll = "—" if math.isnan(p.collectives) else f"{p.collectives:.1f}"
         lines.append(
-            f"| {p.label} | {p.boundaries:.1f} | {p.events:.1f} | {p.per_boundary_ms:.1f} | "
-            f"{p.exposed:.2f} | {p.compute:.2f} |"
+            f"| {p.label} | {p.boundaries:.1f} | {p.events:.1f} | {coll} | "
+            f"{p.per_boundary_ms:.1f} | {p.exposed:.2f} | {p.compute:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _pm(ms: tuple[float, float], scale: float = 1.0, digits: int = 2) -> str:
+def _pm(ms: tuple[float, float], scale: float = 1.0, digits: int = 2, n: int = 2) -> str:
+    """Mean ± std; a single seed's value alone (it has no spread to show: not "± 0.00")."""
+    if n < 2:
+        return f"{ms[0] * scale:.{digits}f}"
     return f"{ms[0] * scale:.{digits}f} ± {ms[1] * scale:.{digits}f}"
 
 
@@ -500,7 +563,8 @@ def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
     lines = [
         f"# {title}",
         "",
-        f"Mean ± standard deviation over seeds (n), judged by test {q.name}{direction}. Δ vs "
+        "Mean ± standard deviation over seeds (n; where n = 1, the one run's value), judged by "
+        f"test {q.name}{direction}. Δ vs "
         f"DDP: difference of mean {q.best} {q.name} ({q.delta_unit}), with the two-sided Welch "
         "t-test p-value against DDP's seeds; speedup: DDP's mean wall-clock over the row's.",
         "",
@@ -514,8 +578,9 @@ def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
         p = "—" if math.isnan(r.p_value) else f"{r.p_value:.3g}"
         speedup = "—" if math.isnan(r.speedup) else f"{r.speedup:.2f}×"
         lines.append(
-            f"| {r.label} | {r.n} | {_pm(r.peak, q.scale, d)} | {_pm(r.final, q.scale, d)} | "
-            f"{_pm(r.wall, digits=1)} | {_pm(r.exposed, digits=1)} | {delta} | {p} | {speedup} |"
+            f"| {r.label} | {r.n} | {_pm(r.peak, q.scale, d, r.n)} | "
+            f"{_pm(r.final, q.scale, d, r.n)} | {_pm(r.wall, digits=1, n=r.n)} | "
+            f"{_pm(r.exposed, digits=1, n=r.n)} | {delta} | {p} | {speedup} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -560,90 +625,368 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
             )
 
 
+# ----- plots: one question each -----------------------------------------------------------------
+
+PLOT_TITLES = {  # the alt text of each image in report.md
+    "frontier": "quality-time frontier over K",
+    "accuracy_vs_time": "test accuracy against wall-clock",
+    "metric_vs_time": "test metric against wall-clock",
+    "k_paths": "K paths of the adaptive policies",
+    "exposed_vs_compute": "where the wall-clock goes: compute, exposed sync, the rest",
+}
+
+
+def _lr_of(rs: list[RunResult]) -> float | None:
+    lr = rs[0].config.get("lr")
+    return float(lr) if _is_number(lr) else None
+
+
+def _k_of(rs: list[RunResult]) -> int:
+    """The row's K: fixed, or where an adaptive policy started (DDP: 1)."""
+    k = rs[0].config.get("sync_period")
+    return 1 if rs[0].config.get("strategy") == "ddp" or not _is_count(k) or k < 1 else k
+
+
+def _adaptive(rs: list[RunResult]) -> bool:
+    return rs[0].config.get("policy", "fixed") != "fixed"
+
+
+def lr_facets(groups: dict[str, list[RunResult]]) -> list[tuple[float | None, list[str]]]:
+    """The panels of the plots against time: one per LR when 2 to 4 LRs appear (the LR drives
+    the result: methods are compared at equal LR), else one panel (with its LR, if one)."""
+    lrs = {label: _lr_of(rs) for label, rs in groups.items()}
+    distinct = sorted({v for v in lrs.values() if v is not None})
+    if 2 <= len(distinct) <= 4 and None not in lrs.values():
+        return [(lr, [label for label in groups if lrs[label] == lr]) for lr in distinct]
+    return [(distinct[0] if len(distinct) == 1 else None, list(groups))]
+
+
+def epoch_clock(r: RunResult) -> list[float]:
+    """Wall-clock seconds at each epoch's end on the clock of the table and the frontier
+    (summary.json's wall_seconds): each epoch's training time (epoch_seconds) plus an equal
+    share of the rest (evaluation, checkpoints), so the last epoch ends at wall_seconds."""
+    secs = [float(e["epoch_seconds"]) for e in r.epochs]
+    if not secs:
+        return []
+    rest = max(0.0, r.summary["wall_seconds"] - sum(secs)) / len(secs)
+    out, t = [], 0.0
+    for s in secs:
+        t += s + rest
+        out.append(t)
+    return out
+
+
+def _usual_n(groups: dict[str, list[RunResult]]) -> int:
+    """The most common number of seeds of a row: a row with another says so in its label."""
+    ns = [len(rs) for rs in groups.values()]
+    return max(sorted(set(ns)), key=ns.count)
+
+
+def _n_note(rs: list[RunResult], usual: int) -> str:
+    return "" if len(rs) == usual else f" (n = {len(rs)})"
+
+
+def _seeds_note(groups: dict[str, list[RunResult]], what: str) -> str:
+    ns = {len(rs) for rs in groups.values()}
+    if ns == {1}:
+        return "one seed per row"
+    n = f"n = {_usual_n(groups)}" + ("" if len(ns) == 1 else " unless labelled")
+    return f"mean over seeds ({n}), {what} ± 1 std"
+
+
 def plots(runs: list[RunResult], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made = []
-    q = quality_of(runs)
-    # 1. the quality-time frontier over K
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ks = [r.config.get("sync_period") or 1 for r in runs]
-    sc = ax.scatter(
-        [r.summary["wall_seconds"] for r in runs],
-        [r.summary["peak_test_metric"] for r in runs],
-        c=ks,
-        cmap="viridis",
-    )
-    fig.colorbar(sc, ax=ax, label="K (starting sync period)")
-    for r in runs:
-        if r.seed == runs[0].seed:
-            ax.annotate(
-                r.label, (r.summary["wall_seconds"], r.summary["peak_test_metric"]), fontsize=6
-            )
-    ax.set(
-        xlabel="wall-clock (s)",
-        ylabel=f"{q.best} {q.column}",
-        title=f"{q.name}-time frontier over K",
-    )
-    made.append(_save(fig, out / "frontier.png"))
-    # 2. the test metric against wall-clock, per method (first seed of each)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    seen = set()
-    for r in runs:
-        if r.label in seen:
-            continue
-        seen.add(r.label)
-        t, accs = 0.0, []
-        for e in r.epochs:
-            t += float(e["epoch_seconds"])
-            accs.append((t, epoch_metric(e)))
-        ax.plot(*zip(*accs, strict=True), label=r.label, lw=1)
-    ax.set(xlabel="training time (s)", ylabel=q.column, title=f"{q.column} vs time")
-    ax.legend(fontsize=6)
-    made.append(_save(fig, out / f"{'accuracy' if q.is_accuracy else 'metric'}_vs_time.png"))
-    # 3. the K paths of adaptive policies
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in runs:
-        if r.config.get("policy", "fixed") == "fixed" or r.seed != runs[0].seed:
-            continue
-        pts = boundary_records(r)
-        ax.step(
-            [p["global_step"] for p in pts],
-            [p["sync_period"] for p in pts],
-            where="post",
-            label=r.label,
-        )
-    ax.set(xlabel="optimizer step", ylabel="K", yscale="log", title="K paths (adaptive)")
-    if ax.lines:
-        ax.legend(fontsize=6)
-    made.append(_save(fig, out / "k_paths.png"))
-    # 4. exposed sync vs compute per method
+    """The report's PNGs (written into `out`), in the experiment's row order; k_paths.png only
+    when an adaptive policy ran (otherwise there is nothing to show)."""
+    groups = group(runs)
     rows = table_rows(runs)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = range(len(rows))
-    comp = [
-        statistics.fmean(r.summary["compute_seconds"] for r in runs if r.label == row.label)
-        for row in rows
-    ]
-    ax.bar(xs, comp, label="compute")
-    ax.bar(xs, [row.exposed[0] for row in rows], bottom=comp, label="exposed sync")
-    ax.set_xticks(list(xs), [row.label for row in rows], rotation=45, ha="right", fontsize=6)
-    ax.set(ylabel="seconds (mean rank, mean seed)", title="exposed sync vs compute")
-    ax.legend()
-    made.append(_save(fig, out / "exposed_vs_compute.png"))
+    q = quality_of(runs)
+    made = [_frontier(groups, rows, q, out / "frontier.png")]
+    name = "accuracy_vs_time" if q.is_accuracy else "metric_vs_time"
+    made.append(_metric_vs_time(groups, q, out / f"{name}.png"))
+    k_paths = _k_paths(groups, out / "k_paths.png")
+    if k_paths is not None:
+        made.append(k_paths)
+    made.append(_time_split(groups, rows, out / "exposed_vs_compute.png"))
     return made
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    import matplotlib.pyplot as plt
+def _frontier(groups: dict[str, list[RunResult]], rows: list[Row], q: Quality, out: Path) -> Path:
+    """frontier.png. The question: which settings buy wall-clock without losing quality, and
+    what is the best quality reachable within a time budget? Each row of the table is one point
+    (its number is its row in report.md): mean best metric against mean wall-clock, bars ± 1
+    std over its seeds; colour: K on a log2 scale (an adaptive policy's starting K, black edge);
+    marker: the LR when it varies. The staircase is the Pareto front: the best quality any row
+    reaches within the time on the x axis."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.lines import Line2D
 
-    plt.close(fig)
-    return path
+    from autok.pareto import pareto_front
+
+    plt = pyplot()
+    labels = [row.label for row in rows]
+    ks = {label: _k_of(groups[label]) for label in labels}
+    lrs = {label: _lr_of(groups[label]) for label in labels}
+    distinct_lr = sorted({v for v in lrs.values() if v is not None})
+    lr_marker = {lr: MARKERS[i % len(MARKERS)] for i, lr in enumerate(distinct_lr)}
+    if len(distinct_lr) < 2:  # one LR: the marker tells the methods apart instead
+        lr_marker = {}
+    methods = list(dict.fromkeys(label.split(" ", 1)[0] for label in labels))
+    method_marker = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(methods)}
+    norm, cmap = k_norm(list(ks.values())), k_cmap()
+    xy = [(row.wall[0], q.scale * row.peak[0]) for row in rows]
+    usual = _usual_n(groups)
+    fig, ax = plt.subplots(figsize=(10, 5.4), layout="constrained")
+    for row, (x, y) in zip(rows, xy, strict=True):
+        if row.n > 1:
+            ax.errorbar(
+                x, y, xerr=row.wall[1], yerr=q.scale * row.peak[1], fmt="none", ecolor="0.7",
+                elinewidth=0.8, zorder=1,
+            )  # fmt: skip
+    front = pareto_front([(y if q.higher_is_better else -y, x) for x, y in xy])
+    right = max(x for x, _ in xy) * 1.04
+    fx, fy = staircase([xy[i] for i in front], right)
+    (stairs,) = ax.plot(fx, fy, color="crimson", lw=1.2, zorder=2)
+    handles = []
+    for i, (label, (x, y)) in enumerate(zip(labels, xy, strict=True)):
+        style = {
+            "marker": lr_marker[lrs[label]] if lr_marker else method_marker[label.split()[0]],
+            "color": cmap(norm(ks[label])),
+            "markeredgecolor": "black" if _adaptive(groups[label]) else "white",
+            "markeredgewidth": 1.4 if _adaptive(groups[label]) else 0.6,
+            "markersize": 8,
+            "linestyle": "none",
+        }
+        ax.plot([x], [y], zorder=3, **style)
+        note = _n_note(groups[label], usual)
+        handles.append(Line2D([], [], label=f"{i + 1}  {label}{note}", **style))
+    handles.append(
+        Line2D(
+            [], [], color="crimson", lw=1.2, label=f"Pareto front: best {q.name} in a time budget"
+        )
+    )
+    if any(_adaptive(groups[label]) for label in labels):
+        handles.append(
+            Line2D([], [], ls="none", marker="o", color="0.85", markeredgecolor="black",
+                   markeredgewidth=1.4, label="adaptive K (colour: starting K)")
+        )  # fmt: skip
+    for lr, m in lr_marker.items():
+        handles.append(Line2D([], [], ls="none", marker=m, color="0.5", label=f"LR {short_lr(lr)}"))
+    fig.legend(
+        handles=handles, loc="outside right upper", title=_seeds_note(groups, "\nbars"),
+        alignment="left",
+    )  # fmt: skip
+    k_colorbar(fig, ScalarMappable(norm=norm, cmap=cmap), ax, list(ks.values()))
+    direction = "" if q.higher_is_better else " (lower is better)"
+    ax.set(
+        xlabel="wall-clock (s), as in the table",
+        ylabel=f"{q.best} {q.column}{q.unit}{direction}",
+        title=f"{q.name}-time frontier over K: what does each setting buy?",
+    )
+    ax.grid(alpha=0.3)
+    # last: it needs the final layout
+    label_points(ax, xy, [str(i + 1) for i in range(len(xy))], lines=[(fx, fy)])
+    return save(fig, out)
+
+
+def _facet_axes(plt, n: int, height: float, legend_width: float = 2.6):
+    fig, axes = plt.subplots(
+        1, n, figsize=(max(6.4, min(4.4 * n, 11)) + legend_width, height), sharey=True, sharex=True,
+        squeeze=False, layout="constrained",
+    )  # fmt: skip
+    return fig, list(axes[0])
+
+
+def _keys(facets: list[tuple[float | None, list[str]]]) -> dict[str, str]:
+    """Each row's legend entry: its label, less `lr=...` when the panels already say the LR."""
+    faceted = len(facets) > 1
+    return {label: without_lr(label) if faceted else label for _, ls in facets for label in ls}
+
+
+def _metric_vs_time(groups: dict[str, list[RunResult]], q: Quality, out: Path) -> Path:
+    """accuracy_vs_time.png (metric_vs_time.png for a task's own metric). The question: how
+    soon, in wall-clock, does each method reach a given quality, at each LR? One line per row
+    (mean over its seeds, shaded ± 1 std; a marker at each epoch's end) against the clock of the
+    table and the frontier (epoch_clock); one panel per LR when the LR varies."""
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    facets = lr_facets(groups)
+    keys = _keys(facets)
+    order = list(dict.fromkeys(keys.values()))
+    colors, markers = family_colors(order), family_markers(order)
+    fig, axes = _facet_axes(plt, len(facets), 4.8)
+    for ax, (lr, labels) in zip(axes, facets, strict=True):
+        for label in labels:
+            rs = groups[label]
+            clocks = [epoch_clock(r) for r in rs]
+            values = [[q.scale * epoch_metric(e) for e in r.epochs] for r in rs]
+            n = min(len(c) for c in clocks)
+            if n == 0:
+                continue
+            t = [statistics.fmean(c[i] for c in clocks) for i in range(n)]
+            m = [statistics.fmean(v[i] for v in values) for i in range(n)]
+            color = colors[keys[label]]
+            ax.plot(t, m, color=color, marker=markers[keys[label]], ms=4, lw=1.4)
+            if len(rs) > 1:
+                s = [statistics.stdev(v[i] for v in values) for i in range(n)]
+                lo = [a - b for a, b in zip(m, s, strict=True)]
+                hi = [a + b for a, b in zip(m, s, strict=True)]
+                ax.fill_between(t, lo, hi, color=color, alpha=0.12, lw=0)
+        ax.set_title(f"LR {short_lr(lr)}" if lr is not None else "")
+        ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)
+    direction = "" if q.higher_is_better else " (lower is better)"
+    axes[0].set_ylabel(f"{q.column}{q.unit}{direction}")
+    fig.supxlabel(
+        "wall-clock (s), as in the table and the frontier: an epoch ends after its training "
+        "time plus an equal share of evaluation",
+        fontsize=9,
+    )
+    handles = [
+        Line2D([], [], color=colors[key], marker=markers[key], ms=4, lw=1.4, label=key)
+        for key in order
+    ]
+    fig.legend(
+        handles=handles, loc="outside right center", title=_seeds_note(groups, "\nband"),
+        alignment="left",
+    )  # fmt: skip
+    fig.suptitle(f"{q.column} against wall-clock: how soon does each method get there?")
+    return save(fig, out)
+
+
+def _lr_schedule(r: RunResult) -> tuple[list[int], list[float]] | None:
+    """The run's LR at every optimizer step, from its config (the schedule is deterministic:
+    trainer/optim.py's lr_factor) and its steps per epoch (every epoch ends with a boundary);
+    None when the config does not say."""
+    from trainer.optim import lr_factor
+
+    c, recs = r.config, boundary_records(r)
+    epochs, lr = c.get("epochs"), c.get("lr")
+    warm = c.get("lr_warmup_epochs", c.get("warmup_epochs"))
+    schedule = c.get("lr_schedule")
+    first = [b["global_step"] for b in recs if b["epoch"] == 0]
+    if not (_is_count(epochs) and _is_number(lr) and _is_count(warm) and first):
+        return None
+    if schedule not in ("cosine", "constant"):
+        return None
+    per_epoch = max(first) + 1
+    total = epochs * per_epoch
+    steps = list(range(0, total, max(1, total // 800)))
+    return steps, [lr * lr_factor(s, total, warm * per_epoch, schedule) for s in steps]
+
+
+def _k_paths(groups: dict[str, list[RunResult]], out: Path) -> Path | None:
+    """k_paths.png. The question: how did each adaptive policy move K during training (every
+    seed, one line each), after the warmup at K = 1, and against the LR schedule it may follow
+    (QSR grows K as the LR decays)? K on a log2 axis with whole-number labels; one panel per
+    LR when the LR varies. None (no file) when no adaptive policy ran."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    adaptive = {label for label, rs in groups.items() if _adaptive(rs)}
+    if not adaptive:
+        return None
+    plt = pyplot()
+    facets = [(lr, [lb for lb in ls if lb in adaptive]) for lr, ls in lr_facets(groups)]
+    facets = [(lr, ls) for lr, ls in facets if ls]
+    keys = _keys(facets)
+    order = list(dict.fromkeys(keys.values()))
+    colors = family_colors(order)
+    fig, axes = _facet_axes(plt, len(facets), 4.4, legend_width=3.0)
+    all_ks: list[int] = []
+    twins = []
+    for ax, (lr, labels) in zip(axes, facets, strict=True):
+        warm_end = 0
+        schedule = None
+        for label in labels:
+            for r in groups[label]:
+                recs = boundary_records(r)
+                if not recs:
+                    continue
+                edges = [0] + [b["global_step"] + 1 for b in recs]
+                ks = [b["sync_period"] for b in recs]
+                all_ks += ks
+                ax.stairs(ks, edges, color=colors[keys[label]], lw=1.2, baseline=None, alpha=0.85)
+                warm = r.config.get("warmup_epochs") or 0
+                ends = [b["global_step"] + 1 for b in recs if b["epoch"] < warm]
+                warm_end = max([warm_end, *ends])
+                schedule = schedule or _lr_schedule(r)
+        if warm_end:
+            ax.axvspan(0, warm_end, color="0.9", lw=0, zorder=0)
+        if schedule is not None:
+            twin = ax.twinx()
+            twin.plot(*schedule, color="0.45", ls="--", lw=1)
+            twins.append((ax, twin, max(schedule[1])))
+        ax.set_title(f"LR {short_lr(lr)}" if lr is not None else "")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3, axis="y")
+    top = max((m for _, _, m in twins), default=0.0) * 1.05 or 1.0
+    for ax, twin, _ in twins:  # one LR scale for every panel, labelled once on the right
+        twin.set_ylim(0, top)
+        if ax is axes[-1]:
+            twin.set_ylabel("learning rate (dashed)")
+        else:
+            twin.tick_params(right=False, labelright=False)
+    for ax in axes:
+        k_axis(ax, all_ks or [1])
+    axes[0].set_ylabel("K in force (sync period)")
+
+    def seeds(key: str) -> str:
+        ns = sorted({len(groups[lb]) for lb in adaptive if keys[lb] == key})
+        n = "/".join(map(str, ns))
+        return f"{n} seed{'s' * (ns != [1])}{', one line each' * (ns != [1])}"
+
+    handles: list[Any] = [
+        Line2D([], [], color=colors[key], lw=1.4, label=f"{key} ({seeds(key)})") for key in order
+    ]
+    handles.append(Patch(color="0.9", label="warmup: K held at 1"))
+    handles.append(Line2D([], [], color="0.45", ls="--", lw=1, label="LR schedule"))
+    fig.legend(handles=handles, loc="outside right upper")
+    fig.suptitle("K paths of the adaptive policies: how did each move K during training?")
+    return save(fig, out)
+
+
+def _time_split(groups: dict[str, list[RunResult]], rows: list[Row], out: Path) -> Path:
+    """exposed_vs_compute.png. The question: where does each method's wall-clock go? Per row
+    (mean over ranks and seeds): compute (forward, backward, optimizer), exposed sync (time
+    spent waiting on the network) and the rest (evaluation, data, checkpoints), stacked so a
+    bar is the row's wall-clock, the frontier's x; the share of exposed sync written beside."""
+    plt = pyplot()
+    labels = [row.label for row in rows]
+    comp = [statistics.fmean(r.summary["compute_seconds"] for r in groups[lb]) for lb in labels]
+    exposed = [row.exposed[0] for row in rows]
+    wall = [row.wall[0] for row in rows]
+    rest = [max(0.0, w - c - e) for w, c, e in zip(wall, comp, exposed, strict=True)]
+    ys = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(9, max(2.8, 0.3 * len(rows) + 1.6)), layout="constrained")
+    ax.barh(ys, comp, color="tab:blue", label="compute (forward, backward, optimizer)")
+    left = list(comp)
+    ax.barh(ys, exposed, left=left, color="tab:red", label="exposed sync (waiting on the network)")
+    left = [a + b for a, b in zip(left, exposed, strict=True)]
+    ax.barh(ys, rest, left=left, color="0.8", label="the rest (evaluation, data, checkpoints)")
+    spread = [row.wall[1] if row.n > 1 else 0.0 for row in rows]
+    if any(spread):
+        ax.errorbar(
+            wall, ys, xerr=spread, fmt="none", ecolor="black", elinewidth=0.8, capsize=2,
+            label="wall-clock ± 1 std over seeds",
+        )  # fmt: skip
+    tip = max(w + s for w, s in zip(wall, spread, strict=True)) or 1.0
+    for y, w, s, e in zip(ys, wall, spread, exposed, strict=True):
+        ax.text(w + s + 0.01 * tip, y, f"{e / w:.0%} sync" if w > 0 else "", va="center",
+                fontsize=8)  # fmt: skip
+    ax.set_yticks(ys, labels)
+    names = set(labels)
+    blocks = [baseline_label(names, variant_of(lb)) or lb for lb in labels]
+    for y, (a, b) in enumerate(zip(blocks, blocks[1:], strict=False)):
+        if a != b:  # a new block (e.g. the next LR) opens with its own DDP row
+            ax.axhline(y + 0.5, color="0.3", lw=0.8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, tip * 1.14)
+    ax.set_xlabel("seconds, mean over ranks and seeds (a whole bar: the wall-clock of the table)")
+    ax.set_title("Where does each method's wall-clock go?")
+    ax.grid(alpha=0.3, axis="x")
+    fig.legend(loc="outside lower center", ncols=2)
+    return save(fig, out)
 
 
 def report(root: Path) -> str:
@@ -659,8 +1002,9 @@ def report(root: Path) -> str:
     text += "\n" + render_profile(sync_profile(runs))
     if stopped:
         text += "\n" + render_stopped(stopped, quality)
+    images = plots(runs, root)  # only the plots written: none is linked that is not there
     (root / "report.md").write_text(
-        text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots(runs, root)) + "\n"
+        text + "\n" + "\n".join(f"![{PLOT_TITLES[p.stem]}]({p.name})" for p in images) + "\n"
     )
     write_csv(runs, root / "report.csv")
     return text

@@ -11,12 +11,11 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from autok.config import ConfigError, TrainConfig, read_yaml
+from autok.resources import default_space
 from controllers import REGISTRY as POLICIES
 from trainer.data import DATASETS
 from trainer.link import PROFILES
 from trainer.models import MODELS
-
-DEFAULT_SPACE = Path(__file__).resolve().parents[1] / "experiments" / "spaces" / "default.yaml"
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ NAMED = {"policy": POLICIES, "dataset": DATASETS, "model": MODELS, "link": PROFI
 
 def load_space(path: Path | None) -> list[Dim]:
     """Parse and validate a space file; every problem is a ConfigError naming --space."""
-    path = path or DEFAULT_SPACE
+    path = path or default_space()  # experiments/spaces/default.yaml, shipped in the package
     raw = read_yaml(path, "--space")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"--space: {path} must map setting names to ranges")

@@ -85,11 +85,45 @@ def _trainable(config: dict[str, Any], fixed: dict[str, Any], out: str, opts: Sw
         "epoch": res.epochs,
         "objective": values[0],
         "time_to_target": res.time_to_target,
+        "total_seconds": res.total_seconds,
         "run_dir": str(run_dir),
         "completed": True,
     }
     # Ray's loggers warn on inf: a target never reached is reported as missing.
     tune.report({k: v for k, v in final.items() if not (isinstance(v, float) and math.isinf(v))})
+
+
+def node_cpus(ray: Any) -> tuple[float, float]:
+    """(the CPUs of the largest live node, the CPUs of the whole cluster)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    largest = max((float(n.get("Resources", {}).get("CPU", 0)) for n in nodes), default=0.0)
+    return largest, float(ray.cluster_resources().get("CPU", 0))
+
+
+def trial_workers(fixed: dict[str, Any]) -> int:
+    from autok.config import TrainConfig
+
+    return int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
+
+
+def check_local_ray(opts: SweepOptions, fixed: dict[str, Any]) -> None:
+    """Without --address the sweep starts a local Ray with this machine's CPUs: a trial that
+    cannot fit is refused before Ray starts (the CLI calls this before --out is created)."""
+    if opts.backend == "ray" and not opts.address:
+        check_trial_fits(trial_workers(fixed), os.cpu_count() or 1, "this machine")
+
+
+def check_trial_fits(workers: int, cpus: float, where: str) -> None:
+    """A trial reserves `workers` CPUs as one bundle, so on one node (its workers are local
+    processes there): where no node has that many it is never scheduled, and Tune would wait for
+    it forever. `where` names the node, e.g. "this machine". ConfigError naming --workers."""
+    if workers <= cpus:
+        return
+    hint = f"give --workers {int(cpus)} or fewer, or " if cpus >= 1 else ""
+    raise ConfigError(
+        f"--workers: each trial reserves {workers} CPUs on one node (one per worker) and "
+        f"{where} has {cpus:g}; {hint}give Ray more CPUs per node"
+    )
 
 
 def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> list[dict]:
@@ -100,8 +134,9 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
 
     from autok.config import TrainConfig
 
-    workers = int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
+    workers = trial_workers(fixed)
     epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
+    started = False
     if not ray.is_initialized():
         if not opts.address:
             # Ray starts its workers at nice 15: beside any other load on the machine (a build,
@@ -109,7 +144,9 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             os.environ.setdefault("RAY_worker_niceness", "0")
         try:
             ray.init(
-                address=opts.address,
+                # "local": a new Ray of this machine's CPUs, as --address's help says; never a
+                # cluster that `ray start` left running here (nor a stale record of one)
+                address=opts.address or "local",
                 include_dashboard=False,
                 log_to_driver=False,
                 num_cpus=None if opts.address else os.cpu_count(),
@@ -120,6 +157,16 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             # an address may carry credentials (ray://user:pw@host): never echoed
             why = redact(first_line(exc), opts.address)
             raise ConfigError(f"--address: {redact_url(opts.address)}: {why}") from None
+        started = True
+    # Before anything is submitted or written: the cluster as it is now must fit one trial.
+    largest, total = node_cpus(ray)
+    try:
+        where = "the Ray cluster's largest node" if total > largest else "the Ray cluster"
+        check_trial_fits(workers, largest, where)
+    except ConfigError:
+        if started:
+            ray.shutdown()
+        raise
 
     modes = [d[:3] for d in directions(opts)]  # maximize -> max, minimize -> min
     if opts.objective == "pareto":
@@ -191,6 +238,7 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
                 "peak_test_metric": m.get("peak_test_metric"),
                 "wall_seconds": m.get("wall_seconds") if state == COMPLETE else None,
                 "time_to_target": m.get("time_to_target"),
+                "total_seconds": m.get("total_seconds"),
                 "run_dir": m.get("run_dir", ""),
                 "reason": reason,
             }

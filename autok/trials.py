@@ -34,8 +34,9 @@ class TrialResult:
     run_dir: str
     reason: str = ""
     peak_test_metric: float = math.nan  # best in the metric's direction
-    wall_seconds: float = math.nan
+    wall_seconds: float = math.nan  # the run's training wall-clock (summary.json)
     time_to_target: float = math.inf  # training seconds until the metric reached the target
+    total_seconds: float = math.nan  # the trial's process, start to exit: what a user waits
     epochs: int = 0
 
 
@@ -82,7 +83,7 @@ def run_trial(
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_file = run_dir / "trial.yaml"
     cfg_file.write_text(yaml.safe_dump({k: v for k, v in settings.items() if k != "out"}))
-    log = run_dir / "train.log"
+    log = run_dir / "console.log"  # what the run printed; its own log is train.log
     cmd = [
         sys.executable,
         "-m",
@@ -94,6 +95,7 @@ def run_trial(
         str(run_dir),
         "--no-progress",
     ]
+    t0 = time.monotonic()
     with open(log, "w") as log_f:
         proc = start_logged(cmd, log_f, new_session=True, cwd=workdir)
         seen, stop = 0, None
@@ -126,6 +128,7 @@ def run_trial(
                     proc.wait()
     rows = _rows(run_dir / "epochs.csv")
     result = TrialResult(state=COMPLETE, run_dir=str(run_dir), epochs=len(rows))
+    result.total_seconds = time.monotonic() - t0
     if rows:
         values = [test_metric(r) for r in rows]
         result.peak_test_metric = max(values) if higher_is_better else min(values)

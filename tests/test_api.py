@@ -70,6 +70,8 @@ def _basic_worker(rank, world):
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=3, link="none")
     res["fused"] = sync.strategy.fused_gradients
     res["sgd"] = _train(sync, opt, _batches(rank, 12))
+    # a fused boundary is one gradient sync and one parameter sync in ONE collective
+    res["fused_counts"] = (sync.grad_syncs, sync.param_syncs, sync.collectives)
     # 2. sync_now() mid-interval: a boundary now, replicas identical, the interval recorded
     _train(sync, opt, _batches(rank, 2))
     sync.sync_now()
@@ -81,6 +83,8 @@ def _basic_worker(rank, world):
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
     res["adamw_fused"] = sync.strategy.fused_gradients
     res["adamw"] = _train(sync, opt, _batches(rank, 8))
+    # two-phase: the gradient AllReduce (one DDP bucket for this model) and the average
+    res["two_phase_counts"] = (sync.grad_syncs, sync.param_syncs, sync.collectives)
     sync.close()
     # 4. gradient accumulation: K counts optimizer steps, not micro-batches
     model = _model()
@@ -106,6 +110,8 @@ def test_own_loop_replicas_agree_after_every_boundary_and_k_counts_optimizer_ste
             assert [b for b, _ in log] == [(i + 1) % k == 0 for i in range(len(log))], name
             assert all(ok for b, ok in log if b), name
         assert res["sync_now"] == (True, 2)
+        assert res["fused_counts"] == (4, 4, 4)  # 12 steps, K = 3
+        assert res["two_phase_counts"] == (4, 4, 8)  # 8 steps, K = 2
         # 2 micro-batches of 8 per step, 4 steps per boundary, 2 ranks
         assert res["accum_samples"] == [4 * 16 * 2, 4 * 16 * 2]
 
@@ -185,19 +191,34 @@ def _exposed_sync_worker(rank, world):
         loss_rise=100.0,  # this tiny regression's loss is noisy: the guard is not under test
         drift_limit=1e6,
     )
-    ks = []
+    ks, nexts = [], []
+
+    class Next:
+        def on_boundary(self, stats, decision):
+            nexts.append((stats.sync_period, decision.next_sync_period, decision.reason))
+
+    sync.observers.append(Next())
     for _ in range(3):
         _train(sync, opt, _batches(rank, 16))
         ks.append(sync.sync_period)
     decisions = sync.last_decision
+    # A loop whose intervals can hold at most 3 steps (its forced boundaries): K and every
+    # decision from here on are capped there, and the records say so.
+    sync.period_cap = 3
+    capped = sync.sync_period
+    nexts.clear()
+    _train(sync, opt, _batches(rank, 12))
     sync.close()
-    return ks, decisions.reason
+    return ks, decisions.reason, capped, nexts
 
 
 def test_k_rises_under_exposed_sync_on_the_emulated_wan_and_ranks_agree():
-    (k0, why0), (k1, why1) = run_dist(_exposed_sync_worker, 2)
-    assert k0 == k1 and why0 == why1
-    assert k0[-1] > 1, (k0, why0)  # a tiny model's step is far shorter than a 33 ms WAN sync
+    (k0, why0, capped, nexts), (k1, why1, _, nexts1) = run_dist(_exposed_sync_worker, 2)
+    assert k0 == k1 and why0 == why1 and nexts == nexts1
+    assert k0[-1] > 3, (k0, why0)  # a tiny model's step is far shorter than a 33 ms WAN sync
+    assert capped == 3
+    assert nexts and all(k <= 3 and nxt <= 3 for k, nxt, _ in nexts), nexts
+    assert any("capped at 3" in why for _, _, why in nexts), nexts
 
 
 def _builtin_equivalence_worker(rank, world):

@@ -339,6 +339,21 @@ SWEEP = [
     R(["sweep", "--jobs", "10000", "--out", "{out}"], "--jobs"),
     R(["sweep", "--sampler-seed", "-1", "--out", "{out}"], "--sampler-seed"),
     R(["sweep", "--sampler-seed", str(2**40), "--out", "{out}"], "--sampler-seed"),
+    # a local Ray has this machine's CPUs; a trial needing more would wait forever (issue 14)
+    R(
+        [
+            "sweep",
+            "--backend",
+            "ray",
+            *TINY[2:],
+            "--workers",
+            str((os.cpu_count() or 1) + 1),
+            "--out",
+            "{out}/s1",
+        ],
+        ("--workers", "each trial reserves"),
+        id="sweep-ray-workers-above-cpus",
+    ),
     *[
         R(["sweep", name, v, "--out", "{out}"], "--target")
         for name in ("--target", "--target-accuracy")  # the older name of the same flag

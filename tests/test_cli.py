@@ -57,9 +57,49 @@ def autok(*args, cwd=None, timeout=300):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "r"
-    res = autok("train", *TINY, "--sync-period", "3", "--out", str(out))
+    tb = out.parent / "tb"
+    res = autok("train", *TINY, "--sync-period", "3", "--out", str(out), "--tensorboard", str(tb))
     assert res.returncode == 0, res.stderr
+    (out.parent / "stdout.txt").write_text(res.stdout)
     return out
+
+
+def test_no_progress_hides_only_the_bar_and_train_log_holds_the_same_lines(run_dir):
+    stdout = (run_dir.parent / "stdout.txt").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert stdout.startswith(f"autok: run directory {run_dir} ")
+    epochs = [ln for ln in stdout.splitlines() if ln.startswith("epoch ")]
+    assert [e.split()[1] for e in epochs] == ["1/2", "2/2"]
+    assert all(" acc " in e and " K " in e and "exposed sync" in e for e in epochs)
+    assert "autok summary" in stdout and "replicas agree" in stdout
+    for line in epochs + ["autok summary"]:
+        assert line in log  # the file has the terminal's lines (with a timestamp)
+    assert "\r" not in stdout and "\r" not in log  # no progress-bar redraws in a pipe or file
+
+
+def test_the_summary_reports_start_up_and_collectives_beside_training_time(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["startup_seconds"] > 0
+    assert summary["total_seconds"] >= summary["startup_seconds"] + summary["wall_seconds"] * 0.99
+    rows = list(csv.DictReader((run_dir / "epochs.csv").open()))
+    # cpdp with SGD: fused boundaries, one collective for a gradient and a parameter sync
+    assert summary["collectives"] == summary["param_syncs"] == summary["grad_syncs"]
+    assert sum(int(r["collectives"]) for r in rows) == summary["collectives"]
+
+
+def test_tensorboard_gets_the_boundary_and_epoch_scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir.parent / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"boundary/sync_period", "boundary/exposed_sync_seconds", "epoch/test_accuracy"} <= tags
+    rows = list(csv.DictReader((run_dir / "epochs.csv").open()))
+    accs = [e.value for e in events.Scalars("epoch/test_accuracy")]
+    assert accs == pytest.approx([float(r["test_accuracy"]) for r in rows], rel=1e-6)
+    records = [json.loads(line) for line in (run_dir / "boundaries.jsonl").open()]
+    ks = [(e.step, e.value) for e in events.Scalars("boundary/sync_period")]
+    assert ks == [(r["global_step"], r["sync_period"]) for r in records]
 
 
 def test_train_writes_the_five_files_with_every_field(run_dir):

@@ -152,6 +152,17 @@ def test_cpdp_k1_beta0_is_exactly_ddp():
             assert torch.allclose(a[name], c[name], rtol=1e-4, atol=1e-6), name
 
 
+@pytest.mark.slow
+def test_cpdp_k1_beta0_is_exactly_ddp_at_world_4():
+    """The README's claim at world size 4 (a power of two: the mean of equal values divides
+    exactly), on the two-collective path. Slow: two runs of four processes on two cores."""
+    ddp = run_dist(_final_params_worker, 4, "ddp", 1, 0.0)
+    two = run_dist(_final_params_worker, 4, "cpdp", 1, 0.0, "two-phase")
+    for a, b in zip(ddp, two, strict=True):
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+
+
 def _replica_check_worker(rank, world, strategy):
     cfg = tiny_cfg(strategy=strategy, sync_period=3, workers=world, lr=0.1)
     checked = []

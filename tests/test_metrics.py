@@ -8,13 +8,14 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autok.metrics import MetricsExporter, reason_kind
+from autok.metrics import CHANGES_KEPT, TARGET_SHARE_POLICIES, MetricsExporter, reason_kind
 from autok.metrics_http import port_taken
 from controllers.base import BoundaryStats, SyncDecision
 from tests.dist import run_dist
@@ -128,6 +129,9 @@ def test_names_types_and_labels():
                 "jitter_ms",
                 "rank",
                 "metric",
+                "change",
+                "old_k",
+                "new_k",
             }
     assert sample(fams, "autok_boundaries", "_total") == 3
     assert sample(fams, "autok_samples", "_total") == 384
@@ -138,6 +142,115 @@ def test_names_types_and_labels():
     assert sample(fams, "autok_sync_period_changes", "_total", reason="raise") == 1
     assert sample(fams, "autok_sync_share_ratio") == pytest.approx(0.05 / 0.07)
     assert sample(fams, "autok_link_info", profile="wan", rtt_ms="16.6") == 1
+
+
+def exporter(**kw) -> MetricsExporter:
+    base = dict(run_id="r1", strategy="cpdp", policy="exposed-sync", host="127.0.0.1")
+    return MetricsExporter(0, **(base | kw))
+
+
+def scraped(exp: MetricsExporter) -> dict:
+    try:
+        return families(scrape(exp.port))
+    finally:
+        exp.close()
+
+
+def change_events(fams: dict) -> list[tuple[int, int, int, str, float]]:
+    """(change, old K, new K, reason, unix time) of each K-change series, in change order."""
+    fam = fams["autok_sync_period_change_timestamp_seconds"]
+    assert fam.type == "gauge"
+    rows = [
+        (int(s.labels["change"]), int(s.labels["old_k"]), int(s.labels["new_k"]),
+         s.labels["reason"], s.value)
+        for s in fam.samples
+    ]  # fmt: skip
+    return sorted(rows)
+
+
+def test_k_changes_are_timestamped_events_with_old_and_new_k_and_reason():
+    before = time.time()
+    exp = exporter()
+    for i in range(3):  # warmup at K=1: the controller's K (4) is not in force, nothing marked
+        exp.on_boundary(*stats(i, k=1, nxt=4, warmup=True))
+    after_warmup = time.time()
+    exp.on_boundary(*stats(3, k=4, nxt=4))  # K left 1 at the last warmup boundary
+    exp.on_boundary(*stats(4, k=4, nxt=8))  # raise
+    exp.on_boundary(*stats(5, k=8, nxt=8))  # hold
+    exp.on_boundary(stats(6, k=8)[0], SyncDecision(4, "back off: drift ratio 9 > 3"))
+    end = time.time()
+    fams = scraped(exp)
+    events = change_events(fams)
+    assert [e[:4] for e in events] == [
+        (1, 1, 4, "warmup_end"),
+        (2, 4, 8, "raise"),
+        (3, 8, 4, "back_off"),
+    ]
+    times = [e[4] for e in events]
+    assert before <= times[0] <= after_warmup <= times[1] <= times[2] <= end
+    # the counter counts the policy's decisions only, not the end of warmup
+    assert sample(fams, "autok_sync_period_changes", "_total", reason="raise") == 1
+    assert sample(fams, "autok_sync_period_changes", "_total", reason="back_off") == 1
+    assert "warmup_end" not in {
+        s.labels["reason"] for s in fams["autok_sync_period_changes"].samples
+    }
+
+
+def test_only_the_last_k_changes_are_served_and_numbering_goes_on():
+    exp = exporter()
+    n = CHANGES_KEPT + 5
+    for i in range(n):
+        k = 4 if i % 2 == 0 else 8
+        exp.on_boundary(*stats(i, k=k, nxt=12 - k))
+    fams = scraped(exp)
+    events = change_events(fams)
+    assert [e[0] for e in events] == list(range(6, n + 1))
+    assert all(old != new for _, old, new, _, _ in events)
+    assert sum(s.value for s in fams["autok_sync_period_changes"].samples) == n
+
+
+def test_no_k_change_no_event_series():
+    exp = exporter(policy="fixed")
+    for i in range(3):
+        exp.on_boundary(*stats(i, k=4, nxt=4))
+    assert change_events(scraped(exp)) == []
+
+
+def test_target_share_is_served_for_the_policies_that_steer_by_it():
+    for policy in ("exposed-sync", "composite"):
+        fams = scraped(exporter(policy=policy, target_sync_share=0.35))
+        assert sample(fams, "autok_target_sync_share_ratio") == pytest.approx(0.35)
+        assert fams["autok_target_sync_share_ratio"].type == "gauge"
+    # a policy that ignores it, or no value given: no reference line to draw
+    assert "autok_target_sync_share_ratio" not in scraped(
+        exporter(policy="fixed", target_sync_share=0.35)
+    )
+    assert "autok_target_sync_share_ratio" not in scraped(exporter())
+
+
+def test_target_share_policies_are_those_whose_controller_holds_the_target():
+    from controllers import REGISTRY, PolicyOptions, build_controller
+
+    def holds(obj, value, depth=2) -> bool:
+        fields = getattr(obj, "__dict__", {})
+        return any(
+            v == value or (depth > 0 and holds(v, value, depth - 1))
+            for v in fields.values()
+            if isinstance(v, float) or hasattr(v, "__dict__")
+        )
+
+    steering = {
+        name
+        for name in REGISTRY
+        if holds(build_controller(name, 4, PolicyOptions(target_sync_share=0.37)), 0.37)
+    }
+    assert steering == TARGET_SHARE_POLICIES
+
+
+def test_start_time_is_served_from_the_start():
+    before = time.time()
+    fams = scraped(exporter())  # before any boundary
+    assert before - 1 <= sample(fams, "autok_start_time_seconds") <= time.time()
 
 
 def test_reason_kind_is_low_cardinality():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +20,19 @@ from tests.test_cli import autok
 
 
 def fake_run(
-    root: Path, label: str, seed: int, peak: float, wall: float, k: int = 1, policy: str = "fixed"
+    root: Path,
+    label: str,
+    seed: int,
+    peak: float,
+    wall: float,
+    k: int = 1,
+    policy: str = "fixed",
+    order: int | None = None,
 ) -> None:
     d = root / label.replace(" ", "_") / f"seed-{seed}"
     d.mkdir(parents=True)
-    (d / "experiment.json").write_text(json.dumps({"label": label, "seed": seed}))
+    meta = {"label": label, "seed": seed} | ({} if order is None else {"order": order})
+    (d / "experiment.json").write_text(json.dumps(meta))
     (d / "config.json").write_text(
         json.dumps(
             {
@@ -163,16 +173,16 @@ def test_render_formats_percent_and_delta():
     )
 
 
-def test_rows_in_natural_order_against_the_single_ddp_row(tmp_path):
+def test_rows_in_natural_order_after_the_single_ddp_row(tmp_path):
     for k, peak, wall in ((16, 0.7, 10.0), (2, 0.9, 30.0), (4, 0.85, 20.0)):
         fake_run(tmp_path, f"cpdp sync_period={k}", 42, peak, wall, k)
     fake_run(tmp_path, "ddp", 42, 0.88, 40.0)
     rows = table_rows(collect(tmp_path))
-    assert [r.label for r in rows] == [
+    assert [r.label for r in rows] == [  # no order recorded: DDP opens, then natural order
+        "ddp",
         "cpdp sync_period=2",
         "cpdp sync_period=4",
         "cpdp sync_period=16",
-        "ddp",
     ]
     by = {r.label: r for r in rows}
     assert by["cpdp sync_period=2"].delta == pytest.approx(2.0)
@@ -294,3 +304,249 @@ def test_runs_judged_by_different_metrics_are_not_mixed_in_one_table(tmp_path):
     as_task_run(tmp_path / "cpdp-k4" / "seed-1")
     with pytest.raises(ValueError, match=r"different metrics \(accuracy, perplexity\)"):
         report(tmp_path)
+
+
+# ----- the experiment's order, single seeds, the plots -------------------------------------------
+
+PAPER_WAN = ["ddp", "localsgd-k2", "cpdp-k4", "cpdp-exposed-sync"]  # its file's order of runs
+
+
+def paper_wan_like(root: Path, seeds=(1, 2), with_order: bool = True) -> None:
+    """The grid as autok/experiment.py expands it: runs x LRs x seeds, in that order."""
+    order = 0
+    for name in PAPER_WAN:
+        for lr in (0.1, 0.4):
+            for seed in seeds:
+                k = 1 if name == "ddp" else 4 if name != "localsgd-k2" else 2
+                policy = "exposed-sync" if name == "cpdp-exposed-sync" else "fixed"
+                peak = (0.8 if lr == 0.1 else 0.2) + seed / 100
+                label = f"{name} lr={lr}"
+                fake_run(root, label, seed, peak, 40 / k, k, policy, order if with_order else None)
+                cfg = root / label.replace(" ", "_") / f"seed-{seed}" / "config.json"
+                cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"lr": lr}))
+                order += 1
+
+
+def test_rows_follow_the_experiment_in_blocks_that_open_with_their_ddp_row(tmp_path):
+    paper_wan_like(tmp_path / "ordered")
+    labels = [r.label for r in table_rows(collect(tmp_path / "ordered"))]
+    assert labels == [f"{name} lr=0.1" for name in PAPER_WAN] + [
+        f"{name} lr=0.4" for name in PAPER_WAN
+    ]
+    # Runs written before the order was recorded: still one block per LR, DDP first.
+    paper_wan_like(tmp_path / "old", with_order=False)
+    labels = [r.label for r in table_rows(collect(tmp_path / "old"))]
+    assert labels == [
+        "ddp lr=0.1",
+        "cpdp-exposed-sync lr=0.1",
+        "cpdp-k4 lr=0.1",
+        "localsgd-k2 lr=0.1",
+        "ddp lr=0.4",
+        "cpdp-exposed-sync lr=0.4",
+        "cpdp-k4 lr=0.4",
+        "localsgd-k2 lr=0.4",
+    ]
+    # The K sweep: one DDP row for all, then each method's K in the file's order.
+    for i, (label, k) in enumerate(
+        [("ddp", 1), ("cpdp sync_period=2", 2), ("cpdp sync_period=16", 16)]
+        + [("localsgd sync_period=2", 2), ("localsgd sync_period=16", 16)]
+    ):
+        fake_run(tmp_path / "ksweep", label, 42, 0.8, 40 / k, k, order=i)
+    labels = [r.label for r in table_rows(collect(tmp_path / "ksweep"))]
+    assert labels == [
+        "ddp",
+        "cpdp sync_period=2",
+        "cpdp sync_period=16",
+        "localsgd sync_period=2",
+        "localsgd sync_period=16",
+    ]
+
+
+def test_a_single_seed_row_shows_its_value_without_a_spread():
+    from autok.report import Row
+
+    text = render(
+        [
+            Row("ddp", 1, (0.9, 0.0), (0.89, 0.0), (10, 0), (5, 0), math.nan, math.nan, [0.9]),
+            Row("cpdp-k4", 2, (0.9, 0.01), (0.89, 0.0), (10, 1), (5, 0.5), 1.0, math.nan, []),
+        ],
+        "t",
+    )
+    assert "| ddp | 1 | 90.00 | 89.00 | 10.0 | 5.0 | — | — | — |" in text
+    assert "| cpdp-k4 | 2 | 90.00 ± 1.00 | 89.00 ± 0.00 | 10.0 ± 1.0 | 5.0 ± 0.5 |" in text
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure autok saves, checked as it is saved: no text under 8 pt, and every tick
+    label of a log2 (K) axis a whole number. Yields {file name: figure's texts}."""
+    import matplotlib.text
+
+    import trainer.plots
+
+    seen: dict[str, list[str]] = {}
+    real_save = trainer.plots.save
+
+    def checking_save(fig, path):
+        fig.canvas.draw()  # tick labels exist once drawn
+        texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
+        small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_fontsize() < 8]
+        assert not small, f"{path.name}: text under 8 pt: {small[:5]}"
+        k_labels = [
+            t.get_text()
+            for ax in fig.axes
+            for axis in (ax.xaxis, ax.yaxis)
+            if axis.get_scale() == "log" and axis._scale.base == 2
+            for t in axis.get_ticklabels()
+            if t.get_visible() and t.get_text()
+        ]
+        assert all(x.isdigit() for x in k_labels), (path.name, k_labels)
+        seen[path.name] = [t.get_text() for t in texts]
+        return real_save(fig, path)
+
+    monkeypatch.setattr(trainer.plots, "save", checking_save)
+    import autok.report
+
+    monkeypatch.setattr(autok.report, "save", checking_save)
+    return seen
+
+
+def test_every_plot_is_readable_and_says_what_it_shows(tmp_path, drawn):
+    paper_wan_like(tmp_path, seeds=(1, 2, 3))
+    report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    names = ("frontier", "accuracy_vs_time", "k_paths", "exposed_vs_compute")
+    for name in names:
+        assert f"({name}.png)" in md and (tmp_path / f"{name}.png").is_file()
+    assert sorted(drawn) == sorted(f"{n}.png" for n in names)
+    frontier = drawn["frontier.png"]
+    # numbered points keyed to the table's rows, the seeds said, the front drawn, LR encoded
+    assert "1  ddp lr=0.1" in frontier and "5  ddp lr=0.4" in frontier
+    assert {str(i) for i in range(1, 9)} <= {n for t in frontier for n in t.split(",")}
+    assert "3,4" in frontier  # cpdp-k4 and cpdp-exposed-sync coincide here: one label
+    assert any(t.startswith("mean over seeds (n = 3)") for t in frontier)
+    assert any(t.startswith("Pareto front") for t in frontier)
+    assert {"LR 0.1", "LR 0.4"} <= set(frontier)
+    # every seed, not the first: the legend says mean ± band; one panel per LR
+    assert any("band ± 1 std" in t for t in drawn["accuracy_vs_time.png"])
+    assert {"LR 0.1", "LR 0.4"} <= set(drawn["accuracy_vs_time.png"])
+    assert any("2 seeds" in t or "3 seeds" in t for t in drawn["k_paths.png"])
+
+
+def test_no_k_paths_plot_without_an_adaptive_policy_and_no_link_to_a_missing_image(tmp_path):
+    fake_run(tmp_path, "ddp", 1, 0.9, 40.0)
+    fake_run(tmp_path, "cpdp-k4", 1, 0.9, 10.0, 4)
+    report(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "k_paths.png").exists() and "(k_paths.png)" not in md
+    for link in re.findall(r"!\[[^]]*\]\(([^)]+)\)", md):
+        assert (tmp_path / link).is_file(), link
+
+
+def test_the_time_plots_share_the_tables_clock(tmp_path):
+    from autok.report import epoch_clock
+
+    fake_run(tmp_path, "ddp", 1, 0.9, 7.5)  # three epochs of 1 s each, 4.5 s of the rest
+    (run,) = collect(tmp_path)
+    assert epoch_clock(run) == pytest.approx([2.5, 5.0, 7.5])
+
+
+def test_k_ticks_are_whole_powers_of_two():
+    from trainer.plots import k_ticks
+
+    assert k_ticks([1, 4]) == [1, 2, 4]
+    assert k_ticks([1]) == [1, 2]
+    assert k_ticks([3, 5]) == [2, 4, 8]
+    wide = k_ticks([1, 1024])
+    assert len(wide) <= 8 and wide[0] == 1 and wide[-1] == 1024
+    assert all(t & (t - 1) == 0 for t in wide)
+
+
+def test_labels_are_placed_without_overlaps():
+    from trainer.plots import _overlap, clusters, place_labels
+
+    # a dense 4 x 3 grid of markers 22 pt apart, labels "10".."21"
+    points = [(100.0 + 22 * (i % 4), 100.0 + 22 * (i // 4)) for i in range(12)]
+    sizes = [(12.0, 9.0)] * len(points)
+    boxes = place_labels(points, sizes, radius=4.5, bounds=(0, 0, 400, 400))
+    markers = [(x - 4.5, y - 4.5, x + 4.5, y + 4.5) for x, y in points]
+    for i, a in enumerate(boxes):
+        assert all(_overlap(a, b) == 0 for b in boxes[i + 1 :]), i
+        assert all(_overlap(a, m) == 0 for m in markers), i
+        assert min(a[0], a[1]) >= 0 and max(a[2], a[3]) <= 400
+    # points on top of each other get one label
+    assert clusters([(0, 0), (50, 0), (1, 1), (51, 1.5)], within=4) == [[0, 2], [1, 3]]
+
+
+class _Trainer:
+    """What FileSink.on_step reads of the trainer."""
+
+    def __init__(self) -> None:
+        self.global_step = 0
+        self.optimizer = type("O", (), {"param_groups": [{"lr": 0.0}]})()
+
+
+def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, drawn):
+    from controllers.base import BoundaryStats
+    from trainer.optim import lr_factor
+    from trainer.plots import epoch_starts, lr_per_step
+    from trainer.sinks import FileSink
+
+    (tmp_path / "config.json").write_text(json.dumps({"warmup_epochs": 1, "lr_warmup_epochs": 1}))
+    sink, tr = FileSink(tmp_path), _Trainer()
+    per_epoch, epochs = 8, 3
+    total = per_epoch * epochs
+
+    def lr(step: int) -> float:
+        return 0.1 * lr_factor(step, total, per_epoch, "cosine")
+
+    stats = {f.name: 0 for f in dataclasses.fields(BoundaryStats)}
+    start = 0
+    for step in range(total):
+        epoch = step // per_epoch
+        k = 1 if epoch == 0 else 4
+        if step == 2 * per_epoch:
+            # a rollback to the end of epoch 0 trains epoch 1 again: its LRs are recorded once
+            for again in range(per_epoch, step):
+                tr.global_step, tr.optimizer.param_groups[0]["lr"] = again + 1, lr(again + 1)
+                sink.on_step(tr, False)
+        if (step + 1) % k == 0 or (step + 1) % per_epoch == 0:
+            s = stats | {"global_step": step, "interval_steps": step - start + 1, "epoch": epoch}
+            sink.on_boundary(BoundaryStats(**s | {"sync_period": k, "lr": lr(step)}), _decision())
+            start = step + 1
+        tr.global_step, tr.optimizer.param_groups[0]["lr"] = step + 1, lr(step + 1)
+        sink.on_step(tr, False)
+    steps, lrs = lr_per_step(sink._path, sink._lr_first, sink._lrs)
+    assert steps == list(range(total + 1))  # step 0 from its boundary record, the rest recorded
+    assert lrs == pytest.approx([lr(s) for s in steps])
+    assert epoch_starts(sink._path) == {0: 0, 1: 8, 2: 16, 3: 24}
+    sink.on_end({"strategy": "cpdp", "policy": "fixed", "link": "wan", "world_size": 2})
+    assert (tmp_path / "k_lr.png").stat().st_size > 1000
+    texts = drawn["k_lr.png"]
+    assert "warmup: K = 1 (1 epoch)" in texts and "LR (every step)" in texts
+    assert {"1", "2", "3"} <= set(texts)  # the epochs, numbered on top
+    assert "4" in texts  # K's whole-number ticks
+
+
+def _decision():
+    from controllers.base import SyncDecision
+
+    return SyncDecision(next_sync_period=4, reason="test")
+
+
+def test_the_profile_counts_collectives_apart_from_logical_syncs(synthetic):
+    from autok.report import render_profile, sync_profile
+
+    root, _ = synthetic
+    for d in (root / "cpdp-k4").iterdir():  # fused boundaries: one collective for two syncs
+        rows = list(csv.DictReader((d / "epochs.csv").open()))
+        with open(d / "epochs.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*rows[0], "collectives"])
+            w.writeheader()
+            w.writerows({**r, "collectives": int(r["param_syncs"])} for r in rows)
+    prof = {p.label: p for p in sync_profile(collect(root))}
+    assert prof["cpdp-k4"].events == pytest.approx(4.0)  # 2 gradient + 2 parameter syncs
+    assert prof["cpdp-k4"].collectives == pytest.approx(2.0)  # in 2 collectives
+    assert math.isnan(prof["ddp"].collectives)  # written before the column: not guessed
+    text = render_profile(list(prof.values()))
+    assert "| cpdp-k4 | 2.0 | 4.0 | 2.0 |" in text and "| ddp | 2.0 | 2.0 | — |" in text

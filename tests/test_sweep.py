@@ -66,6 +66,70 @@ def test_pareto_front_is_exactly_the_non_dominated_set(points):
     assert sorted(front) == brute
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.1, 0.2, 0.5, 0.9, 0.91]), st.sampled_from([1.0, 2.0, 3.5, 10.0])
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_the_pareto_staircase_is_the_best_quality_within_each_time_budget(points):
+    from trainer.plots import staircase
+
+    front = pareto_front(points)
+    xs, ys = staircase([(points[i][1], points[i][0]) for i in front], right=11.0)
+    steps = list(zip(xs, ys, strict=True))
+    for (x0, y0), (x1, y1) in zip(steps, steps[1:], strict=False):
+        assert x0 == x1 or y0 == y1  # flat or straight up: never a diagonal
+        assert x1 >= x0 and y1 >= y0
+    assert xs[-1] == 11.0
+    for _, budget in points:  # at any trial's time: the best quality reached by then
+        shown = max(y for x, y in steps if x <= budget)
+        assert shown == max(q for q, s in points if s <= budget)
+
+
+def test_pareto_png_draws_the_staircase_and_names_the_front(tmp_path, monkeypatch):
+    import matplotlib.colors
+    import matplotlib.text
+
+    import trainer.plots
+    from autok.pareto import plot_front
+
+    def row(n, k, lr, acc, wall):
+        done = {"number": n, "state": "COMPLETE", "run_dir": "x", "reason": ""}
+        return done | {"sync_period": k, "lr": lr, "policy": "qsr"} | {
+            "peak_test_metric": acc, "wall_seconds": wall,
+        }  # fmt: skip
+
+    rows = [row(0, 1, 0.1, 0.90, 20.0), row(1, 4, 0.05, 0.85, 8.0), row(2, 8, 0.2, 0.6, 12.0)]
+    front = pareto_front([(r["peak_test_metric"], r["wall_seconds"]) for r in rows])
+    assert front == [1, 0]
+    drawn = {}
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        drawn["fig"] = fig
+        return trainer.plots.DPI
+
+    monkeypatch.setattr(trainer.plots, "save", keep)
+    plot_front(rows, front, tmp_path / "pareto.png")
+    fig = drawn["fig"]
+    texts = {t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_visible()}
+    assert "#1  K=4, LR=0.05, policy=qsr: 85% in 8.0 s" in texts
+    assert "#0  K=1, LR=0.1, policy=qsr: 90% in 20.0 s" in texts
+    assert {"#0", "#1"} <= texts and "#2" not in texts  # the front is numbered, the rest not
+    (ax,) = [a for a in fig.axes if a.get_xlabel() == "wall-clock (s)"]
+    red = matplotlib.colors.to_rgba("crimson")
+    (stairs,) = [ln for ln in ax.get_lines() if matplotlib.colors.to_rgba(ln.get_color()) == red]
+    xy = list(zip(*stairs.get_data(), strict=True))
+    assert xy[:3] == [(8.0, 85.0), (20.0, 85.0), (20.0, 90.0)]  # flat, then up: a staircase
+    cbar = [a for a in fig.axes if a.get_ylabel() == "K (sync period)"][0]
+    assert [t.get_text() for t in cbar.get_yticklabels()] == ["1", "2", "4", "8"]
+
+
 # ----- Optuna on sqlite ------------------------------------------------------------------------
 
 

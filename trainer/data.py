@@ -6,14 +6,15 @@ generates it once into a cache so N workers on 2 cores do not each repeat the wo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from torch.utils.data import Dataset, TensorDataset
+if TYPE_CHECKING:  # numpy and torch load with the data: `autok --help` reads DATASETS without
+    from torch.utils.data import Dataset
 
 DATASETS = ("mnist1d", "digits", "cifar100", "tinyimagenet", "imagefolder")
 DISK_DATASETS = ("cifar100", "tinyimagenet", "imagefolder")
@@ -195,6 +196,7 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     path = _mnist1d_cache(num_samples, seed)
     if path.exists():
         return path
+    import numpy as np
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
@@ -212,6 +214,10 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
 
 
 def _mnist1d(num_samples: int, seed: int) -> Splits:
+    import numpy as np
+    import torch
+    from torch.utils.data import TensorDataset
+
     with np.load(prepare_mnist1d(num_samples, seed)) as d:
         x, y, xt, yt = d["x"], d["y"], d["x_test"], d["y_test"]
     mean, std = x.mean(), x.std()
@@ -227,7 +233,10 @@ def _mnist1d(num_samples: int, seed: int) -> Splits:
 
 
 def _digits(seed: int) -> Splits:
+    import numpy as np
+    import torch
     from sklearn.datasets import load_digits
+    from torch.utils.data import TensorDataset
 
     bunch = load_digits()
     x = bunch.data.astype(np.float32).reshape(-1, 1, 8, 8) / 16.0
@@ -270,25 +279,40 @@ def _cifar100(root: Path) -> Splits:
     return Splits(train, test, DataMeta((3, 32, 32), 100))
 
 
-class TinyImageNetVal(Dataset):
-    """`val/images/*.JPEG` labelled by `val/val_annotations.txt` (file, wnid, box...)."""
+@functools.cache
+def _tinyimagenet_val_class() -> type:
+    """TinyImageNetVal, defined on first use (a torch Dataset needs torch at class creation)."""
+    from torch.utils.data import Dataset
 
-    def __init__(self, root: Path, class_to_idx: dict[str, int], transform) -> None:
-        from torchvision.datasets.folder import default_loader
+    class TinyImageNetVal(Dataset):
+        """`val/images/*.JPEG` labelled by `val/val_annotations.txt` (file, wnid, box...)."""
 
-        self.loader, self.transform = default_loader, transform
-        self.samples = []
-        for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
-            if line.strip():
-                name, wnid = line.split("\t")[:2]
-                self.samples.append((root / "val" / "images" / name, class_to_idx[wnid]))
+        def __init__(self, root: Path, class_to_idx: dict[str, int], transform) -> None:
+            from torchvision.datasets.folder import default_loader
 
-    def __len__(self) -> int:
-        return len(self.samples)
+            self.loader, self.transform = default_loader, transform
+            self.samples = []
+            for line in (root / "val" / "val_annotations.txt").read_text().splitlines():
+                if line.strip():
+                    name, wnid = line.split("\t")[:2]
+                    self.samples.append((root / "val" / "images" / name, class_to_idx[wnid]))
 
-    def __getitem__(self, i: int):
-        path, label = self.samples[i]
-        return self.transform(self.loader(str(path))), label
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, i: int):
+            path, label = self.samples[i]
+            return self.transform(self.loader(str(path))), label
+
+    TinyImageNetVal.__qualname__ = "TinyImageNetVal"  # pickle finds it through __getattr__
+    return TinyImageNetVal
+
+
+def __getattr__(name: str) -> Any:
+    """`trainer.data.TinyImageNetVal`, as before the torch import became lazy."""
+    if name == "TinyImageNetVal":
+        return _tinyimagenet_val_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tinyimagenet(root: Path) -> Splits:
@@ -301,7 +325,7 @@ def _tinyimagenet(root: Path) -> Splits:
     )
     test_tf = T.Compose([T.ToTensor(), norm])
     train = datasets.ImageFolder(str(root / "train"), transform=train_tf)  # train/<wnid>/images/
-    test = TinyImageNetVal(root, train.class_to_idx, test_tf)
+    test = _tinyimagenet_val_class()(root, train.class_to_idx, test_tf)
     return Splits(train, test, DataMeta((3, 64, 64), len(train.classes)))
 
 

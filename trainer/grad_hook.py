@@ -26,11 +26,13 @@ class GradSyncState:
     # a CUDA event recorded on the autograd stream marks the real end of backward compute.
     last_ready_event: torch.cuda.Event | None = None
     nbytes: int = 0  # payload all-reduced since the last reset
+    buckets: int = 0  # collectives (one per DDP bucket) since the last reset
 
     def reset(self) -> None:
         self.last_ready = None
         self.last_ready_event = None
         self.nbytes = 0
+        self.buckets = 0
 
     def exposed_wait(self, backward_start: float, backward_end: float) -> float | None:
         """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
@@ -63,6 +65,7 @@ def emulated_allreduce_hook(
         state.last_ready_event = event
     nbytes = tensor.numel() * tensor.element_size()
     state.nbytes += nbytes
+    state.buckets += 1
     # Same arithmetic as DDP's built-in hook (pre-divide, then SUM), so K=1 cpdp == ddp exactly.
     tensor.div_(state.world_size)
     fut = dist.all_reduce(tensor, group=state.process_group, async_op=True).get_future()

@@ -15,10 +15,11 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch loads on first use: `autok --help` reads PROFILES without it
+    import torch
+    import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class _Releaser:
                     fut.set_exception(value)
                     continue
                 if ready is not None:
+                    import torch
+
                     # set_result records the value's readiness on this thread's current stream;
                     # make that stream wait for the collective first (a wait on the device, not
                     # here on the host).
@@ -167,6 +170,8 @@ def delayed(
     With a CUDA `device` the returned future is CUDA-aware (DDP requires that of a comm hook's
     future, and completing a device-less future with CUDA tensors fails): the value is handed
     over with an event, so consumers' streams wait for the real collective."""
+    import torch
+
     cuda = device is not None and device.type == "cuda"
     out: torch.futures.Future = torch.futures.Future(devices=[device] if cuda else None)
     releaser = _get_releaser()
@@ -190,6 +195,9 @@ def allreduce_sum_(
     tensor: torch.Tensor, clock: LinkClock | None, group: dist.ProcessGroup | None = None
 ) -> float:
     """Blocking SUM all-reduce in place, held until the modelled link time; returns wall time."""
+    import torch
+    import torch.distributed as dist
+
     t0 = time.perf_counter()
     deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
@@ -199,3 +207,13 @@ def allreduce_sum_(
     if remaining > 0:
         time.sleep(remaining)
     return time.perf_counter() - t0
+
+
+def __getattr__(name: str) -> Any:
+    """`trainer.link.torch` and `trainer.link.dist` as before the imports became lazy."""
+    if name in ("torch", "dist"):
+        import torch
+        import torch.distributed
+
+        return torch if name == "torch" else torch.distributed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

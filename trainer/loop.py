@@ -5,7 +5,9 @@ synchronization is the engine's (trainer/sync.py), reached through its public su
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ from trainer.divergence import Diverged, Rollback, params_finite
 from trainer.link import allreduce_sum_
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.profiler import Clock, EpochTimes
+from trainer.runlog import LOGGER, RunLog, run_logger
 from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
 from trainer.sync import Sync
 from trainer.tasks import Task, load_task
@@ -63,6 +66,10 @@ class Trainer:
         self.out_dir = out_dir
         self.device = device or torch.device("cpu")
         self.now = Clock(self.device)
+        # What the run says goes to the terminal and OUT/train.log, from rank 0 only.
+        self.log = run_logger(out_dir) if rank == 0 else logging.getLogger(LOGGER)
+        # When the command started (the CLI sets it): the time a user waits includes start-up.
+        self.started = float(os.environ.get("AUTOK_STARTED") or time.time())
 
         # Identical initial weights on every rank (DDP would broadcast rank 0's anyway); per-rank
         # streams afterwards (augmentation).
@@ -108,6 +115,8 @@ class Trainer:
             peak_lr=cfg.lr,
             options=cfg,
         )
+        # Every epoch ends with a boundary: a K above its steps could never take effect.
+        self.sync.period_cap = self.steps_per_epoch
         self.observers = self.sync.observers
         self.total_compute = 0.0  # mean over ranks, summed over epochs
         self.total_exposed = 0.0
@@ -128,12 +137,17 @@ class Trainer:
             if rank == 0:
                 # rows after the checkpoint would be re-written
                 rewind_outputs(out_dir, epoch, epoch_columns(self.task.classifies))
-                print(
+                self.log.info(
                     f"autok: resuming after epoch {epoch}"
                     if epoch >= 0
-                    else "autok: no checkpoint yet; starting over",
-                    flush=True,
+                    else "autok: no checkpoint yet; starting over"
                 )
+        if rank == 0:
+            self.observers.append(RunLog(self.log, cfg.epochs))
+            if cfg.tensorboard is not None:
+                from trainer.tensorboard import TensorBoardSink
+
+                self.observers.append(TensorBoardSink(cfg.tensorboard))
         if rank == 0 and out_dir is not None:
             self.observers.append(FileSink(out_dir, epoch_columns(self.task.classifies)))
             self.observers.append(
@@ -167,7 +181,7 @@ class Trainer:
                 fn(*args)
 
     def k_in_force(self, epoch: int) -> int:
-        return 1 if epoch < self.cfg.warmup_epochs else self.sync.sync_period
+        return 1 if epoch < self.cfg.warmup_epochs else self.sync.sync_period  # already capped
 
     def run(self) -> dict[str, Any] | None:
         """Train to the last epoch and return the summary; None when stopped early on purpose
@@ -175,6 +189,13 @@ class Trainer:
         cfg = self.cfg
         epoch = self.start_epoch
         self.wall0 = time.perf_counter()
+        startup = time.time() - self.started
+        self.log.info(
+            f"autok: training {cfg.strategy}/{cfg.policy} on {self.world_size} workers, link "
+            f"{cfg.link_profile.name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
+            f"{epoch + 1}-{cfg.epochs} of {self.steps_per_epoch} steps; start-up took "
+            f"{startup:.1f} s (processes, data, model)"
+        )
         while epoch < cfg.epochs:
             try:
                 self._train_epoch(epoch)
@@ -191,6 +212,8 @@ class Trainer:
                 return None
             epoch += 1
         summary = self._summary(self.history, self.wall_before + time.perf_counter() - self.wall0)
+        summary["startup_seconds"] = startup
+        summary["total_seconds"] = time.time() - self.started
         self._emit("on_end", summary)
         return summary
 
@@ -201,7 +224,7 @@ class Trainer:
         sync.model.train()
         sync.warmup, sync.epoch = epoch < self.cfg.warmup_epochs, epoch
         times = EpochTimes()
-        grad_syncs0, param_syncs0 = sync.grad_syncs, sync.param_syncs
+        counts0 = (sync.grad_syncs, sync.param_syncs, sync.collectives)
         epoch_start = step_end = self.now()
         last = self.steps_per_epoch - 1
         for i, (x, y) in enumerate(self.train_loader):
@@ -233,7 +256,7 @@ class Trainer:
         times.epoch_seconds = step_end - epoch_start
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
-        row = self._end_epoch(epoch, times, grad_syncs0, param_syncs0, lr)
+        row = self._end_epoch(epoch, times, counts0, lr)
         self.history.append(row["test_metric"])
         self._emit("on_epoch", row)
 
@@ -279,7 +302,7 @@ class Trainer:
         allreduce_sum_(flag, self.sync.clock)
         if flag.item() > 0:
             if self.rank == 0:
-                print(f"autok: not checkpointing epoch {epoch}: non-finite weights", flush=True)
+                self.log.info(f"autok: not checkpointing epoch {epoch}: non-finite weights")
             return False
         write_rank_file(self.out_dir, epoch, self.rank, self.state_dict(epoch))
         allreduce_sum_(torch.zeros(1, dtype=torch.float64, device=self.device), self.sync.clock)
@@ -298,7 +321,7 @@ class Trainer:
         epoch = int(choice.item()) - 1
         if self.rank == 0:
             for name, why in found.refused:
-                print(f"autok: checkpoint {name} refused: {why}", flush=True)
+                self.log.info(f"autok: checkpoint {name} refused: {why}")
         if epoch < 0:
             return -1
         try:
@@ -338,13 +361,11 @@ class Trainer:
         if rollback is not None:
             rollback(self.sync.sync_period)
         self._emit("on_rewind", epoch)
-        if self.rank == 0:
-            print(
-                f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
-                f"K -> {self.sync.sync_period} (rollback {self.rollbacks} of "
-                f"{self.cfg.max_rollbacks})",
-                flush=True,
-            )
+        self.log.info(
+            f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
+            f"K -> {self.sync.sync_period} (rollback {self.rollbacks} of "
+            f"{self.cfg.max_rollbacks})"
+        )
         return epoch + 1
 
     @torch.no_grad()
@@ -366,8 +387,11 @@ class Trainer:
         return [metric_sum, metric_count, loss_sum, seen]
 
     def _end_epoch(
-        self, epoch: int, times: EpochTimes, grad_syncs0: int, param_syncs0: int, times_lr: float
+        self, epoch: int, times: EpochTimes, counts0: tuple[int, int, int], times_lr: float
     ) -> dict[str, Any]:
+        """The epoch's row of epochs.csv; `counts0`: grad syncs, param syncs and collectives
+        at the epoch's start."""
+        grad_syncs0, param_syncs0, collectives0 = counts0
         digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
         local = [digest, digest if self.rank == 0 else 0.0, *self.evaluate(), *times.values()]
         buf = torch.tensor(local, dtype=torch.float64, device=self.device)
@@ -410,6 +434,7 @@ class Trainer:
             "overhead_seconds": overhead,
             "grad_syncs": self.sync.grad_syncs - grad_syncs0,
             "param_syncs": self.sync.param_syncs - param_syncs0,
+            "collectives": self.sync.collectives - collectives0,
             "sync_period": self.k_in_force(epoch),
             "lr": times_lr,
         }
@@ -442,6 +467,7 @@ class Trainer:
             "boundaries": self.sync.boundary,
             "grad_syncs": self.sync.grad_syncs,
             "param_syncs": self.sync.param_syncs,
+            "collectives": self.sync.collectives,
             "final_sync_period": self.sync.sync_period,
             "k_path": [{"sync_period": k, **v} for k, v in self.sync.k_path.items()],
             "param_digest_per_rank": [int(v) for v in slots.tolist()],
@@ -477,4 +503,5 @@ def set_rng_state(rng: dict[str, Any]) -> None:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    print("\nautok summary\n" + summary_table(summary), flush=True)
+    """The closing table, to the terminal and train.log (the run's logger, rank 0)."""
+    logging.getLogger(LOGGER).info("autok summary\n" + summary_table(summary))

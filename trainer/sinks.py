@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ EPOCH_COLUMNS = [
     "overhead_seconds",
     "grad_syncs",
     "param_syncs",
+    "collectives",
     "sync_period",
     "lr",
 ]
@@ -201,18 +203,25 @@ class BoundaryLog:
 
 class FileSink:
     def __init__(self, out_dir: Path, columns: list[str] = EPOCH_COLUMNS) -> None:
+        from array import array
+
         self.out_dir, self.columns = out_dir, columns
+        # The LR of every optimizer step from _lr_first on, for k_lr.png (on_step): 8 bytes a
+        # step, appended as the run goes.
+        self._lr_first: int | None = None
+        self._lrs = array("d")
         self._open()
 
     def _open(self) -> None:
         out_dir = self.out_dir
-        # (step, K in force, LR) per boundary, for k_lr.png; a resumed run starts from its file.
-        self._path: list[tuple[int, int, float]] = []
+        # (first step, boundary step, K in force, LR, epoch) per boundary, for k_lr.png; a
+        # resumed or rewound run starts from its file.
+        self._path: list[tuple[int, int, int, float, int]] = []
         if (out_dir / "boundaries.jsonl").exists():
             for line in (out_dir / "boundaries.jsonl").read_text().splitlines():
                 r = json.loads(line)
                 start = r["global_step"] - r["interval_steps"] + 1
-                self._path.append((start, r["sync_period"], r["lr"]))
+                self._path.append((start, r["global_step"], r["sync_period"], r["lr"], r["epoch"]))
         # Open for the whole run (appended as it goes), closed in on_end.
         self._jsonl = open(out_dir / "boundaries.jsonl", "a")  # noqa: SIM115
         new_csv = not (out_dir / "epochs.csv").exists()
@@ -223,8 +232,21 @@ class FileSink:
 
     def on_boundary(self, stats: BoundaryStats, decision: SyncDecision) -> None:
         start = stats.global_step - stats.interval_steps + 1  # K held from the interval's start
-        self._path.append((start, stats.sync_period, stats.lr))
+        self._path.append((start, stats.global_step, stats.sync_period, stats.lr, stats.epoch))
         self._jsonl.write(json.dumps(boundary_record(stats, decision)) + "\n")
+
+    def on_step(self, trainer: Any, is_boundary: bool) -> None:
+        """The LR of the next step (the scheduler has just stepped): k_lr.png shows the schedule
+        at every step, not only at boundaries. A Python float read, no device sync, O(1)."""
+        step, lr = trainer.global_step, trainer.optimizer.param_groups[0]["lr"]
+        if self._lr_first is None or step < self._lr_first:
+            self._lr_first, self._lrs = step, self._lrs[:0]
+        i = step - self._lr_first
+        if i < len(self._lrs):  # a rollback trains these steps again
+            del self._lrs[i:]
+        while len(self._lrs) < i:  # steps no call reported: unknown
+            self._lrs.append(float("nan"))
+        self._lrs.append(lr if type(lr) is float else float("nan"))  # a tensor LR: not read
 
     def on_epoch(self, row: dict[str, Any]) -> None:
         self._csv.writerow({k: row[k] for k in self.columns})
@@ -247,7 +269,8 @@ class FileSink:
         self._close()
         write_json_atomic(self.out_dir / "summary.json", summary)
         if self._path:
-            plot_k_and_lr(self._path, self.out_dir / "k_lr.png", summary)
+            lr_first = self._lr_first if self._lr_first is not None else 0
+            plot_k_and_lr(self._path, self.out_dir / "k_lr.png", summary, lr_first, self._lrs)
 
 
 class ProgressSink:
@@ -256,8 +279,14 @@ class ProgressSink:
     def __init__(self, total_steps: int, enabled: bool, done: int = 0) -> None:
         from tqdm import tqdm
 
+        # A bar redraws itself with carriage returns: only on a terminal, never into a file
+        # or a pipe (the run's lines are in train.log and on stdout either way).
         self._bar = tqdm(
-            total=total_steps, initial=done, unit="step", disable=not enabled, dynamic_ncols=True
+            total=total_steps,
+            initial=done,
+            unit="step",
+            disable=not enabled or not sys.stderr.isatty(),
+            dynamic_ncols=True,
         )
         self._post: dict[str, str] = {}
         self._done = done
@@ -286,26 +315,29 @@ class ProgressSink:
         self._bar.close()
 
 
-def plot_k_and_lr(path: list[tuple[int, int, float]], out: Path, summary: dict) -> None:
-    """K in force and LR against the optimizer step, one point per boundary."""
-    import matplotlib
+def plot_k_and_lr(
+    path: list[tuple[int, int, int, float, int]],
+    out: Path,
+    summary: dict,
+    lr_first: int = 0,
+    lrs: Any = (),  # the LR of each step from lr_first on (an array of floats)
+) -> None:
+    """k_lr.png: K in force over each interval and the LR at every optimizer step, with the
+    epochs and the warmup marked (drawn by trainer/plots.py, which says what it answers)."""
+    from trainer import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plots.plot_k_and_lr(out, path, summary, lr_first, lrs)
 
-    steps, ks, lrs = zip(*path, strict=True)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.step(steps, ks, where="post", color="tab:blue", label="K")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("K (sync period)", color="tab:blue")
-    ax.set_yscale("log", base=2)
-    ax2 = ax.twinx()
-    ax2.plot(steps, lrs, color="tab:orange", label="LR")
-    ax2.set_ylabel("learning rate", color="tab:orange")
-    ax.set_title(f"{summary['strategy']} / {summary['policy']} on {summary['link']}: K and LR")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+
+def _wall_clock(summary: dict[str, Any]) -> str:
+    """Training time, and the time the user waited: start-up (processes, data) included."""
+    text = f"{summary['wall_seconds']:.1f} s training"
+    if "total_seconds" in summary:
+        text += (
+            f"; {summary['total_seconds']:.1f} s since the command started "
+            f"({summary['startup_seconds']:.1f} s start-up: processes, data, model)"
+        )
+    return text
 
 
 def _quality_row(summary: dict[str, Any]) -> tuple[str, str]:
@@ -323,7 +355,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
         ("workers, link", f"{summary['world_size']}, {summary['link']}"),
         _quality_row(summary),
-        ("wall-clock", f"{wall:.1f} s"),
+        ("wall-clock", _wall_clock(summary)),
         ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
         (
             "exposed sync (mean rank)",
@@ -331,7 +363,11 @@ def summary_table(summary: dict[str, Any]) -> str:
             f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of wall)",
         ),
         ("boundaries", str(summary["boundaries"])),
-        ("grad / param syncs", f"{summary['grad_syncs']} / {summary['param_syncs']}"),
+        (
+            "grad / param syncs",
+            f"{summary['grad_syncs']} / {summary['param_syncs']} "
+            f"({summary.get('collectives', '?')} collectives: what crossed the network)",
+        ),
         ("final K", str(summary["final_sync_period"])),
         (
             "K path (time at K)",

@@ -155,9 +155,14 @@ class Sync:
         )
         self.observers: list[Any] = list(observers or [])
         self.sync_period = opts.sync_period  # K after warmup; changes only at boundaries
+        self._period_cap: int | None = None
         self.warmup = False  # K is 1 while True (the built-in loop's warmup epochs)
         self.epoch = 0  # recorded in BoundaryStats; the loop sets it
         self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
+        # What crossed the network, apart from the logical syncs above: a fused boundary is one
+        # gradient sync and one parameter sync in a single collective; DDP may use several
+        # buckets for one gradient sync.
+        self.collectives = 0
         self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
         self.last_boundary: BoundaryStats | None = None
         self.last_decision: SyncDecision | None = None
@@ -186,6 +191,21 @@ class Sync:
     @property
     def k_in_force(self) -> int:
         return 1 if self.warmup else self.sync_period
+
+    @property
+    def period_cap(self) -> int | None:
+        """The most steps an interval can have (e.g. the steps of an epoch, when every epoch
+        ends with a forced boundary), or None. A larger K could never take effect: K and the
+        controller's decisions are capped at it, so every record shows the K that applies."""
+        return self._period_cap
+
+    @period_cap.setter
+    def period_cap(self, steps: int | None) -> None:
+        if steps is not None and steps < 1:
+            raise OptionError(f"period_cap: {steps} steps; give at least 1, or None")
+        self._period_cap = steps
+        if steps is not None:
+            self.sync_period = min(self.sync_period, steps)
 
     @contextmanager
     def step(self, boundary: bool = False) -> Iterator[StepHandle]:
@@ -265,6 +285,7 @@ class Sync:
         interval.compute_seconds += state.forward + backward + (t3 - t2)
         interval.exposed_sync_seconds += wait
         interval.grad_bytes += self.grad_state.nbytes
+        self.collectives += self.grad_state.buckets
         interval.grad_syncs += grad_synced
         if state.is_boundary:
             # Overlap after warmup, but never at a forced (epoch-end) boundary.
@@ -274,8 +295,7 @@ class Sync:
                 and not self.warmup
                 and not state.last_of_epoch
             )
-            k = 1 if self.warmup else self.sync_period
-            carried = self._boundary(interval, k, state.lr, times, overlap)
+            carried = self._boundary(interval, self.k_in_force, state.lr, times, overlap)
             self._interval = Interval(exposed_sync_seconds=carried)
             self._loss_sum = 0.0
         self.global_step += 1
@@ -335,6 +355,7 @@ class Sync:
         )
         pending = self.averager.start(totals, lr, self.clock, overlap=overlap)
         self.param_syncs += 1
+        self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
         times.sync_seconds += pending.seconds
         self._pending = (pending, common, interval.grad_bytes, k, interval.steps)
         if overlap:
@@ -378,6 +399,13 @@ class Sync:
         at_k["boundaries"] += 1
         at_k["steps"] += steps
         decision = self.controller.observe(stats)
+        cap = self._period_cap
+        if cap is not None and decision.next_sync_period > cap:
+            decision = SyncDecision(
+                cap,
+                f"{decision.reason}; K {decision.next_sync_period} capped at {cap}, the steps "
+                "between forced boundaries",
+            )
         self.sync_period = decision.next_sync_period
         self.last_boundary, self.last_decision = stats, decision
         self._emit("on_boundary", stats, decision)
@@ -407,6 +435,7 @@ class Sync:
                     self.world_size,
                     self.clock,
                 )
+                self.collectives += 1
             return time.perf_counter() - t0
         if self.strategy.fused_gradients:
             # no boundary step ran: carry zero gradients, so the momentum correction is zero
@@ -417,11 +446,6 @@ class Sync:
         self._interval = Interval(exposed_sync_seconds=carried)
         self._loss_sum = 0.0
         return time.perf_counter() - t0
-
-    def take_carried_sync(self) -> float:
-        """The averaging seconds already counted into the open interval (the built-in loop's
-        epoch accounting reads them at an epoch's end)."""
-        return self._interval.exposed_sync_seconds
 
     def _emit(self, event: str, *args: Any) -> None:
         for obs in self.observers:
@@ -448,6 +472,7 @@ class Sync:
                 "boundary": self.boundary,
                 "grad_syncs": self.grad_syncs,
                 "param_syncs": self.param_syncs,
+                "collectives": self.collectives,
                 "k_path": self.k_path,
                 "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
                 "loss_sum": float(self._loss_sum),
@@ -470,6 +495,7 @@ class Sync:
         self.sync_period = c["sync_period"]
         self.global_step, self.boundary = c["global_step"], c["boundary"]
         self.grad_syncs, self.param_syncs = c["grad_syncs"], c["param_syncs"]
+        self.collectives = c.get("collectives", 0)  # absent from checkpoints before it existed
         self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
         self._interval = Interval(**c["interval"])
         self._loss_sum = c["loss_sum"]

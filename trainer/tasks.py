@@ -17,12 +17,12 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import Dataset
+if TYPE_CHECKING:  # torch loads with the task: `autok --help` reads TASK_SPEC and ACCURACY without
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
 
 __all__ = ["ACCURACY", "BUILTIN_TASK", "Metric", "PERPLEXITY", "Task", "TaskError", "load_task"]
 
@@ -58,6 +58,8 @@ def _correct(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _token_nll(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    import torch.nn.functional as F
+
     # Logits (..., vocabulary) against class indices (...): summed NLL and the token count.
     logits = output.reshape(-1, output.shape[-1]).float()
     return F.cross_entropy(logits, target.reshape(-1), reduction="sum"), target.numel()
@@ -72,6 +74,8 @@ PERPLEXITY = Metric("perplexity", False, _token_nll, _exp)
 
 
 def _cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
 
@@ -151,6 +155,8 @@ def load_task(cfg: Any) -> Task:
 
 
 def _unusable(task: Any) -> str | None:
+    from torch import nn
+
     if not isinstance(task, Task):
         return f"a {type(task).__name__}, not an autok.Task"
     if not isinstance(task.model, nn.Module):
@@ -179,6 +185,7 @@ def _probe(task: Task) -> str | None:
     """Why two samples of each data set cannot go through the model, the loss and the metric
     as the loop will put them, or None. Runs in eval mode without gradients, so it leaves no
     trace in the model (BatchNorm statistics, autograd state)."""
+    import torch
     from torch.utils.data import default_collate
 
     was_training = task.model.training
