@@ -334,6 +334,7 @@ def test_values_match_boundaries_jsonl_and_counters_only_increase(tmp_path):
                 prev[key] = s.value
 
 
+@pytest.mark.slow  # 40 s of training under 50 scrapers; the default suite keeps its budget
 def test_fifty_concurrent_scrapes_during_training_stay_valid(tmp_path):
     """50 keep-alive scrapers fire together twice a second (as 50 Prometheus servers would)
     while a run trains; every response must parse and pass promtool, and training must not
