@@ -71,7 +71,7 @@ def plot_front(rows: list[dict], front: list[int], out: Path, metric: str = "acc
     scale, unit = (100.0, " (%)") if metric == "accuracy" else (1.0, "")
     pct = "%" if metric == "accuracy" else ""
     fig, ax = plt.subplots(figsize=(10, 5.2), layout="constrained")
-    ax.set_xlabel("wall-clock (s)")
+    ax.set_xlabel("training wall-clock (s): the Pareto objective")
     ax.set_ylabel(f"best test {metric}{unit}")
     ax.set_title(f"autok sweep: which trials are worth their time? ({metric} vs wall-clock)")
     if not rows:

@@ -121,7 +121,7 @@ def test_pareto_png_draws_the_staircase_and_names_the_front(tmp_path, monkeypatc
     assert "#1  K=4, LR=0.05, policy=qsr: 85% in 8.0 s" in texts
     assert "#0  K=1, LR=0.1, policy=qsr: 90% in 20.0 s" in texts
     assert {"#0", "#1"} <= texts and "#2" not in texts  # the front is numbered, the rest not
-    (ax,) = [a for a in fig.axes if a.get_xlabel() == "wall-clock (s)"]
+    (ax,) = [a for a in fig.axes if a.get_xlabel().startswith("training wall-clock (s)")]
     red = matplotlib.colors.to_rgba("crimson")
     (stairs,) = [ln for ln in ax.get_lines() if matplotlib.colors.to_rgba(ln.get_color()) == red]
     xy = list(zip(*stairs.get_data(), strict=True))
@@ -220,8 +220,12 @@ def test_pruning_stops_a_clearly_worse_trial_early(tmp_path):
     assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE", "PRUNED"], rows
     assert rows[2]["reason"].startswith("pruned at epoch ")
     assert int(rows[2]["reason"].split()[3]) <= 3  # an early epoch
-    # stopped early: far fewer than the 10 epochs it was configured for
-    assert len(list(csv.DictReader((Path(rows[2]["run_dir"]) / "epochs.csv").open()))) <= 4
+    # stopped early, not run to its end: the decision came at an early epoch (above); how many
+    # more epochs the run wrote before the kill landed depends on the machine's load, so only
+    # "not all of them" is asserted
+    pruned = Path(rows[2]["run_dir"])
+    assert len(list(csv.DictReader((pruned / "epochs.csv").open()))) < 10
+    assert not (pruned / "summary.json").exists()
 
 
 def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_path):

@@ -156,6 +156,7 @@ def test_train_refuses_a_bad_task_before_writing_anything(tmp_path, extra, says)
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # the default suite sweeps a task on Ray (test_sweep.py); this is Optuna's
 def test_a_sweep_of_two_trials_on_a_task_minimizes_its_metric(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("lr: {type: float, low: 0.001, high: 0.05, log: true}\n")
