@@ -394,6 +394,12 @@ SWEEP = [
     R(["train", "--task", "tests.no_such_module:x", "--out", "{out}"], "--task: cannot import"),
     R(["train", "--task", "tests.task_fixtures:missing", "--out", "{out}"], "--task: "),
     R(["train", "--task", "a:b:c", "--out", "{out}"], "--task: 'a:b:c' is not MODULE:FUNCTION"),
+    R(["train", "--tensorboard", "", "--out", "{out}"], "--tensorboard"),
+    R(
+        ["train", "--tensorboard", "{tmp}/afile/tb", "--out", "{out}"],
+        "--tensorboard",
+        lambda t: (t / "afile").write_text("x"),
+    ),  # fmt: skip
     R(["train", "--task", "../evil:x", "--out", "{out}"], "--task: "),
     R(["train", "--task", "x" * 300 + ":y", "--out", "{out}"], "--task"),
     R(["sweep", "--study-name", " ", "--out", "{out}"], "--study-name"),
