@@ -44,7 +44,8 @@ HELP = {
     "strategy": "ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
     "+ SlowMo every K",
     "sync_period": "K, optimizer steps between boundaries (default: 4; 1 on ddp)",
-    "policy": "how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite",
+    "policy": "how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite, "
+    "random (a baseline: K drawn with a given mean)",
     "target_sync_share": "exposed-sync/composite: raise K while exposed sync is above this "
     "share of (compute + exposed sync)",
     "max_sync_period": "largest K any policy may choose",
@@ -56,9 +57,12 @@ HELP = {
     "fraction",
     "k_lowering": "exposed-sync: also lower K when K/growth would keep the share well under "
     "target (a link that got faster)",
+    "k_rule": "exposed-sync/composite: double (step K by --k-growth) or direct (jump to the K "
+    "that brings the share to the target, up or down, from the measured compute and sync)",
     "guard_cooldown": "boundaries after a back-off before K may rise above the backed-off value",
     "qsr_base": "qsr/composite: K_base (default: --sync-period)",
     "qsr_alpha": "qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
+    "random_mean": "random: the mean of the K drawn at each boundary (default: --sync-period)",
     "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
     "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
     "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",
@@ -97,6 +101,9 @@ HELP = {
     "link_rtt_ms": "override the link's round-trip time, ms (default: the --link profile's)",
     "link_bandwidth_gbps": "override the link's bandwidth, Gbit/s (default: the --link profile's)",
     "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
+    "link_schedule": "a link that changes during the run: PROFILE,PROFILE@epoch=N,... or "
+    "@step=N (epochs and steps counted from 0), e.g. lan,wan@epoch=2,lan@epoch=4; replaces "
+    "--link (default: unset)",
     "seed": "seed for weights, data order and jitter",
     "out": "run directory (default: runs/<timestamp>)",
     "tensorboard": "also write the per-boundary and per-epoch scalars as TensorBoard event "
@@ -162,9 +169,12 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "K policy": (
         "policy", "target_sync_share", "max_sync_period", "sync_window", "k_growth",
-        "k_lowering", "drift_limit", "loss_rise", "guard_cooldown", "qsr_base", "qsr_alpha",
+        "k_lowering", "k_rule", "drift_limit", "loss_rise", "guard_cooldown", "qsr_base",
+        "qsr_alpha", "random_mean",
     ),
-    "link emulator": ("link", "link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms"),
+    "link emulator": (
+        "link", "link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms", "link_schedule",
+    ),
     "optimization": (
         "optimizer", "lr", "momentum", "nesterov", "weight_decay", "batch_size", "epochs",
         "warmup_epochs", "lr_warmup_epochs", "lr_schedule",

@@ -3,6 +3,12 @@
 Each run is an `autok train` in DIR/<label>/seed-<s>/, tagged with experiment.json for
 `autok report`. Finished runs (summary.json) are skipped; an interrupted one resumes from its
 last checkpoint (every run checkpoints each epoch), so re-running the command continues.
+
+A `vary` value may be a named bundle of settings ({name: gpt, task: ..., lr: ...}): the label
+shows `key=name` and the run gets all of the bundle's settings, so one experiment can span
+workloads that differ in several settings at once. A run may take its random policy's mean K
+from another run of the same regime and seed (`random_mean: {mean_k_of: exposed-sync}`): it
+starts once that run has finished, with the mean K that run's controller used after warmup.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class Run:
     seed: int
     settings: dict[str, Any]
     order: int = 0  # the run's place in the grid (runs x vary x seeds): the report's row order
+    mean_k_of: str | None = None  # the label of the run whose mean K sets random_mean
 
     @property
     def dir(self) -> str:
@@ -73,6 +80,13 @@ def experiment_problem(exp: Any) -> str | None:
             return f"runs[{i}]: needs a mapping with a string `name`"
         if run["name"].strip(".") == "":  # it names the run's directory: "." or ".." escape
             return f"runs[{i}].name: {run['name']!r} cannot name a directory"
+        if isinstance(mean := run.get("random_mean"), dict):
+            earlier = [r.get("name") for r in runs[:i] if isinstance(r, dict)]
+            if set(mean) != {"mean_k_of"} or mean["mean_k_of"] not in earlier:
+                return (
+                    f"runs[{i}].random_mean: give a number or {{mean_k_of: NAME}} naming an "
+                    "earlier run"
+                )
     seeds = exp.get("seeds", [42])
     if not isinstance(seeds, list) or not seeds or not all(type(x) is int for x in seeds):
         return "seeds: needs a non-empty list of integers"
@@ -88,6 +102,10 @@ def experiment_problem(exp: Any) -> str | None:
         vary = spec.get("vary", {})
         if not isinstance(vary, dict) or not all(isinstance(v, list) and v for v in vary.values()):
             return f"{form}.vary: needs a mapping of setting -> non-empty list of values"
+        for key, values in vary.items():
+            for v in values:
+                if isinstance(v, dict) and not (isinstance(v.get("name"), str) and v["name"]):
+                    return f"{form}.vary.{key}: a bundle of settings needs a string `name`"
         scale = spec.get("scale_lr")
         if scale is not None and not (
             isinstance(scale, dict)
@@ -119,10 +137,23 @@ def expand(
         keys = [k for k in vary if k not in run]
         for combo in itertools.product(*(vary[k] for k in keys)):
             chosen = dict(zip(keys, combo, strict=True))
+            bundled: dict[str, Any] = {}
+            for k, v in chosen.items():
+                if isinstance(v, dict):  # a named bundle: its settings, labelled by its name
+                    bundled |= {key: val for key, val in v.items() if key != "name"}
+                    chosen[k] = v["name"]
+                else:
+                    bundled[k] = v
+            own = {k: v for k, v in run.items() if k != "name"}
+            mean_of = (
+                own.pop("random_mean")["mean_k_of"]
+                if isinstance(own.get("random_mean"), dict)
+                else None
+            )
             settings = {
                 **spec.get("base", {}),
-                **{k: v for k, v in run.items() if k != "name"},
-                **chosen,
+                **bundled,
+                **own,
                 **(extra or {}),
             }
             if scale := spec.get("scale_lr"):  # linear scaling with the global batch
@@ -130,17 +161,20 @@ def expand(
                 if type(workers) is not int:
                     raise ConfigError(f"experiment {exp['name']}: scale_lr needs integer workers")
                 settings["lr"] = scale["base_lr"] * workers / scale["base_workers"]
-            label = run["name"] + "".join(f" {k}={v}" for k, v in chosen.items())
+            suffix = "".join(f" {k}={v}" for k, v in chosen.items())
+            label = run["name"] + suffix
             for seed in seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
                 try:
-                    cfg = load_config({}, s)
+                    # a mean taken from another run is known only once it ran: any valid one
+                    # stands in for it here
+                    cfg = load_config({}, {**s, "random_mean": 1.0} if mean_of else s)
                     if cfg.task is not None and cfg.task not in tasks_checked:
                         check_task(cfg)  # imports and builds it once, before any run starts
                         tasks_checked.add(cfg.task)
                 except ConfigError as exc:
                     raise ConfigError(f"experiment {exp['name']}, run {label!r}: {exc}") from None
-                run_ = Run(label, seed, s, len(out))
+                run_ = Run(label, seed, s, len(out), mean_of + suffix if mean_of else None)
                 if run_.dir in dirs:  # two runs would write (and clear) one directory
                     raise ConfigError(
                         f"experiment {exp['name']}: runs {dirs[run_.dir]!r} and {label!r} "
@@ -149,6 +183,29 @@ def expand(
                 dirs[run_.dir] = label
                 out.append(run_)
     return out
+
+
+def mean_k_used(run_dir: Path) -> float:
+    """The mean K in force over a finished run's post-warmup boundary intervals (the K its
+    controller chose, before any epoch end cut an interval short)."""
+    ks = []
+    with open(run_dir / "boundaries.jsonl", encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if not rec.get("warmup") and isinstance(rec.get("sync_period"), int):
+                ks.append(rec["sync_period"])
+    if not ks:
+        raise ValueError(f"{run_dir}: no boundary after warmup to take a mean K from")
+    return sum(ks) / len(ks)
+
+
+def with_matched_mean(run: Run, out: Path) -> Run:
+    """`run` with random_mean set from the run it follows (which must have finished)."""
+    source = out / Run(run.mean_k_of or "", run.seed, {}).dir
+    if not (source / "summary.json").exists():
+        raise ValueError(f"{run.mean_k_of!r} (seed {run.seed}) did not finish")
+    mean = min(mean_k_used(source), float(run.settings.get("max_sync_period", 64)))
+    return Run(run.label, run.seed, {**run.settings, "random_mean": round(mean, 4)}, run.order)
 
 
 def _train(run: Run, run_dir: Path) -> tuple[str, float]:
@@ -291,6 +348,26 @@ def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:
             flush=True,
         )
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, runs))
+    def follower(run: Run) -> None:
+        nonlocal done, failed
+        try:
+            run = with_matched_mean(run, out)
+        except (OSError, ValueError) as exc:
+            done += 1
+            failed += 1
+            print(f"[{done}/{total}] {run.label} seed {run.seed}: FAILED: {exc}", flush=True)
+            return
+        one(run)
+
+    # One setting of the varied values (a regime) at a time, so an interrupted experiment leaves
+    # whole comparisons behind; within it, a run whose mean K comes from another run starts
+    # after the others have finished.
+    regimes: dict[str, list[Run]] = {}
+    for r in runs:
+        regimes.setdefault(r.label.partition(" ")[2], []).append(r)
+    for group in regimes.values():
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, [r for r in group if r.mean_k_of is None]))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(follower, [r for r in group if r.mean_k_of is not None]))
     return failed

@@ -30,7 +30,7 @@ from prometheus_client.core import (
 from autok.config import ConfigError
 from autok.metrics_http import MetricsHTTPServer, bind_family, port_taken
 from controllers.base import BoundaryStats, SyncDecision
-from trainer.link import LinkProfile
+from trainer.link import PROFILES, LinkProfile
 
 if TYPE_CHECKING:
     from autok.config import TrainConfig
@@ -206,6 +206,8 @@ class MetricsExporter:
             g["drift_norm"], g["drift_ratio"] = stats.drift_norm, stats.drift_ratio
             g["update_norm"], g["train_loss"] = stats.update_norm, stats.train_loss
             g["epoch"] = stats.epoch
+            if self.link is not None and stats.link in PROFILES and stats.link != self.link.name:
+                self.link = PROFILES[stats.link]  # a --link-schedule moved on: label the new one
             self._exposed.observe(stats.exposed_sync_seconds)
             self._compute.observe(stats.compute_seconds)
             c = self._counters
@@ -301,7 +303,7 @@ class MetricsExporter:
                 if self.link is not None:
                     info = GaugeMetricFamily(
                         "autok_link_info",
-                        "the emulated link profile",
+                        "the emulated link profile in force (a --link-schedule changes it)",
                         labels=[*names, "profile", "rtt_ms", "bandwidth_gbps", "jitter_ms"],
                     )
                     info.add_metric(

@@ -15,6 +15,7 @@ from controllers.exposed_sync import ExposedSyncController
 from controllers.fixed import FixedController
 from controllers.guard import Guard
 from controllers.qsr import QSRController, default_alpha
+from controllers.random_k import RandomController
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,11 @@ class PolicyOptions:
     loss_rise: float = 0.1
     guard_cooldown: int = 32
     k_lowering: bool = False
+    k_rule: str = "double"
     qsr_base: int | None = None  # default: the starting K
     qsr_alpha: float | None = None  # default: peak LR * sqrt(K_base)
+    random_mean: float | None = None  # default: the starting K
+    seed: int = 42
 
 
 def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
@@ -41,6 +45,7 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         growth=o.k_growth,
         cooldown=o.guard_cooldown,
         lower=o.k_lowering,
+        rule=o.k_rule,
         guard=Guard(drift_limit=o.drift_limit, loss_rise=o.loss_rise),
     )
 
@@ -59,6 +64,11 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
         k0=k, window=o.sync_window, max_sync_period=o.max_sync_period
     ),
     "composite": lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
+    "random": lambda k, o: RandomController(
+        mean=o.random_mean if o.random_mean is not None else k,
+        max_sync_period=o.max_sync_period,
+        seed=o.seed,
+    ),
 }
 
 

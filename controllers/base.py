@@ -38,6 +38,7 @@ class BoundaryStats:
     samples: int = 0
     grad_syncs: int = 0
     param_syncs: int = 0
+    link: str = ""  # the link profile in force at the boundary (a --link-schedule moves it)
 
     @property
     def sync_share(self) -> float:

@@ -14,6 +14,12 @@ last change, the exposed-sync share f = Σexposed / Σ(compute + exposed):
 
 Predicting f at another K assumes the per-boundary sync cost s is constant and compute grows
 with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r).
+
+`rule="direct"` uses that model to jump instead of stepping: the K that brings the share to the
+target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). K moves to K* when K* is more than
+`margin` away (hysteresis), up or down, so a link that got faster brings K back down without
+`lower`, and a new link is met in one window rather than log2 of the gap. The guard and its
+cooldown apply as with doubling.
 """
 
 from __future__ import annotations
@@ -62,6 +68,35 @@ def next_sync_period(
     return min(k, top), f"hold: sync share {share:.0%} <= target {target:.0%}"
 
 
+def direct_sync_period(
+    k: int,
+    share: float,
+    *,
+    target: float,
+    max_k: int,
+    margin: float = 0.25,
+    guard_reason: str | None = None,
+    ceiling: int | None = None,
+) -> tuple[int, str]:
+    """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away."""
+    top = min(max_k, ceiling) if ceiling is not None else max_k
+    if guard_reason is not None:
+        return max(1, k // 2), f"back off: {guard_reason}"
+    r_t = target / (1.0 - target)
+    want = math.inf if share >= 1.0 else k * (share / (1.0 - share)) / r_t
+    if want > k * (1.0 + margin):
+        new = min(top, math.ceil(want) if math.isfinite(want) else top)
+        if new > k:
+            return new, f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
+        return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
+    if want < k * (1.0 - margin):
+        if k == 1:
+            return 1, f"hold: sync share {share:.0%} < target {target:.0%} at K=1"
+        new = max(1, min(top, math.floor(want) if want >= 1 else 1))
+        return new, f"lower: sync share {share:.0%} < target {target:.0%}: K* {want:.3g}"
+    return min(k, top), f"hold: sync share {share:.0%}, K* {want:.3g} near K"
+
+
 @dataclass
 class _Window:
     n: int = 0
@@ -92,6 +127,7 @@ class ExposedSyncController:
     growth: int = 2
     margin: float = 0.25
     lower: bool = False
+    rule: str = "double"  # or "direct"
     cooldown: int = 32
     guard: Guard = field(default_factory=Guard)
     ceiling: int | None = None
@@ -110,6 +146,20 @@ class ExposedSyncController:
             return SyncDecision(self.sync_period, f"measuring ({self._win.n}/{self.window})")
         w, self._win = self._win, _Window()
         reason = self.guard.check(w.drift_ratio / w.n, w.loss / w.n)
+        if self.rule == "direct":
+            k, why = direct_sync_period(
+                self.sync_period,
+                w.share,
+                target=self.target,
+                max_k=self.max_sync_period,
+                margin=self.margin,
+                guard_reason=reason,
+                ceiling=self.ceiling,
+            )
+            if reason is not None:
+                self.ceiling, self.since_fire = k, 0
+            self.sync_period = k
+            return SyncDecision(k, why)
         k, why = next_sync_period(
             self.sync_period,
             w.share,

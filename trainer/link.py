@@ -4,6 +4,11 @@ A ring AllReduce of S bytes over N ranks takes T(S, N) = 2(N-1) * (rtt/2 + S / (
 Each rank keeps a link clock: a collective issued at time a completes no earlier than
 max(a, link_free) + T (+ seeded jitter), and never before the real collective has completed.
 Waiting is sleeping, so it costs no CPU and a 2-core machine can emulate many ranks faithfully.
+
+A link may change during a run (`--link-schedule lan,wan@epoch=2,lan@epoch=4`): a schedule of
+profiles by optimizer step or by epoch. Positions are steps and epochs, not seconds, so every
+rank (which counts the same steps) models the same link for the same collective, and every
+method of a comparison meets each profile for the same share of its training.
 """
 
 from __future__ import annotations
@@ -47,7 +52,76 @@ PROFILES: dict[str, LinkProfile] = {
     "lan": LinkProfile("lan", 0.1, 10.0),
     # The study's Nancy-Sophia link.
     "wan": LinkProfile("wan", 16.6, 1.0),
+    # An intercontinental link: ~6x the study's latency, a tenth of its bandwidth.
+    "slow-wan": LinkProfile("slow-wan", 100.0, 0.1),
 }
+
+SCHEDULE_UNITS = ("step", "epoch")
+SCHEDULE_MAX_SEGMENTS = 64
+
+
+@dataclass(frozen=True)
+class LinkSchedule:
+    """Profiles in force from a position on: segments[i] = (start, profile), starts increasing,
+    the first at 0. `unit` is "step" (global optimizer steps, from 0) or "epoch" (as numbered in
+    epochs.csv and the boundary records, from 0)."""
+
+    unit: str
+    segments: tuple[tuple[int, LinkProfile], ...]
+
+    @property
+    def text(self) -> str:
+        return ",".join(
+            p.name if i == 0 else f"{p.name}@{self.unit}={start}"
+            for i, (start, p) in enumerate(self.segments)
+        )
+
+    @property
+    def is_ideal(self) -> bool:
+        return all(p.is_ideal for _, p in self.segments)
+
+    def at(self, step: int, epoch: int) -> LinkProfile:
+        pos = step if self.unit == "step" else epoch
+        current = self.segments[0][1]
+        for start, profile in self.segments:
+            if start > pos:
+                break
+            current = profile
+        return current
+
+
+def static_schedule(profile: LinkProfile) -> LinkSchedule:
+    return LinkSchedule("step", ((0, profile),))
+
+
+def parse_schedule(text: str) -> LinkSchedule:
+    """`lan,wan@epoch=2,lan@epoch=4` or `wan,lan@step=300`; a ValueError says what is wrong."""
+    parts = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not x for x in parts):
+        raise ValueError("give PROFILE,PROFILE@epoch=N,... (e.g. lan,wan@epoch=2,lan@epoch=4)")
+    if len(parts) > SCHEDULE_MAX_SEGMENTS:
+        raise ValueError(f"at most {SCHEDULE_MAX_SEGMENTS} segments (got {len(parts)})")
+    segments: list[tuple[int, LinkProfile]] = []
+    unit = None
+    for i, part in enumerate(parts):
+        name, _, where = part.partition("@")
+        if name not in PROFILES:
+            raise ValueError(f"unknown profile {name[:40]!r}; choose from {list(PROFILES)}")
+        if i == 0:
+            if where:
+                raise ValueError(f"the first profile applies from the start: drop @{where[:40]}")
+            segments.append((0, PROFILES[name]))
+            continue
+        u, _, n = where.partition("=")
+        if u not in SCHEDULE_UNITS or not n.isdigit() or len(n) > 9:
+            raise ValueError(f"{part[:60]!r}: give PROFILE@epoch=N or PROFILE@step=N")
+        if unit is not None and u != unit:
+            raise ValueError("use one unit (epoch or step) for the whole schedule")
+        unit = u
+        if int(n) <= segments[-1][0]:
+            raise ValueError(f"{part[:60]!r}: positions must increase, starting above 0")
+        segments.append((int(n), PROFILES[name]))
+    return LinkSchedule(unit or "step", tuple(segments))
 
 
 def resolve_profile(
@@ -72,18 +146,27 @@ class LinkClock:
     """One rank's model of the shared link. Every rank issues the same collectives in the same
     order and draws jitter from the same seed, so all ranks model the same completion times."""
 
-    def __init__(self, profile: LinkProfile, world_size: int, seed: int) -> None:
-        self.profile = profile
+    def __init__(self, profile: LinkProfile | LinkSchedule, world_size: int, seed: int) -> None:
+        self.schedule = profile if isinstance(profile, LinkSchedule) else static_schedule(profile)
+        self.profile = self.schedule.segments[0][1]  # the profile in force now
         self.world_size = world_size
         self._rng = random.Random(seed)
         self._link_free = 0.0
         self._lock = threading.Lock()
+
+    def move_to(self, step: int, epoch: int) -> LinkProfile:
+        """The training position of the collectives issued from now on (a schedule's clock)."""
+        if len(self.schedule.segments) > 1:
+            with self._lock:
+                self.profile = self.schedule.at(step, epoch)
+        return self.profile
 
     def reserve(self, nbytes: int) -> float:
         """Book the link for one collective issued now; return its modelled completion time."""
         with self._lock:
             start = max(time.perf_counter(), self._link_free)
             duration = self.profile.allreduce_seconds(nbytes, self.world_size)
+            # every rank is in the same segment for the same collective: the draws stay aligned
             if self.profile.jitter_ms > 0:
                 duration += self._rng.uniform(0.0, self.profile.jitter_ms) / 1e3
             self._link_free = start + duration

@@ -192,7 +192,7 @@ class Trainer:
         startup = time.time() - self.started
         self.log.info(
             f"autok: training {cfg.strategy}/{cfg.policy} on {self.world_size} workers, link "
-            f"{cfg.link_profile.name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
+            f"{cfg.link_name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
             f"{epoch + 1}-{cfg.epochs} of {self.steps_per_epoch} steps; start-up took "
             f"{startup:.1f} s (processes, data, model)"
         )
@@ -471,7 +471,7 @@ class Trainer:
             "final_sync_period": self.sync.sync_period,
             "k_path": [{"sync_period": k, **v} for k, v in self.sync.k_path.items()],
             "param_digest_per_rank": [int(v) for v in slots.tolist()],
-            "link": self.cfg.link_profile.name,
+            "link": self.cfg.link_name,
             "out_dir": str(self.out_dir) if self.out_dir else "",
         }
 

@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controllers import REGISTRY as POLICIES
 from controllers import PolicyOptions
-from trainer.link import PROFILES, LinkProfile, resolve_profile
+from trainer.link import (
+    PROFILES,
+    LinkProfile,
+    LinkSchedule,
+    parse_schedule,
+    resolve_profile,
+    static_schedule,
+)
 
 STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
@@ -100,13 +107,16 @@ class SyncOptions(BaseModel):
     loss_rise: float = Field(0.1, gt=0.0)
     guard_cooldown: int = Field(32, ge=1, le=COUNT_MAX)
     k_lowering: bool = False
+    k_rule: Literal["double", "direct"] = "double"
     qsr_base: int | None = Field(None, ge=1, le=K_MAX)
     qsr_alpha: float | None = Field(None, gt=0.0, le=1e6)
+    random_mean: float | None = Field(None, ge=1.0, le=K_MAX)
     # --- link emulator
     link: str = "wan"
     link_rtt_ms: float | None = Field(None, ge=0.0, le=60_000.0)
     link_bandwidth_gbps: float | None = Field(None, ge=1e-6)
     link_jitter_ms: float | None = Field(None, ge=0.0, le=60_000.0)
+    link_schedule: str | None = Field(None, max_length=2000)
     seed: int = Field(42, ge=0, le=SEED_MAX)
     # --- divergence guard
     on_divergence: Literal["stop", "rollback"] = "stop"
@@ -116,8 +126,28 @@ class SyncOptions(BaseModel):
     def _sync_cross_field(self) -> SyncOptions:
         if self.link not in PROFILES:
             raise ValueError(f"--link: unknown {self.link!r}; choose from {list(PROFILES)}")
+        if self.link_schedule is not None:
+            try:
+                plan = parse_schedule(self.link_schedule)
+            except ValueError as exc:
+                raise ValueError(f"--link-schedule: {exc}") from None
+            first = plan.segments[0][1].name
+            if "link" in self.model_fields_set and self.link != first:
+                raise ValueError(
+                    f"--link: {self.link} differs from --link-schedule's first profile {first}; "
+                    "drop --link (the schedule names every profile)"
+                )
+            self.link = first  # recorded in config.json: a resume passes both, consistently
+            for name in ("link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{flag(name)}: overrides apply to one profile, not to a "
+                        "--link-schedule; drop one of them"
+                    )
         if self.policy not in POLICIES:
             raise ValueError(f"--policy: unknown {self.policy!r}; choose from {sorted(POLICIES)}")
+        if self.random_mean is not None and self.policy != "random":
+            raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         if self.sync_period is None:
             self.sync_period = 1 if self.strategy == "ddp" else 4
         if self.slowmo_beta is None:
@@ -138,6 +168,11 @@ class SyncOptions(BaseModel):
                 "--overlap-boundary: needs --boundary two-phase (or auto): the "
                 "fused boundary's momentum correction cannot arrive a step late"
             )
+        if self.random_mean is not None and self.random_mean > self.max_sync_period:
+            raise ValueError(
+                f"--random-mean: {self.random_mean:g} is above --max-sync-period "
+                f"{self.max_sync_period}"
+            )
         if self.max_sync_period < self.sync_period:
             raise ValueError(
                 f"--max-sync-period: {self.max_sync_period} is below --sync-period "
@@ -152,9 +187,22 @@ class SyncOptions(BaseModel):
 
     @property
     def link_profile(self) -> LinkProfile:
+        """The profile the run starts on (with a schedule: its first)."""
         return resolve_profile(
             self.link, self.link_rtt_ms, self.link_bandwidth_gbps, self.link_jitter_ms
         )
+
+    @property
+    def link_plan(self) -> LinkSchedule:
+        """The link over the whole run: the schedule, or the one profile throughout."""
+        if self.link_schedule is not None:
+            return parse_schedule(self.link_schedule)
+        return static_schedule(self.link_profile)
+
+    @property
+    def link_name(self) -> str:
+        """How records and labels name the link: the profile, or the schedule's text."""
+        return self.link_plan.text if self.link_schedule is not None else self.link_profile.name
 
 
 def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions:

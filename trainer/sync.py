@@ -119,8 +119,9 @@ class Sync:
             self.strategy = fused(self.strategy)
         self.now = Clock(self.device)
 
-        profile = opts.link_profile
-        self.clock = None if profile.is_ideal else LinkClock(profile, self.world_size, opts.seed)
+        plan = opts.link_plan
+        self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
+        self.clock = None if plan.is_ideal else LinkClock(plan, self.world_size, opts.seed)
         # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
         # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
         self.model = DistributedDataParallel(
@@ -154,7 +155,9 @@ class Sync:
             factor=opts.divergence_factor, shared_loss=self.averager is not None
         )
         self.observers: list[Any] = list(observers or [])
-        self.sync_period = opts.sync_period  # K after warmup; changes only at boundaries
+        # K after warmup; changes only at boundaries. The controller's own start (random: its
+        # mean, rounded); the others start at --sync-period.
+        self.sync_period = int(getattr(self.controller, "sync_period", opts.sync_period))
         self._period_cap: int | None = None
         self.warmup = False  # K is 1 while True (the built-in loop's warmup epochs)
         self.epoch = 0  # recorded in BoundaryStats; the loop sets it
@@ -216,6 +219,8 @@ class Sync:
         is_boundary = boundary or self._interval.steps + 1 >= self.k_in_force
         handle = StepHandle(is_boundary)
         state = self._in_step = _StepState(is_boundary, last_of_epoch=boundary)
+        if self.clock is not None:
+            self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         self.grad_state.reset()
         ctx = self.strategy.backward_context(self.model, is_boundary)
         state.t0 = state.fwd_start = self.now()
@@ -327,6 +332,7 @@ class Sync:
             interval_steps=interval.steps,
             lr=lr,
             warmup=self.warmup,
+            link=self.link_name,
             # DistributedSampler gives every rank equally many samples per step.
             samples=interval.samples * self.world_size,
             grad_syncs=interval.grad_syncs,
@@ -418,6 +424,8 @@ class Sync:
         if self._in_step is not None:
             raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
         t0 = time.perf_counter()
+        if self.clock is not None:  # between steps: the position of the next one
+            self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         if self._pending is not None:
             self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes())
         if self.averager is None or self._interval.steps == 0:
