@@ -993,6 +993,16 @@ def report(root: Path) -> str:
     runs = collect(root)
     if not runs:
         raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
+    from autok import panel
+
+    if panel.is_panel(runs):  # regimes judged apart (their metrics differ): its own report
+        stopped = [
+            f"{s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}"
+            for s in collect_stopped(root)
+        ]
+        text = panel.report(root, runs, stopped)
+        write_csv(runs, root / "report.csv")
+        return text
     rows = table_rows(runs)
     quality = quality_of(runs)
     text = render(rows, f"autok report: {root}", quality)

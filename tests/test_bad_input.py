@@ -209,6 +209,57 @@ TRAIN = [
     R(["train", "--link-bandwidth-gbps", "1e-300", "--out", "{out}"], "--link-bandwidth-gbps"),
     R(["train", "--link-rtt-ms", "1e300", "--out", "{out}"], "--link-rtt-ms"),
     R(["train", "--link-jitter-ms", "1e300", "--out", "{out}"], "--link-jitter-ms"),
+    R(["train", "--link-schedule", "lan,moon@epoch=2", "--out", "{out}"], "--link-schedule"),
+    R(["train", "--link-schedule", "lan,wan@epoch=0", "--out", "{out}"], "--link-schedule"),
+    R(
+        ["train", "--link-schedule", "lan,wan@epoch=3,lan@epoch=2", "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-decreasing",
+    ),
+    R(
+        ["train", "--link-schedule", "lan,wan@epoch=2,lan@step=900", "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-two-units",
+    ),
+    R(
+        ["train", "--link-schedule", "lan@epoch=1", "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-first-at",
+    ),
+    R(["train", "--link-schedule", "", "--out", "{out}"], "--link-schedule", id="schedule-empty"),
+    R(
+        ["train", "--link-schedule", ",".join(["lan"] * 100), "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-long",
+    ),
+    R(
+        ["train", "--link-schedule", "lan,wan@step=99999999999", "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-huge-step",
+    ),
+    R(
+        ["train", "--link", "wan", "--link-schedule", "lan,wan@epoch=1", "--out", "{out}"],
+        "--link",
+        id="link-and-schedule",
+    ),
+    R(
+        ["train", "--link-rtt-ms", "5", "--link-schedule", "lan,wan@epoch=1", "--out", "{out}"],
+        "--link-rtt-ms",
+        id="rtt-and-schedule",
+    ),
+    R(["train", "--random-mean", "4", "--out", "{out}"], "--random-mean", id="mean-not-random"),
+    R(["train", "--policy", "random", "--random-mean", "0.5", "--out", "{out}"], "--random-mean"),
+    R(
+        ["train", "--policy", "random", "--random-mean", "100", "--out", "{out}"],
+        "--random-mean",
+        id="mean-above-max",
+    ),
+    R(
+        ["train", "--policy", "random", "--random-mean", "nan", "--out", "{out}"],
+        "--random-mean",
+        id="mean-nan",
+    ),
+    R(["train", "--k-rule", "triple", "--out", "{out}"], "--k-rule"),
     R(["train", "--collective-timeout", "1e-9", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--collective-timeout", "1e308", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--weight-decay", "1e308", "--out", "{out}"], "--weight-decay"),
@@ -491,6 +542,23 @@ EXPERIMENT = [
             ("run-dotdot", "runs[0]", "name: t\nquick: {}\nruns: [{name: '..'}]\n"),
             ("no-form", "quick", "name: t\nruns: [{name: a}]\n"),
             ("vary", "vary", "name: t\nquick: {vary: {lr: 0.1}}\nruns: [{name: a}]\n"),
+            (
+                "bundle-no-name",
+                "vary.regime",
+                "name: t\nquick: {vary: {regime: [{link: lan}]}}\nruns: [{name: a}]\n",
+            ),
+            (
+                "mean-k-of-later",
+                "runs[0].random_mean",
+                "name: t\nquick: {}\nruns: [{name: r, policy: random, random_mean: "
+                "{mean_k_of: e}}, {name: e, policy: exposed-sync}]\n",
+            ),
+            (
+                "mean-k-of-key",
+                "runs[1].random_mean",
+                "name: t\nquick: {}\nruns: [{name: e}, {name: r, policy: random, random_mean: "
+                "{mean_of: e}}]\n",
+            ),
             ("base", "base", "name: t\nquick: {base: [1]}\nruns: [{name: a}]\n"),
             ("scale", "scale_lr", "name: t\nquick: {scale_lr: {base_lr: x}}\nruns: [{name: a}]\n"),
             ("seeds", "seeds", "name: t\nseeds: [a]\nquick: {}\nruns: [{name: a}]\n"),

@@ -461,3 +461,20 @@ def test_per_rank_ports_above_65535_are_refused_before_anything_is_written(
     argv = [*TINY_TRAIN, "--metrics-port", "65535", "--metrics-per-rank", "--out", str(out)]
     err = refused(capsys, argv, out)
     assert "--metrics-port" in err and "65536" in err and "at most 65534" in err
+
+
+def test_the_link_info_follows_a_changing_link():
+    exp = MetricsExporter(
+        0, run_id="r1", strategy="cpdp", policy="exposed-sync", link=PROFILES["lan"]
+    )
+    try:
+        exp.on_boundary(*stats(0, link="lan"))
+        before = families(scrape(exp.port))
+        exp.on_boundary(*stats(1, link="slow-wan"))
+        after = families(scrape(exp.port))
+    finally:
+        exp.close()
+    assert sample(before, "autok_link_info", profile="lan", rtt_ms="0.1") == 1
+    assert sample(after, "autok_link_info", profile="slow-wan", rtt_ms="100") == 1
+    with pytest.raises(KeyError):  # one series: the profile in force
+        sample(after, "autok_link_info", profile="lan")

@@ -1,0 +1,302 @@
+"""What the controller panel (issue 15) needs: a link that changes during the run, a random K
+policy of a given mean, the direct share rule, and experiments whose regimes are bundles of
+settings with runs mean-matched to other runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autok.experiment import Run, expand, mean_k_used, with_matched_mean
+from controllers import PolicyOptions, build_controller
+from controllers.exposed_sync import ExposedSyncController, direct_sync_period
+from controllers.random_k import RandomController, draw
+from tests.dist import run_dist
+from tests.helpers import tiny_cfg
+from tests.test_controllers import drive
+from trainer.link import PROFILES, LinkClock, parse_schedule
+from trainer.options import OptionError, sync_options
+
+# ----- the link schedule ------------------------------------------------------------------------
+
+
+def test_a_schedule_names_the_profile_in_force_at_each_epoch_or_step():
+    plan = parse_schedule("lan,wan@epoch=2,slow-wan@epoch=4")
+    assert plan.unit == "epoch" and plan.text == "lan,wan@epoch=2,slow-wan@epoch=4"
+    names = [plan.at(step=10_000, epoch=e).name for e in range(6)]
+    assert names == ["lan", "lan", "wan", "wan", "slow-wan", "slow-wan"]
+    steps = parse_schedule("wan,lan@step=3")
+    assert [steps.at(s, 0).name for s in range(5)] == ["wan", "wan", "wan", "lan", "lan"]
+    assert parse_schedule("none").is_ideal and not plan.is_ideal
+
+
+def test_the_clock_models_the_profile_of_its_position():
+    clock = LinkClock(parse_schedule("lan,slow-wan@step=2"), world_size=2, seed=0)
+    nbytes = 10_000
+    assert clock.move_to(0, 0).name == "lan"
+    assert clock.move_to(2, 0).name == "slow-wan"
+    assert clock.profile.allreduce_seconds(nbytes, 2) == PROFILES["slow-wan"].allreduce_seconds(
+        nbytes, 2
+    )
+    assert clock.move_to(1, 0).name == "lan"  # a rollback moves it back
+
+
+def test_slow_wan_is_100_ms_and_100_mbit():
+    p = PROFILES["slow-wan"]
+    assert (p.rtt_ms, p.bandwidth_gbps) == (100.0, 0.1)
+    # 1 MB over 2 ranks: 2 * (50 ms + 0.5 MB / 12.5 MB/s) = 180 ms
+    assert p.allreduce_seconds(1_000_000, 2) == pytest.approx(0.18)
+
+
+def test_options_record_the_schedule_and_start_on_its_first_profile():
+    o = sync_options(link_schedule="wan,lan@epoch=1")
+    assert o.link == "wan" and o.link_profile.name == "wan"
+    assert o.link_name == "wan,lan@epoch=1" and len(o.link_plan.segments) == 2
+    # a resume passes the saved `link` back with the schedule: consistent, so accepted
+    assert sync_options(link="wan", link_schedule="wan,lan@epoch=1").link == "wan"
+    with pytest.raises(OptionError, match="^--link: "):
+        sync_options(link="lan", link_schedule="wan,lan@epoch=1")
+
+
+# ----- random K ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mean", [1.0, 2.5, 4.0, 7.3, 60.0])
+def test_random_draws_have_the_given_mean_and_stay_in_range(mean):
+    rng = random.Random(7)
+    ks = [draw(rng, mean, 64) for _ in range(40_000)]
+    assert min(ks) >= 1 and max(ks) <= 64
+    # the seed is fixed: this is a deterministic check of E[K], with 1% of room for the sample
+    assert statistics.fmean(ks) == pytest.approx(mean, rel=0.01)
+    if mean > 1:
+        assert len(set(ks)) > 1
+
+
+def test_random_is_seeded_identically_on_every_rank_and_resumes_exactly():
+    a, b = RandomController(5.0, 64, seed=3), RandomController(5.0, 64, seed=3)
+    assert drive(a, 50) == drive(b, 50)
+    assert drive(RandomController(5.0, 64, seed=4), 50) != drive(
+        RandomController(5.0, 64, seed=3), 50
+    )
+    state = json.loads(json.dumps(a.state_dict()))  # survives a checkpoint's plain types
+    c = RandomController(5.0, 64, seed=99)
+    c.load_state_dict(state)
+    assert drive(c, 30) == drive(a, 30)
+
+
+def test_random_defaults_to_the_starting_k_and_keeps_a_rollback_cap():
+    c = build_controller("random", 8, PolicyOptions(seed=1))
+    assert c.mean == 8 and c.sync_period == 8
+    c.rollback(2)
+    assert set(drive(c, 40)) <= {1, 2}
+
+
+# ----- the direct share rule --------------------------------------------------------------------
+
+
+def test_direct_rule_jumps_to_the_k_that_meets_the_target():
+    # share 60% at K=4: r = 1.5, r_t = 0.25, so K* = 4 * 1.5 / 0.25 = 24
+    assert direct_sync_period(4, 0.6, target=0.2, max_k=64)[0] == 24
+    assert direct_sync_period(4, 0.6, target=0.2, max_k=16)[0] == 16
+    assert direct_sync_period(4, 0.6, target=0.2, max_k=64, ceiling=8)[0] == 8
+    assert direct_sync_period(16, 0.05, target=0.2, max_k=64)[0] == 3  # K* = 3.37: lowered
+    assert direct_sync_period(4, 0.22, target=0.2, max_k=64)[0] == 4  # within the margin
+    assert direct_sync_period(1, 0.01, target=0.2, max_k=64)[0] == 1
+    k, why = direct_sync_period(8, 0.9, target=0.2, max_k=64, guard_reason="drift")
+    assert k == 4 and why.startswith("back off")
+
+
+def test_direct_controller_settles_in_one_window_and_follows_a_faster_link():
+    # 5 ms per step, 100 ms per boundary: the share is 20% at K = 80, capped at 64
+    c = ExposedSyncController(sync_period=4, target=0.2, window=2, rule="direct")
+    ks = drive(c, 6, step_compute=0.005, sync=0.1)
+    assert ks == [4, 64, 64, 64, 64, 64]
+    # the link gets 10x faster: K* = 8; doubling would need --k-lowering and three windows
+    ks = drive(c, 4, step_compute=0.005, sync=0.01)
+    assert ks[-1] == 8, ks
+    doubling = ExposedSyncController(sync_period=4, target=0.2, window=2)
+    assert drive(doubling, 6, step_compute=0.005, sync=0.1) == [4, 8, 8, 16, 16, 32]
+
+
+# ----- experiments: bundles and mean-matched runs ---------------------------------------------
+
+PANEL = {
+    "name": "t",
+    "seeds": [1, 2],
+    "quick": {
+        "base": {"workers": 2},
+        "vary": {
+            "regime": [
+                {"name": "fast", "link": "lan", "lr": 0.05},
+                {"name": "changing", "link_schedule": "lan,wan@epoch=1"},
+            ]
+        },
+    },
+    "runs": [
+        {"name": "es", "policy": "exposed-sync"},
+        {"name": "rnd", "policy": "random", "random_mean": {"mean_k_of": "es"}},
+    ],
+}
+
+
+def test_a_bundle_sets_all_its_settings_and_labels_the_run_by_its_name():
+    runs = expand(PANEL, "quick")
+    assert [r.label for r in runs[:2]] == ["es regime=fast", "es regime=fast"]
+    fast = runs[0].settings
+    assert fast["link"] == "lan" and fast["lr"] == 0.05 and "regime" not in fast
+    assert runs[2].settings["link_schedule"] == "lan,wan@epoch=1"
+    rnd = [r for r in runs if r.label.startswith("rnd")]
+    assert [r.mean_k_of for r in rnd] == ["es regime=fast"] * 2 + ["es regime=changing"] * 2
+    assert "random_mean" not in rnd[0].settings  # known only once `es` has run
+
+
+def _boundaries(path: Path, ks: list[tuple[int, bool]]) -> None:
+    path.mkdir(parents=True)
+    path.joinpath("boundaries.jsonl").write_text(
+        "".join(json.dumps({"sync_period": k, "warmup": w}) + "\n" for k, w in ks)
+    )
+
+
+def test_the_matched_mean_is_the_k_the_source_used_after_warmup(tmp_path):
+    src = Run("es regime=fast", 1, {})
+    _boundaries(tmp_path / src.dir, [(1, True), (1, True), (4, False), (8, False), (8, False)])
+    assert mean_k_used(tmp_path / src.dir) == pytest.approx(20 / 3)
+    follower = Run("rnd regime=fast", 1, {"policy": "random"}, 5, "es regime=fast")
+    with pytest.raises(ValueError, match="did not finish"):
+        with_matched_mean(follower, tmp_path)
+    (tmp_path / src.dir / "summary.json").write_text("{}")
+    matched = with_matched_mean(follower, tmp_path)
+    assert matched.settings["random_mean"] == pytest.approx(6.6667)
+    assert matched.order == 5 and matched.mean_k_of is None
+
+
+# ----- on real processes ------------------------------------------------------------------------
+
+
+def _schedule_worker(rank, world):
+    from trainer.loop import Trainer
+
+    cfg = tiny_cfg(
+        strategy="cpdp",
+        policy="random",
+        random_mean=3.0,
+        link_schedule="none,wan@epoch=1,none@epoch=2",
+        epochs=3,
+        warmup_epochs=0,
+        mnist1d_samples=600,
+    )
+    records = []
+
+    class Keep:
+        def on_boundary(self, stats, decision):
+            records.append(stats)
+
+    tr = Trainer(cfg, rank, world, None, observers=[Keep()])
+    summary = tr.run()
+    return records, summary
+
+
+@pytest.mark.dist
+def test_a_changing_link_is_modelled_and_recorded_and_random_k_agrees_across_ranks():
+    (r0, s0), (r1, _) = run_dist(_schedule_worker, 2)
+    assert [(r.epoch, r.link) for r in r0] == [(r.epoch, r.link) for r in r1]
+    assert {r.epoch: r.link for r in r0} == {0: "none", 1: "wan", 2: "none"}
+    assert [r.sync_period for r in r0] == [r.sync_period for r in r1]
+    assert len({r.sync_period for r in r0}) > 1  # drawn, not fixed
+    assert s0["link"] == "none,wan@epoch=1,none@epoch=2"
+    # The emulator holds each wan boundary (one fused collective) for at least its modelled
+    # time: a lower bound, which a slow machine cannot break. A record counts the averaging of
+    # the boundary before it, so the first record of epoch 1 holds the last one on `none`.
+    wan = PROFILES["wan"]
+    in_wan = [r for r in r0 if r.epoch == 1][1:]
+    assert in_wan
+    for r in in_wan:
+        modelled = wan.allreduce_seconds(r.bytes_communicated, 2)
+        assert r.exposed_sync_seconds >= 0.95 * modelled, (r.exposed_sync_seconds, modelled)
+
+
+# ----- the panel's report -----------------------------------------------------------------------
+
+
+def _run(method, seed, accs, epoch_seconds, policy="fixed", schedule=None, ks=(4,), regime="r"):
+    """A finished run as the report reads it: accuracy per epoch, time per epoch, K per boundary."""
+    from autok.report import RunResult
+
+    epochs = [
+        {"test_accuracy": str(a), "epoch_seconds": str(epoch_seconds), "test_loss": "1.0"}
+        for a in accs
+    ]
+    boundaries = [
+        {"sync_period": k, "warmup": False, "bytes_communicated": 1000 // k,
+         "compute_seconds": 0.1 * k, "exposed_sync_seconds": 0.05, "link": "lan"}
+        for k in ks
+    ]  # fmt: skip
+    return RunResult(
+        f"{method} regime={regime}",
+        seed,
+        Path("."),
+        {"policy": policy, "link_schedule": schedule},
+        {"wall_seconds": epoch_seconds * len(accs), "metric": {"name": "accuracy"}},
+        epochs,
+        boundaries,
+    )
+
+
+def test_time_to_target_and_the_goals_are_judged_against_the_best_fixed_k():
+    from autok import panel
+
+    runs = [
+        # k1: the best final accuracy (0.90): target 0.873; reached at its 3rd epoch, 3 s each
+        *[_run("k1", s, [0.5, 0.8, 0.88, 0.90], 3.0) for s in (1, 2)],
+        # k8: reaches the target at its 2nd epoch, 1 s each: the fastest fixed K, 2.0 s
+        *[_run("k8", s, [0.6, 0.875, 0.88, 0.88], 1.0, ks=(8,)) for s in (1, 2)],
+        # the policy: at 2.1 s (within 10%) and 0.5 pp below k1's final: goals met
+        *[_run("exposed-sync", s, [0.6, 0.875, 0.895, 0.895], 1.05, "exposed-sync", ks=(4, 16))
+          for s in (1, 2)],
+        # random never reaches it
+        *[_run("random", s, [0.5, 0.6, 0.7, 0.8], 1.0, "random", ks=(3, 9, 6)) for s in (1, 2)],
+    ]  # fmt: skip
+    assert panel.is_panel(runs)
+    (g,) = panel.build_regimes(runs)
+    assert g.target == pytest.approx(0.97 * 0.90)
+    assert g.best_fixed.name == "k8" and g.best_fixed.ttt == [2.0, 2.0]
+    es = g.method("exposed-sync")
+    assert es.ttt == pytest.approx([2.1, 2.1]) and es.mean_k == [10.0, 10.0]
+    assert g.method("random").ttt == [None, None]
+    (goal,) = panel.goals([g])
+    assert goal.time_ratio == pytest.approx(1.05) and goal.quality_ok and goal.ahead_of_random
+    assert goal.met
+    text = panel.render([g])
+    assert "| exposed-sync | 2.1 ± 0.0 | 2/2 |" in text and "| random | — | 0/2 |" in text
+    assert "4 → 16" in text  # the K path
+
+
+def test_a_changing_link_asks_the_policy_to_beat_every_fixed_k():
+    from autok import panel
+
+    runs = [
+        *[_run("k8", s, [0.6, 0.88, 0.9], 1.0, schedule="lan,wan@epoch=1") for s in (1, 2)],
+        *[_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.02, "exposed-sync",
+               schedule="lan,wan@epoch=1") for s in (1, 2)],
+    ]  # fmt: skip
+    (g,) = panel.build_regimes(runs)
+    assert g.changing
+    (goal,) = panel.goals([g])
+    # 2% slower than the best fixed K: within 10%, but the changing link asks for a lead
+    assert goal.time_ratio == pytest.approx(1.02) and not goal.ahead_of_all_fixed
+    assert not goal.met
+
+
+def test_the_resolvable_difference_follows_the_spread_and_the_seeds():
+    from scipy import stats as st
+
+    from autok.panel import resolvable
+
+    v = [0.90, 0.91, 0.92]
+    assert resolvable(v, 3) == pytest.approx(st.t.ppf(0.975, 4) * 0.01 * (2 / 3) ** 0.5)
+    assert math.isnan(resolvable([0.9], 1))
