@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.link import LinkClock, allreduce_sum_, delayed
-from trainer.slowmo import slowmo_update_
+from trainer.outer import OuterOptimizer, outer_step_
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
 S_PARTS = 4
@@ -139,8 +139,9 @@ class ParameterAverager:
         *,
         rank: int,
         world_size: int,
-        beta: float,
-        lr_aware: bool,
+        beta: float = 0.0,
+        lr_aware: bool = False,
+        outer: OuterOptimizer | None = None,
         averaged_extras=lambda: [],  # -> list of tensors averaged with the params
         broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
         fused_sgd: torch.optim.SGD | None = None,
@@ -150,15 +151,20 @@ class ParameterAverager:
         and each momentum buffer is corrected by (ḡ − g_i). For an optimizer linear in the
         gradient this gives the parameters of gradient AllReduce + synchronized step +
         averaging: the synchronized step differs from the local one by η·c·(ḡ − g_i) on rank i,
-        which averages to zero, and the buffers differ by exactly ḡ − g_i."""
+        which averages to zero, and the buffers differ by exactly ḡ − g_i.
+
+        `outer` is the outer step (trainer/outer.py); without it, SlowMo with `beta` and
+        `lr_aware` (the `--slowmo-beta` spelling)."""
         self.params = params
         self.rank, self.world_size = rank, world_size
-        self.beta, self.lr_aware = beta, lr_aware
+        if outer is None:
+            outer = OuterOptimizer("slowmo", 1.0, beta, lr_aware)
+        self.outer = outer
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
-        self.velocity = torch.zeros_like(flat) if beta > 0 else None
+        self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
         self._buf: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None  # overlap: what was sent
@@ -288,13 +294,12 @@ class ParameterAverager:
         update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
 
-        theta_new = slowmo_update_(
+        theta_new = outer_step_(
+            self.outer,
             self.ref,
             self.velocity,
             theta_avg,
-            self.beta,
             pending.lr,
-            self.lr_aware,
             delta=self._scratch,  # θ_avg − θ_ref, computed above for the update norm
         )
         n_params = len(self.params)
