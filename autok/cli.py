@@ -67,6 +67,8 @@ HELP = {
     "outer_lr": "outer learning rate α: θ = θ_ref − α·step; slowmo: the slow LR (default: 0.7 "
     "on nesterov, 1 otherwise)",
     "outer_momentum": "outer momentum μ in [0, 1) (default: 0.9 on nesterov, 0 otherwise)",
+    "compress": "what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
+    "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback (default: none)",
     "sync_optimizer_state": "also average momentum buffers / Adam moments at boundaries",
     "boundary": "cpdp boundary: fused (one collective carrying parameters and gradients, "
     "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
@@ -162,7 +164,8 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
 FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "distribution and synchronization": (
         "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
-        "outer_optimizer", "outer_lr", "outer_momentum", "sync_optimizer_state", "buffer_policy",
+        "outer_optimizer", "outer_lr", "outer_momentum", "compress", "sync_optimizer_state",
+        "buffer_policy",
         "boundary", "overlap_boundary", "backend",
         "collective_timeout",
     ),

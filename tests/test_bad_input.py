@@ -243,6 +243,9 @@ TRAIN = [
       "--outer-momentum", id="outer-momentum=1"),
     R(["train", "--outer-optimizer", "sgd", "--outer-lr", "100", "--out", "{out}"], "--outer-lr"),
     R(["train", "--outer-optimizer", "adam", "--out", "{out}"], "--outer-optimizer"),
+    R(["train", "--strategy", "ddp", "--compress", "int8", "--out", "{out}"], "--compress",
+      id="ddp+compress"),
+    R(["train", "--compress", "int4", "--out", "{out}"], "--compress"),
     # --out
     R(["train", *TINY, "--out", ""], "--out", id="--out=empty"),
     R(["train", *TINY, "--out", "  "], "--out", id="--out=blank"),

@@ -198,6 +198,15 @@ def _resume_worker(rank, world, options):
 
 
 @pytest.mark.dist
-def test_state_dict_resume_with_outer_nesterov_is_bit_for_bit():
-    for whole, resumed in run_dist(_resume_worker, 2, {"outer_optimizer": "nesterov"}):
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"outer_optimizer": "nesterov"},
+        # the error-feedback residual is state too
+        {"outer_optimizer": "nesterov", "compress": "int8", "strategy": "localsgd"},
+    ],
+    ids=["nesterov", "nesterov-int8"],
+)
+def test_state_dict_resume_with_outer_state_is_bit_for_bit(options):
+    for whole, resumed in run_dist(_resume_worker, 2, options):
         assert torch.equal(whole, resumed)

@@ -98,6 +98,8 @@ class SyncOptions(BaseModel):
     outer_momentum: float | None = Field(
         None, ge=0.0, lt=1.0, description="outer momentum; default 0.9 on nesterov, 0 otherwise"
     )
+    # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized (trainer/compress.py)
+    compress: Literal["none", "fp16", "int8"] = "none"
     sync_optimizer_state: bool = False
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
     boundary: Literal["auto", "fused", "two-phase"] = "auto"
@@ -143,6 +145,10 @@ class SyncOptions(BaseModel):
                 )
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.compress != "none" and self.strategy == "ddp":
+            raise ValueError(
+                "--compress: ddp's gradient AllReduce is not compressed; use localsgd or cpdp"
+            )
         if self.boundary == "fused" and self.strategy != "cpdp":
             raise ValueError("--boundary: fused is a cpdp boundary; use two-phase or auto")
         if self.overlap_boundary and self.strategy == "ddp":

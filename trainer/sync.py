@@ -138,6 +138,7 @@ class Sync:
                 rank=self.rank,
                 world_size=self.world_size,
                 outer=opts.outer,
+                compress=opts.compress,
                 averaged_extras=self._averaged_extras,
                 broadcast_extras=self._broadcast_extras,
                 fused_sgd=optimizer if self.strategy.fused_gradients else None,
