@@ -66,6 +66,13 @@ HELP = {
     "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
     "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
     "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",
+    "outer_optimizer": "outer step on the pseudo-gradient θ_ref − θ_avg at each boundary: "
+    "average, sgd, nesterov (DiLoCo) or slowmo (default: unset, SlowMo with --slowmo-beta)",
+    "outer_lr": "outer learning rate α: θ = θ_ref − α·step; slowmo: the slow LR (default: 0.7 "
+    "on nesterov, 1 otherwise)",
+    "outer_momentum": "outer momentum μ in [0, 1) (default: 0.9 on nesterov, 0 otherwise)",
+    "compress": "what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
+    "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback (default: none)",
     "sync_optimizer_state": "also average momentum buffers / Adam moments at boundaries",
     "boundary": "cpdp boundary: fused (one collective carrying parameters and gradients, "
     "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
@@ -164,7 +171,9 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
 FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "distribution and synchronization": (
         "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
-        "sync_optimizer_state", "buffer_policy", "boundary", "overlap_boundary", "backend",
+        "outer_optimizer", "outer_lr", "outer_momentum", "compress", "sync_optimizer_state",
+        "buffer_policy",
+        "boundary", "overlap_boundary", "backend",
         "collective_timeout",
     ),
     "K policy": (

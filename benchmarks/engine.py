@@ -11,7 +11,9 @@
 (d) scaling: step time against world size (2, 4, 8) and model size (link `none`);
 (e) overlap: exposed sync per boundary and accuracy with and without --overlap-boundary;
 (f) the plain WAN comparison of the engine issue (4 workers, with warmup);
-(job) the default job (`make train`): wall-clock and peak accuracy.
+(job) the default job (`make train`): wall-clock and peak accuracy;
+(diloco) outer optimizers and compression against cpdp and ddp (benchmarks/diloco.py, its own
+    results file).
 Writes benchmarks/results/engine.{json,md} with a machine description.
 """
 
@@ -374,6 +376,7 @@ PARTS = {
     "e": "overlap",
     "f": "wan",
     "job": "default_job",
+    "diloco": "diloco",  # benchmarks/diloco.py: writes results/diloco.{json,md}
 }
 
 
@@ -405,8 +408,15 @@ def main(argv: list[str] | None = None) -> None:
     saved = RESULTS / "engine.json"
     res: dict = json.loads(saved.read_text()) if saved.exists() else {}
     res["machine"] = machine()
-    for part in args.only.split(","):
-        name = PARTS[part.strip()]
+    names = [PARTS[part.strip()] for part in args.only.split(",")]
+    if "diloco" in names:  # its own results file
+        from benchmarks.diloco import main as run_diloco
+
+        run_diloco()
+        names.remove("diloco")
+        if not names:
+            return
+    for name in names:
         res[name] = overhead(args.rounds) if name == "overhead" else globals()[name]()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "engine.json").write_text(json.dumps(res, indent=2) + "\n")

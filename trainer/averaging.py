@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer.link import LinkClock, allreduce_sum_, delayed
-from trainer.slowmo import slowmo_update_
+from trainer.compress import Codec
+from trainer.link import LinkClock, allgather_, allreduce_sum_, delayed
+from trainer.outer import OuterOptimizer, outer_step_
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
 S_PARTS = 4
@@ -71,6 +72,8 @@ class _Pending:
     overlap: bool
     future: torch.futures.Future | None = None
     seconds: float = 0.0  # this rank's time spent in start()
+    nbytes: int = 0  # what this rank put on the wire
+    compressed: bool = False
 
 
 def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
@@ -139,8 +142,10 @@ class ParameterAverager:
         *,
         rank: int,
         world_size: int,
-        beta: float,
-        lr_aware: bool,
+        beta: float = 0.0,
+        lr_aware: bool = False,
+        outer: OuterOptimizer | None = None,
+        compress: str = "none",
         averaged_extras=lambda: [],  # -> list of tensors averaged with the params
         broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
         fused_sgd: torch.optim.SGD | None = None,
@@ -150,15 +155,26 @@ class ParameterAverager:
         and each momentum buffer is corrected by (ḡ − g_i). For an optimizer linear in the
         gradient this gives the parameters of gradient AllReduce + synchronized step +
         averaging: the synchronized step differs from the local one by η·c·(ḡ − g_i) on rank i,
-        which averages to zero, and the buffers differ by exactly ḡ − g_i."""
+        which averages to zero, and the buffers differ by exactly ḡ − g_i.
+
+        `outer` is the outer step (trainer/outer.py); without it, SlowMo with `beta` and
+        `lr_aware` (the `--slowmo-beta` spelling). `compress` (fp16, int8) sends Δ_i = θ_i − θ_ref
+        quantized, with error feedback (trainer/compress.py)."""
         self.params = params
         self.rank, self.world_size = rank, world_size
-        self.beta, self.lr_aware = beta, lr_aware
+        if outer is None:
+            outer = OuterOptimizer("slowmo", 1.0, beta, lr_aware)
+        self.outer = outer
+        self.compress = compress
+        self._codec: Codec | None = None
+        self._payload: torch.Tensor | None = None  # this rank's compressed bytes
+        self._gathered: torch.Tensor | None = None  # every rank's, after the all-gather
+        self._residual: torch.Tensor | None = None  # error feedback: what quantization dropped
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
-        self.velocity = torch.zeros_like(flat) if beta > 0 else None
+        self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
         self._buf: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None  # overlap: what was sent
@@ -253,7 +269,10 @@ class ParameterAverager:
             self._snapshot.copy_(buf[: n_avg + n_bc])
         if n_bc and self.rank != 0:
             bc_seg.zero_()  # rank 0's values alone survive the SUM: a broadcast
-        if overlap:
+        pending.nbytes = buf.numel() * buf.element_size()
+        if self.compress != "none":
+            self._start_compressed(buf, pending, clock)
+        elif overlap:
             fut = dist.all_reduce(buf, async_op=True).get_future()
             if clock is not None:
                 nbytes = buf.numel() * buf.element_size()
@@ -264,11 +283,43 @@ class ParameterAverager:
         pending.seconds = time.perf_counter() - t0
         return pending
 
+    def _start_compressed(self, buf: torch.Tensor, pending: _Pending, clock) -> None:
+        """Send [Δ_i, g_i] quantized and the rest as float32 (trainer/compress.py): one
+        all-gather; finish() decodes and sums the N payloads in rank order."""
+        n_comp = self.numel * (2 if pending.n_grads else 1)
+        n_raw = buf.numel() - n_comp
+        codec = self._codec
+        if codec is None or (codec.n_comp, codec.n_raw) != (n_comp, n_raw):
+            codec = self._codec = Codec(self.compress, n_comp, n_raw)
+            self._payload = torch.empty(codec.nbytes, dtype=torch.uint8, device=buf.device)
+            self._gathered = torch.empty(
+                self.world_size, codec.nbytes, dtype=torch.uint8, device=buf.device
+            )
+        if self._residual is None:
+            self._residual = torch.zeros_like(self.ref)
+        x = buf[:n_comp]
+        x[: self.numel].sub_(self.ref)  # Δ_i: small values (θ_i itself is in the snapshot)
+        codec.encode(
+            x, buf[n_comp:], self._payload, self._residual, feedback=slice(0, self.numel)
+        )
+        outputs = list(self._gathered.unbind(0))
+        pending.compressed, pending.nbytes = True, codec.nbytes
+        if pending.overlap:
+            fut = dist.all_gather(outputs, self._payload, async_op=True).get_future()
+            if clock is not None:
+                deadline = clock.reserve(codec.nbytes, allgather=True)
+                fut = delayed(fut, deadline, device=buf.device)
+            pending.future = fut
+        else:
+            allgather_(outputs, self._payload, clock)
+
     def finish(self, pending: _Pending) -> Reconciled:
         t0 = time.perf_counter()
         if pending.future is not None:
             pending.future.wait()
         buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
+        if pending.compressed:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM would
+            self._codec.decode_sum(list(self._gathered.unbind(0)), buf)
         avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
         red = scalars.tolist()
         if red[DIGEST] != n * red[DIGEST0]:
@@ -280,6 +331,8 @@ class ParameterAverager:
         self.boundaries += 1
         avg_seg.div_(n)
         theta_avg = avg_seg[: self.numel]
+        if pending.compressed:
+            theta_avg.add_(self.ref)  # the mean Δ was sent: θ_avg = θ_ref + mean Δ
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
             theta_now = self._snapshot[: self.numel]
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
@@ -288,13 +341,12 @@ class ParameterAverager:
         update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
 
-        theta_new = slowmo_update_(
+        theta_new = outer_step_(
+            self.outer,
             self.ref,
             self.velocity,
             theta_avg,
-            self.beta,
             pending.lr,
-            self.lr_aware,
             delta=self._scratch,  # θ_avg − θ_ref, computed above for the update norm
         )
         n_params = len(self.params)
@@ -330,7 +382,7 @@ class ParameterAverager:
             train_loss=red[LOSS_SUM] / steps,
             compute_seconds=red[COMPUTE] / n,
             exposed_sync_seconds=red[EXPOSED] / n,
-            nbytes=buf.numel() * buf.element_size(),
+            nbytes=pending.nbytes,
             wall_seconds=pending.seconds + time.perf_counter() - t0,
         )
 
@@ -371,6 +423,7 @@ class ParameterAverager:
             "velocity": self.velocity,
             "boundaries": self.boundaries,
             "digest": self.last_digest,
+            "residual": self._residual,  # error feedback (compression), or None
         }
 
     def load_state_dict(self, state: dict, recompute_digest: bool = True) -> None:
@@ -382,6 +435,8 @@ class ParameterAverager:
         if self.velocity is not None and state["velocity"] is not None:
             self.velocity.copy_(state["velocity"])
         self.boundaries = int(state["boundaries"])
+        if state.get("residual") is not None:
+            self._residual = state["residual"].to(self.ref.device, copy=True)
         if recompute_digest or "digest" not in state:
             self.last_digest = param_digest(self.params, self._bits)
         else:

@@ -46,6 +46,13 @@ class LinkProfile:
         hop = self.rtt_ms / 2e3 + nbytes / (world_size * bytes_per_second)
         return 2 * (world_size - 1) * hop
 
+    def allgather_seconds(self, nbytes: int, world_size: int) -> float:
+        """Modelled ring AllGather of `nbytes` per rank: (N − 1)·(rtt/2 + S/B), without jitter
+        (compressed averaging, trainer/compress.py)."""
+        if world_size <= 1 or self.is_ideal:
+            return 0.0
+        return (world_size - 1) * (self.rtt_ms / 2e3 + nbytes / (self.bandwidth_gbps * 1e9 / 8))
+
 
 PROFILES: dict[str, LinkProfile] = {
     "none": LinkProfile("none", 0.0, math.inf),
@@ -161,11 +168,13 @@ class LinkClock:
                 self.profile = self.schedule.at(step, epoch)
         return self.profile
 
-    def reserve(self, nbytes: int) -> float:
-        """Book the link for one collective issued now; return its modelled completion time."""
+    def reserve(self, nbytes: int, allgather: bool = False) -> float:
+        """Book the link for one collective issued now (an all-reduce of `nbytes`, or an
+        all-gather of `nbytes` per rank); return its modelled completion time."""
         with self._lock:
             start = max(time.perf_counter(), self._link_free)
-            duration = self.profile.allreduce_seconds(nbytes, self.world_size)
+            model = self.profile.allgather_seconds if allgather else self.profile.allreduce_seconds
+            duration = model(nbytes, self.world_size)
             # every rank is in the same segment for the same collective: the draws stay aligned
             if self.profile.jitter_ms > 0:
                 duration += self._rng.uniform(0.0, self.profile.jitter_ms) / 1e3
@@ -284,6 +293,25 @@ def allreduce_sum_(
     t0 = time.perf_counter()
     deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+    return time.perf_counter() - t0
+
+
+def allgather_(
+    outputs: list[torch.Tensor], tensor: torch.Tensor, clock: LinkClock | None
+) -> float:
+    """Blocking all-gather, held until the modelled link time; returns wall time."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    nbytes = tensor.numel() * tensor.element_size()
+    deadline = clock.reserve(nbytes, allgather=True) if clock else 0.0
+    dist.all_gather(outputs, tensor)
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
     remaining = deadline - time.perf_counter()

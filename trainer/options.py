@@ -22,6 +22,7 @@ from trainer.link import (
     resolve_profile,
     static_schedule,
 )
+from trainer.outer import DEFAULT_LR, DEFAULT_MOMENTUM, OuterOptimizer
 
 STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
@@ -41,6 +42,7 @@ LIMIT_REASONS: dict[tuple[str, str], str] = {
     ("sync_period", "le"): _K_REASON,
     ("max_sync_period", "le"): _K_REASON,
     ("qsr_base", "le"): _K_REASON,
+    ("outer_lr", "le"): "an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
 }
 
 
@@ -94,6 +96,17 @@ class SyncOptions(BaseModel):
         None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
     )
     slowmo_lr_aware: bool = False
+    # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/outer.py); unset: SlowMo
+    # with --slowmo-beta (that spelling stays; giving both is refused)
+    outer_optimizer: Literal["average", "slowmo", "nesterov", "sgd"] | None = None
+    outer_lr: float | None = Field(
+        None, gt=0.0, le=10.0, description="outer LR; default 0.7 on nesterov, 1 otherwise"
+    )
+    outer_momentum: float | None = Field(
+        None, ge=0.0, lt=1.0, description="outer momentum; default 0.9 on nesterov, 0 otherwise"
+    )
+    # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized (trainer/compress.py)
+    compress: Literal["none", "fp16", "int8"] = "none"
     sync_optimizer_state: bool = False
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
     boundary: Literal["auto", "fused", "two-phase"] = "auto"
@@ -150,15 +163,22 @@ class SyncOptions(BaseModel):
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         if self.sync_period is None:
             self.sync_period = 1 if self.strategy == "ddp" else 4
-        if self.slowmo_beta is None:
-            self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
+        self._check_outer()
         if self.strategy == "ddp":
             if self.sync_period != 1:
                 raise ValueError("--sync-period: ddp synchronizes every step; use 1 (or cpdp)")
-            if self.slowmo_beta != 0.0:
+            if self.slowmo_beta not in (None, 0.0):
                 raise ValueError("--slowmo-beta: ddp has no SlowMo; use localsgd or cpdp")
+            if self.outer_optimizer is not None:
+                raise ValueError(
+                    "--outer-optimizer: ddp has no parameter averaging; use localsgd or cpdp"
+                )
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        if self.compress != "none" and self.strategy == "ddp":
+            raise ValueError(
+                "--compress: ddp's gradient AllReduce is not compressed; use localsgd or cpdp"
+            )
         if self.boundary == "fused" and self.strategy != "cpdp":
             raise ValueError("--boundary: fused is a cpdp boundary; use two-phase or auto")
         if self.overlap_boundary and self.strategy == "ddp":
@@ -179,6 +199,43 @@ class SyncOptions(BaseModel):
                 f"{self.sync_period}"
             )
         return self
+
+    def _check_outer(self) -> None:
+        """--slowmo-beta β spells `slowmo` with α = 1, μ = β (≡ `sgd` α = 1, μ = β); its default
+        applies only without --outer-optimizer. Neither is rewritten into the other, so a saved
+        config validates again unchanged (a resume)."""
+        kind = self.outer_optimizer
+        if kind is None:
+            for name in ("outer_lr", "outer_momentum"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{flag(name)}: needs --outer-optimizer (sgd or nesterov)")
+            if self.slowmo_beta is None:
+                self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
+            return
+        if self.slowmo_beta is not None:
+            raise ValueError(
+                f"--slowmo-beta: is SlowMo's spelling of an outer optimizer; drop it and give "
+                f"--outer-momentum with --outer-optimizer {kind}"
+            )
+        if kind == "average":  # its only values are the defaults (a saved config holds them)
+            for name, only in (("outer_lr", 1.0), ("outer_momentum", 0.0)):
+                if getattr(self, name) not in (None, only):
+                    raise ValueError(f"{flag(name)}: average takes no outer step; use sgd")
+        if self.slowmo_lr_aware and kind != "slowmo":
+            raise ValueError(f"--slowmo-lr-aware: applies to SlowMo only, not {kind}")
+        if self.outer_lr is None:
+            self.outer_lr = DEFAULT_LR[kind]
+        if self.outer_momentum is None:
+            self.outer_momentum = DEFAULT_MOMENTUM[kind]
+
+    @property
+    def outer(self) -> OuterOptimizer:
+        """The resolved outer step of a boundary (trainer/outer.py)."""
+        if self.outer_optimizer is None:
+            return OuterOptimizer("slowmo", 1.0, self.slowmo_beta or 0.0, self.slowmo_lr_aware)
+        return OuterOptimizer(
+            self.outer_optimizer, self.outer_lr, self.outer_momentum, self.slowmo_lr_aware
+        )
 
     def policy_options(self, peak_lr: float) -> PolicyOptions:
         """Every PolicyOptions field is the setting of the same name; the peak LR is given."""

@@ -1,0 +1,212 @@
+"""Outer optimizers (issue 16): the pure rule against torch.optim.SGD and SlowMo, the options, and
+the equivalences through the engine on real gloo process groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist import run_dist
+from trainer.options import OptionError, SyncOptions, sync_options
+from trainer.outer import OuterOptimizer, outer_step_
+from trainer.slowmo import slowmo_update_
+
+
+def _averages(steps: int, n: int = 257, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    theta0 = torch.randn(n, generator=g)
+    return theta0, [torch.randn(n, generator=g) * 0.01 for _ in range(steps)]
+
+
+def _run_outer(spec: OuterOptimizer, steps: int = 6, inner_lr: float = 0.1) -> torch.Tensor:
+    """θ after `steps` boundaries whose θ_avg is θ_ref plus a fixed sequence of moves."""
+    theta0, moves = _averages(steps)
+    ref = theta0.clone()
+    vel = torch.zeros_like(ref) if spec.needs_velocity else None
+    for move in moves:
+        avg = ref + move
+        outer_step_(spec, ref, vel, avg, inner_lr, delta=avg - ref)
+    return ref
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("lr, momentum", [(0.7, 0.9), (1.0, 0.5), (0.3, 0.0)])
+def test_outer_sgd_and_nesterov_are_torch_sgd_on_the_pseudo_gradient(nesterov, lr, momentum):
+    """θ_ref as a parameter whose gradient is Δ = θ_ref − θ_avg, stepped by torch.optim.SGD."""
+    theta0, moves = _averages(6)
+    p = torch.nn.Parameter(theta0.clone())
+    opt = torch.optim.SGD(
+        [p], lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0, foreach=False
+    )
+    for move in moves:
+        avg = p.detach() + move
+        p.grad = p.detach() - avg
+        opt.step()
+    kind = "nesterov" if nesterov else "sgd"
+    ours = _run_outer(OuterOptimizer(kind, lr, momentum))
+    assert torch.equal(ours, p.detach()), (ours - p.detach()).abs().max()
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 0.9])
+def test_sgd_lr1_momentum_beta_is_slowmo_beta_bit_for_bit(beta):
+    theta0, moves = _averages(8)
+    ref, vel = theta0.clone(), torch.zeros_like(theta0)
+    for move in moves:  # today's SlowMo, called directly
+        slowmo_update_(ref, vel, ref + move, beta, 0.1)
+    assert torch.equal(_run_outer(OuterOptimizer("sgd", 1.0, beta), steps=8), ref)
+    assert torch.equal(_run_outer(OuterOptimizer("slowmo", 1.0, beta), steps=8), ref)
+
+
+def test_nesterov_momentum0_lr1_is_the_average_itself():
+    spec = OuterOptimizer("nesterov", 1.0, 0.0)
+    theta0 = torch.tensor([1.0, 1e-8, 3.0])
+    avg = torch.tensor([0.1 + 1e-9, 2.0, -7.3])
+    out = outer_step_(spec, theta0.clone(), None, avg, 0.1)
+    assert torch.equal(out, avg)  # copied: θ_ref − (θ_ref − θ_avg) would round
+    assert not torch.equal(theta0 - (theta0 - avg), avg)
+
+
+def test_slowmo_outer_lr_scales_the_slowmo_step():
+    """--outer-lr on slowmo is SlowMo's slow LR α: θ = θ_ref + α·u (u the SlowMo velocity)."""
+    theta0, moves = _averages(1)
+    for lr_aware, inner in ((False, 0.1), (True, 0.1)):
+        spec = OuterOptimizer("slowmo", 0.5, 0.5, lr_aware)
+        ref, vel = theta0.clone(), torch.zeros_like(theta0)
+        outer_step_(spec, ref, vel, theta0 + moves[0], inner)
+        assert torch.allclose(ref, theta0 + 0.5 * moves[0], atol=1e-7)
+
+
+# ----- options ----------------------------------------------------------------------------------
+
+
+def test_the_outer_defaults_and_the_slowmo_beta_spelling():
+    assert SyncOptions().outer == OuterOptimizer("slowmo", 1.0, 0.3, False)
+    assert SyncOptions(strategy="localsgd").outer == OuterOptimizer("slowmo", 1.0, 0.0, False)
+    o = SyncOptions(outer_optimizer="nesterov")
+    assert (o.outer_lr, o.outer_momentum, o.slowmo_beta) == (0.7, 0.9, None)
+    assert SyncOptions(outer_optimizer="sgd").outer == OuterOptimizer("sgd", 1.0, 0.0)
+    # a saved config (every default filled) validates again unchanged: what --resume does
+    for given in ({}, {"outer_optimizer": "nesterov"}, {"outer_optimizer": "average"}):
+        dumped = SyncOptions(**given).model_dump()
+        assert SyncOptions(**dumped).model_dump() == dumped
+
+
+@pytest.mark.parametrize(
+    "options, flag_name",
+    [
+        ({"outer_optimizer": "sgd", "slowmo_beta": 0.3}, "--slowmo-beta"),
+        ({"outer_lr": 0.7}, "--outer-lr"),
+        ({"outer_momentum": 0.9}, "--outer-momentum"),
+        ({"outer_optimizer": "average", "outer_lr": 0.7}, "--outer-lr"),
+        ({"outer_optimizer": "average", "outer_momentum": 0.5}, "--outer-momentum"),
+        ({"outer_optimizer": "nesterov", "slowmo_lr_aware": True}, "--slowmo-lr-aware"),
+        ({"outer_optimizer": "nesterov", "strategy": "ddp"}, "--outer-optimizer"),
+        ({"outer_optimizer": "sgd", "outer_momentum": 1.0}, "--outer-momentum"),
+        ({"outer_optimizer": "sgd", "outer_lr": 0.0}, "--outer-lr"),
+        ({"outer_optimizer": "sgd", "outer_lr": 11.0}, "--outer-lr"),
+        ({"outer_optimizer": "adam"}, "--outer-optimizer"),
+    ],
+)
+def test_bad_outer_settings_are_refused_in_one_line_naming_the_flag(options, flag_name):
+    with pytest.raises(OptionError) as info:
+        sync_options(**options)
+    msg = str(info.value)
+    assert msg.startswith(flag_name) and "\n" not in msg, msg
+
+
+# ----- through the engine -----------------------------------------------------------------------
+
+
+def _final_worker(rank, world):
+    """Every variant in one process group: autok.Sync over a tiny regression, 12 steps, K = 3."""
+    import autok
+    from tests.test_api import _batches, _flat, _model, _train
+
+    out = {}
+    variants = {
+        "slowmo": {"slowmo_beta": 0.5},
+        "sgd": {"outer_optimizer": "sgd", "outer_lr": 1.0, "outer_momentum": 0.5},
+        "average": {"outer_optimizer": "average"},
+        "slowmo0": {"slowmo_beta": 0.0},
+        "nesterov0": {"outer_optimizer": "nesterov", "outer_lr": 1.0, "outer_momentum": 0.0},
+        "diloco": {"outer_optimizer": "nesterov"},
+    }
+    for strategy, boundary in (("cpdp", "two-phase"), ("localsgd", "auto")):
+        for name, options in variants.items():
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            sync = autok.Sync(
+                model, opt, strategy=strategy, boundary=boundary, sync_period=3, link="none",
+                **options,
+            )
+            _train(sync, opt, _batches(rank, 12))
+            sync.close()
+            out[strategy, name] = _flat(model)
+    return out
+
+
+@pytest.mark.dist
+def test_engine_equivalences_bit_for_bit():
+    """sgd α=1 μ=β ≡ SlowMo β; nesterov μ=0 α=1 ≡ average ≡ SlowMo β=0 (world 2, cpdp two-phase
+    and localsgd)."""
+    results = run_dist(_final_worker, 2)
+    for res in results:
+        for strategy in ("cpdp", "localsgd"):
+            got = {name: t for (s, name), t in res.items() if s == strategy}
+            assert torch.equal(got["slowmo"], got["sgd"]), strategy
+            assert torch.equal(got["average"], got["nesterov0"]), strategy
+            assert torch.equal(got["average"], got["slowmo0"]), strategy
+            # ...and the outer step really acts: momentum and DiLoCo's defaults end elsewhere
+            assert not torch.equal(got["slowmo"], got["average"]), strategy
+            assert not torch.equal(got["diloco"], got["average"]), strategy
+    assert all(torch.equal(t, results[1][key]) for key, t in results[0].items())  # replicas
+
+
+def _resume_worker(rank, world, options):
+    """Stop mid-interval, save with weights_only, load into fresh objects, continue: the outer
+    state (θ_ref, velocity) must come back exactly."""
+    import io
+
+    import autok
+    from tests.test_api import _batches, _flat, _model, _train
+
+    batches = _batches(rank, 11)
+
+    def fresh():
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # DiLoCo's inner optimizer
+        return model, opt, autok.Sync(model, opt, sync_period=3, link="none", **options)
+
+    model, opt, sync = fresh()
+    _train(sync, opt, batches)
+    whole = _flat(model)
+    sync.close()
+    model, opt, sync = fresh()
+    _train(sync, opt, batches[:7])  # one step after the boundary at 6: mid-interval
+    buf = io.BytesIO()
+    torch.save({"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    model, opt, sync = fresh()
+    model.load_state_dict(state["m"])
+    opt.load_state_dict(state["o"])
+    sync.load_state_dict(state["s"])
+    _train(sync, opt, batches[7:])
+    resumed = _flat(model)
+    sync.close()
+    return whole, resumed
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"outer_optimizer": "nesterov"},
+        # the error-feedback residual is state too
+        {"outer_optimizer": "nesterov", "compress": "int8", "strategy": "localsgd"},
+    ],
+    ids=["nesterov", "nesterov-int8"],
+)
+def test_state_dict_resume_with_outer_state_is_bit_for_bit(options):
+    for whole, resumed in run_dist(_resume_worker, 2, options):
+        assert torch.equal(whole, resumed)

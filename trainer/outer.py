@@ -1,0 +1,98 @@
+"""The outer step at a boundary, on flat tensors: what θ becomes once θ_avg is known.
+
+Every outer optimizer works on the pseudo-gradient Δ = θ_ref − θ_avg (the distance the replicas
+moved, on average, since the last boundary, with the sign of a gradient) and keeps a velocity v:
+
+| kind       | update (μ = momentum, α = outer LR)                           | θ_new              |
+|------------|---------------------------------------------------------------|--------------------|
+| `average`  | none                                                          | θ_avg              |
+| `sgd`      | v ← μ·v + Δ (torch.optim.SGD's buffer)                        | θ_ref − α·v        |
+| `nesterov` | v ← μ·v + Δ; step = Δ + μ·v (torch.optim.SGD, nesterov=True)  | θ_ref − α·step     |
+| `slowmo`   | u ← μ·u + (θ_avg − θ_ref) [/η if lr_aware]                     | θ_ref + α·u [·η]   |
+
+and θ_ref ← θ_new. DiLoCo is `nesterov` with α = 0.7, μ = 0.9. `slowmo` is trainer/slowmo.py
+(SlowMo, Wang et al. 2020): u = −v, and α is the paper's slow learning rate, which the
+`--slowmo-beta` spelling fixes at 1, so `slowmo` α = 1 equals `sgd` α = 1 bit for bit (the
+rounding of IEEE arithmetic is symmetric in sign). Its `lr_aware` form keeps u in units of the
+inner LR η in force (fairscale's), so a decaying η also shrinks the remembered momentum.
+
+Where the update is θ_avg itself (α = 1 and μ = 0, or `average`), θ_avg is copied: computing
+θ_ref − (θ_ref − θ_avg) would round, and the copy is what keeps cpdp with K = 1 equal to ddp bit
+for bit (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # torch loads on first use: the options (and `autok --help`) read this module
+    import torch
+
+OuterKind = Literal["average", "slowmo", "nesterov", "sgd"]
+OUTER_KINDS: tuple[str, ...] = ("average", "slowmo", "nesterov", "sgd")
+# DiLoCo's outer Nesterov (Douillard et al. 2023); SGD/SlowMo default to plain averaging + β.
+DEFAULT_LR = {"average": 1.0, "slowmo": 1.0, "nesterov": 0.7, "sgd": 1.0}
+DEFAULT_MOMENTUM = {"average": 0.0, "slowmo": 0.0, "nesterov": 0.9, "sgd": 0.0}
+
+
+@dataclass(frozen=True)
+class OuterOptimizer:
+    """The resolved outer optimizer: kind, outer LR α, momentum μ (and SlowMo's lr_aware)."""
+
+    kind: OuterKind = "average"
+    lr: float = 1.0
+    momentum: float = 0.0
+    lr_aware: bool = False
+
+    @property
+    def needs_velocity(self) -> bool:
+        return self.kind != "average" and self.momentum > 0.0
+
+    @property
+    def is_plain_average(self) -> bool:
+        """θ_new = θ_avg exactly: copied, never computed."""
+        return self.kind == "average" or (self.lr == 1.0 and self.momentum == 0.0)
+
+
+def outer_step_(
+    spec: OuterOptimizer,
+    ref: torch.Tensor,
+    velocity: torch.Tensor | None,
+    avg: torch.Tensor,
+    inner_lr: float,
+    delta: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Advance (ref, velocity) in place from θ_avg; return θ_new (which is `ref`).
+
+    `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update norm);
+    it may be overwritten. `velocity` must exist when `spec.needs_velocity`."""
+    if spec.is_plain_average:
+        ref.copy_(avg)
+        return ref
+    if delta is None:
+        delta = avg.sub(ref)
+    if spec.kind == "slowmo":
+        if spec.lr == 1.0:  # today's SlowMo, exactly its arithmetic
+            from trainer.slowmo import slowmo_update_
+
+            return slowmo_update_(ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta)
+        # θ_ref + α·(u or η·u): the update slowmo_update_ would add, scaled by α
+        if velocity is None:
+            ref.add_(delta, alpha=spec.lr)
+        elif spec.lr_aware:
+            velocity.mul_(spec.momentum).add_(delta, alpha=1.0 / inner_lr)
+            ref.add_(velocity, alpha=spec.lr * inner_lr)
+        else:
+            velocity.mul_(spec.momentum).add_(delta)
+            ref.add_(velocity, alpha=spec.lr)
+        return ref
+    pseudo = delta.neg_()  # Δ = θ_ref − θ_avg: the pseudo-gradient
+    if velocity is None:  # μ = 0: sgd and nesterov are both θ_ref − α·Δ
+        ref.add_(pseudo, alpha=-spec.lr)
+        return ref
+    velocity.mul_(spec.momentum).add_(pseudo)
+    # nesterov looks ahead along the velocity: step = Δ + μ·v
+    step = pseudo.add_(velocity, alpha=spec.momentum) if spec.kind == "nesterov" else velocity
+    ref.add_(step, alpha=-spec.lr)
+    return ref
