@@ -313,7 +313,10 @@ class ParameterAverager:
         else:
             allgather_(outputs, self._payload, clock)
 
-    def finish(self, pending: _Pending) -> Reconciled:
+    def finish(self, pending: _Pending, settle: bool = False) -> Reconciled:
+        """Apply a launched averaging. `settle`: no local step was taken since it was launched
+        (an overlapped average finished by sync_now), so θ_new is written as is: adding
+        (θ_new − θ_sent) to θ_sent would round differently on each rank."""
         t0 = time.perf_counter()
         if pending.future is not None:
             pending.future.wait()
@@ -352,7 +355,7 @@ class ParameterAverager:
         n_params = len(self.params)
         rest_tensors = pending.avg_tensors[n_params + pending.n_grads :]
         rest = self.numel * (2 if pending.n_grads else 1)
-        if pending.overlap:
+        if pending.overlap and not settle:
             # Delayed averaging: add (target − what was sent) to what the rank holds now.
             torch.sub(theta_new, theta_now, out=self._scratch)
             self._add_back(self.params, self._scratch)

@@ -368,12 +368,12 @@ class Sync:
             return pending.seconds
         return pending.seconds + self._finish_boundary(times)
 
-    def _finish_boundary(self, times: StepTimes) -> float:
+    def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
-        and applying it."""
+        and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
         pending, common, grad_bytes, k, steps = self._pending
         self._pending = None
-        rec = self.averager.finish(pending)
+        rec = self.averager.finish(pending, settle=settle)
         finish_seconds = rec.wall_seconds - pending.seconds
         times.sync_seconds += finish_seconds
         stats = BoundaryStats(
@@ -427,7 +427,8 @@ class Sync:
         if self.clock is not None:  # between steps: the position of the next one
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         if self._pending is not None:
-            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes())
+            # pending means no step has closed since the boundary launched it: θ_i is θ_sent
+            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes(), True)
         if self.averager is None or self._interval.steps == 0:
             # Nothing open: replicas already agree. ddp has no averaging collective to carry
             # buffers, so they are reconciled here.
