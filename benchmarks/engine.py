@@ -1,9 +1,22 @@
 """Engine measurements, side by side in one run, printed as ratios (`autok bench`).
 
-    autok bench [--rounds 3] [--only a,b,c,d,e,f,job]      (or python -m benchmarks.engine)
+    autok bench [--rounds 7] [--cpus 0-3] [--only a,g,h,b,c,d,e,f,job]
+    (or python -m benchmarks.engine with the same flags)
+
+Every ratio is taken once per round (both sides run in each round, which one first alternates)
+and reported as the median of the per-round ratios with their spread (min-max) and, where the
+issue sets a goal, a verdict: met, not met, or not resolved (the spread crosses the goal, or
+fewer than 7 rounds); see benchmarks/stats.py. Each rank of both sides runs pinned to the same
+cores (--cpus, default: every core this process may use).
 
 (a) overhead: autok `ddp` step time / a plain hand-written torch DDP loop (same model, data,
-    optimizer, schedule, world size; link `none`), interleaved rounds, median of per-epoch times;
+    optimizer, schedule, world size; link `none`), median of per-epoch times; goal <= 1.02;
+(g) local step: a step under `autok.Sync` (cpdp, K=8, link `none`) / a hand-written `no_sync()`
+    step of the same model and data, both in one process pair, boundary steps not counted;
+    goal <= 1.02;
+(h) boundary fixed cost: `sync.sync_now()` (cpdp, link `none`: pack, replica check, norms,
+    SlowMo, unpack, momentum correction) / one bare `all_reduce` of a flat buffer of the same
+    size, world 2, on cnn1d and a ~3M-parameter MLP; goal <= 1.2;
 (b) boundary cost: median exposed sync per `cpdp` K=4 boundary / per `ddp` step on a
     latency-bound link (20 ms RTT, 10 Gbit/s), fused and two-phase;
 (c) WAN: training time of `cpdp` K=4 / `ddp` on `wan`, beside the ideal
@@ -20,6 +33,7 @@ Writes benchmarks/results/engine.{json,md} with a machine description.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -29,17 +43,56 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
-from autok.launch import prepare_data, run_workers
+from autok.launch import prepare_data, run_workers, usable_cpus
+from benchmarks.stats import MIN_ROUNDS, fmt, ratios, summarize
 from trainer.data import build_splits
 from trainer.models import build_model
 from trainer.optim import build_scheduler
 
 RESULTS = Path(__file__).parent / "results"
+STEP_GOAL = 1.02  # autok's per-step time over the hand-written loop's, at most
+BOUNDARY_GOAL = 1.2  # a no-link boundary's CPU cost over one bare all_reduce, at most
+
+
+# ----- pinning: each rank of both sides on the same cores ----------------------------------------
+
+
+def all_cpus() -> tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS has no affinity
+        return tuple(range(usable_cpus()))
+
+
+def rank_cpus(cpus: tuple[int, ...], world: int, rank: int) -> tuple[int, ...]:
+    """The cores rank `rank` runs on: a disjoint slice of `cpus` when there are at least as
+    many cores as ranks (no rank migrates onto another's core mid-run), else all of them."""
+    per = len(cpus) // world
+    return cpus if per == 0 else cpus[rank * per : (rank + 1) * per]
+
+
+def rank_threads(cpus: tuple[int, ...], world: int) -> int:
+    """Intra-op threads per rank: its own cores, or its share when ranks share them."""
+    return max(1, len(cpus) // world)
+
+
+def _pinned(rank: int, world: int, cpus: tuple[int, ...], fn, *args):
+    if hasattr(os, "sched_setaffinity"):
+        # threads started later (gloo's, autok's timer) inherit the affinity
+        os.sched_setaffinity(0, rank_cpus(cpus, world, rank))
+    torch.set_num_threads(rank_threads(cpus, world))
+    return fn(rank, world, *args)
+
+
+def _workers(fn, world: int, cpus: tuple[int, ...] | None, *args) -> list:
+    """run_workers with each rank pinned by rank_cpus (the same for every side and round)."""
+    return run_workers(_pinned, world, cpus or all_cpus(), fn, *args)
 
 
 def _plain_ddp(rank: int, world: int, cfg_json: str) -> dict:
@@ -95,29 +148,245 @@ def _step_time(result: dict) -> float:
     return statistics.median(result["epoch_seconds"][1:]) / result["steps"]
 
 
-def overhead(rounds: int, world: int = 2) -> dict:
+def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2) -> dict:
     cfg = TrainConfig(
         strategy="ddp", link="none", epochs=4, workers=world, progress=False, warmup_epochs=1
     )
     prepare_data(cfg)
     plain, ours = [], []
-    for _ in range(rounds):  # interleaved, so drift in machine load hits both alike
-        plain.append(_step_time(run_workers(_plain_ddp, world, cfg.model_dump_json())[0]))
-        ours.append(_step_time(run_workers(_autok, world, cfg.model_dump_json())[0]))
-    p, o = statistics.median(plain), statistics.median(ours)
+    for i in range(rounds):  # interleaved, so drift in machine load hits both alike
+        sides = [(plain, _plain_ddp), (ours, _autok)]
+        for times, fn in sides[:: 1 if i % 2 == 0 else -1]:  # which goes first alternates
+            times.append(_step_time(_workers(fn, world, cpus, cfg.model_dump_json())[0]))
     return {
         "world_size": world,
-        "plain_step_s": p,
-        "autok_step_s": o,
-        "ratio": o / p,
+        "plain_step_s": statistics.median(plain),
+        "autok_step_s": statistics.median(ours),
+        "ratio": summarize(ratios(ours, plain), STEP_GOAL),
         "plain_rounds": plain,
         "autok_rounds": ours,
     }
 
 
-def wan(world: int = 4, epochs: int = 4) -> dict:
+# ----- (g) a local step under autok.Sync against a hand-written no_sync() step -------------------
+
+
+def _local_steps(rank: int, world: int, cfg_json: str, rounds: int, epochs_per_round: int) -> dict:
+    """Both loops in one process pair, alternating by round: the same model (same seed), data
+    (same sampler epochs), optimizer and schedule. Only local steps are timed, from zero_grad
+    through the optimizer step (autok: the whole `with sync.step()` block)."""
+    import autok
+
+    cfg = TrainConfig.model_validate_json(cfg_json)
+    splits = build_splits(cfg.dataset, mnist1d_samples=cfg.mnist1d_samples)
+    sampler = DistributedSampler(splits.train, world, rank, shuffle=True, seed=cfg.seed)
+    loader = DataLoader(splits.train, batch_size=cfg.batch_size, sampler=sampler)
+    criterion = nn.CrossEntropyLoss()
+    k = cfg.sync_period
+    epochs = (rounds + 1) * epochs_per_round  # + a first, untimed block per side
+
+    def side():
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, splits.meta.input_shape, splits.meta.num_classes)
+        opt = torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+        sched = build_scheduler(opt, epochs * len(loader), len(loader), "constant")
+        return model, opt, sched
+
+    model, opt, sched_a = side()
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=k, link="none")
+
+    def autok_epoch(epoch: int) -> list[float]:
+        times = []
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            t0 = time.perf_counter()
+            with sync.step() as s:
+                opt.zero_grad(set_to_none=True)
+                loss = criterion(sync.model(x), y)
+                loss.backward()
+                opt.step()
+                s.loss = loss
+            if not s.is_boundary:
+                times.append(time.perf_counter() - t0)
+            sched_a.step()
+        return times
+
+    plain, popt, sched_p = side()
+    ddp = DistributedDataParallel(plain)
+    params = list(plain.parameters())
+    step = 0
+
+    def plain_epoch(epoch: int) -> list[float]:
+        nonlocal step
+        times = []
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            step += 1
+            if step % k:  # a local step: no gradient all-reduce
+                t0 = time.perf_counter()
+                with ddp.no_sync():
+                    popt.zero_grad(set_to_none=True)
+                    criterion(ddp(x), y).backward()
+                    popt.step()
+                times.append(time.perf_counter() - t0)
+            else:  # a boundary (not timed): synchronized step, then θ <- mean θ_i
+                popt.zero_grad(set_to_none=True)
+                criterion(ddp(x), y).backward()
+                popt.step()
+                with torch.no_grad():
+                    flat = torch.cat([p.reshape(-1) for p in params])
+                    dist.all_reduce(flat)
+                    flat.div_(world)
+                    for p, v in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                        p.copy_(v.view_as(p))
+            sched_p.step()
+        return times
+
+    per_round: dict[str, list[float]] = {"autok": [], "plain": []}
+    sides = [("autok", autok_epoch), ("plain", plain_epoch)]
+    for r in range(rounds + 1):
+        for name, run in sides[:: 1 if r % 2 == 0 else -1]:
+            dist.barrier()
+            times = [t for e in range(epochs_per_round) for t in run(r * epochs_per_round + e)]
+            if r > 0:  # round 0 pays one-off set-up on both sides
+                per_round[name].append(sum(times) / len(times))
+    sync.close()
+    return per_round | {"steps_per_epoch": len(loader)}
+
+
+def local_step(
+    rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2
+) -> dict:
+    cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=world, progress=False)
+    prepare_data(cfg)
+    res = _workers(_local_steps, world, cpus, cfg.model_dump_json(), rounds, 2)[0]
+    return {
+        "world_size": world,
+        "k": 8,
+        "plain_step_s": statistics.median(res["plain"]),
+        "autok_step_s": statistics.median(res["autok"]),
+        "ratio": summarize(ratios(res["autok"], res["plain"]), STEP_GOAL),
+        "plain_rounds": res["plain"],
+        "autok_rounds": res["autok"],
+    }
+
+
+# ----- (h) the fixed CPU cost of a boundary against one bare all_reduce --------------------------
+
+
+def mlp_3m(input_shape: tuple[int, ...], num_classes: int, hidden: int = 1700) -> nn.Module:
+    """A model of about 3M parameters (1700² + 1700 * (inputs + classes) + biases)."""
+    inputs = 1
+    for d in input_shape:
+        inputs *= d
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(inputs, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, num_classes),
+    )
+
+
+def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: int, reps: int):
+    """Per round, `reps` autok boundaries (one local step, then a timed `sync.sync_now()`) and
+    `reps` timed bare all_reduces of a preallocated flat buffer of the boundary's size; which
+    block goes first alternates. A barrier before each timed call keeps one rank's lag out of
+    the other's figure. Per round: the median of each block."""
+    import autok
+
+    cfg = TrainConfig.model_validate_json(cfg_json)
+    splits = build_splits(cfg.dataset, mnist1d_samples=cfg.mnist1d_samples)
+    torch.manual_seed(cfg.seed)
+    shape, classes = splits.meta.input_shape, splits.meta.num_classes
+    if model_name == "mlp-3m":
+        model = mlp_3m(shape, classes)
+    else:
+        model = build_model(model_name, shape, classes)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    # K (the most --max-sync-period allows) above the one local step: every boundary is sync_now()
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=64, link="none")
+    x, y = next(iter(DataLoader(splits.train, batch_size=cfg.batch_size)))
+    criterion = nn.CrossEntropyLoss()
+
+    def boundary() -> float:
+        with sync.step():
+            opt.zero_grad(set_to_none=True)
+            criterion(sync.model(x), y).backward()
+            opt.step()
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync.sync_now()
+        return time.perf_counter() - t0
+
+    boundary()  # its record says how large the flat buffer is
+    numel = sync.last_boundary.bytes_communicated // 4  # float32
+    flat = torch.randn(numel)
+
+    def bare() -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(flat)
+        return time.perf_counter() - t0
+
+    for _ in range(3):  # warm both paths
+        boundary(), bare()
+    per_round: dict[str, list[float]] = {"autok": [], "bare": []}
+    sides = [("autok", boundary), ("bare", bare)]
+    for r in range(rounds):
+        for name, fn in sides[:: 1 if r % 2 == 0 else -1]:
+            per_round[name].append(statistics.median(fn() for _ in range(reps)))
+    sync.close()
+    params = sum(p.numel() for p in model.parameters())
+    return per_round | {"params": params, "buffer_numel": numel}
+
+
+def boundary_fixed(
+    rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2
+) -> dict:
+    cfg = TrainConfig(strategy="cpdp", link="none", workers=world, progress=False)
+    prepare_data(cfg)
+    out: dict = {"world_size": world, "goal": BOUNDARY_GOAL}
+    for model in ("cnn1d", "mlp-3m"):
+        res = _workers(_boundaries, world, cpus, cfg.model_dump_json(), model, rounds, 20)[0]
+        out[model] = {
+            "params": res["params"],
+            "buffer_numel": res["buffer_numel"],
+            "autok_boundary_s": statistics.median(res["autok"]),
+            "bare_allreduce_s": statistics.median(res["bare"]),
+            "ratio": summarize(ratios(res["autok"], res["bare"]), BOUNDARY_GOAL),
+            "autok_rounds": res["autok"],
+            "bare_rounds": res["bare"],
+        }
+    return out
+
+
+def wan(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None) -> dict:
+    runs = [_wan_round(cpus, reverse=i % 2 == 1) for i in range(rounds)]
+    out = {name: _median_fields(r[name] for r in runs) for name in ("ddp", "cpdp K=4")}
+    for key in ("exposed_ratio", "post_warmup_exposed_ratio", "wall_ratio"):
+        out[key] = summarize([r[key] for r in runs])
+    out["world_size"], out["epochs"] = runs[0]["world_size"], runs[0]["epochs"]
+    return out
+
+
+def _median_fields(rows) -> dict:
+    """Field by field, the median over rounds of one side's figures."""
+    rows = list(rows)
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+def _wan_round(
+    cpus: tuple[int, ...] | None, world: int = 4, epochs: int = 4, reverse: bool = False
+) -> dict:
     out = {}
-    for name, strategy, k in (("ddp", "ddp", 1), ("cpdp K=4", "cpdp", 4)):
+    sides = (("ddp", "ddp", 1), ("cpdp K=4", "cpdp", 4))
+    for name, strategy, k in sides[::-1] if reverse else sides:
         cfg = TrainConfig(
             strategy=strategy,
             sync_period=k,
@@ -127,7 +396,7 @@ def wan(world: int = 4, epochs: int = 4) -> dict:
             progress=False,
         )
         prepare_data(cfg)
-        res = run_workers(_autok, world, cfg.model_dump_json())[0]
+        res = _workers(_autok, world, cpus, cfg.model_dump_json())[0]
         s = res["summary"]
         # After warmup (K=1 for both) the per-epoch exposed sync shows the steady state.
         post = [r["sync_seconds"] for r in res["rows"] if r["epoch"] >= cfg.warmup_epochs]
@@ -176,28 +445,53 @@ def _records(rank: int, world: int, cfg_json: str) -> dict:
     return {"records": records, "rows": rows, "summary": summary, "steps": tr.steps_per_epoch}
 
 
-def _run(world: int = 2, **kw) -> dict:
+def _run(world: int = 2, cpus: tuple[int, ...] | None = None, **kw) -> dict:
     cfg = TrainConfig(workers=world, progress=False, **kw)
     prepare_data(cfg)
-    return run_workers(_records, world, cfg.model_dump_json())[0]
+    return _workers(_records, world, cpus, cfg.model_dump_json())[0]
 
 
-def boundary_cost(world: int = 2) -> dict:
+def boundary_cost(
+    rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2
+) -> dict:
     link = dict(link="none", link_rtt_ms=20.0, link_bandwidth_gbps=10.0)
     base = dict(epochs=3, warmup_epochs=1, mnist1d_samples=2000, **link)
-    ddp = _median_exposed(_run(world, strategy="ddp", **base)["records"], 1)
-    out = {"ddp_step_s": ddp, "world_size": world, "link": "20 ms RTT, 10 Gbit/s"}
+    sides = {
+        "ddp_step_s": dict(strategy="ddp"),
+        "cpdp_fused_boundary_s": dict(strategy="cpdp", sync_period=4, boundary="fused"),
+        "cpdp_two-phase_boundary_s": dict(strategy="cpdp", sync_period=4, boundary="two-phase"),
+    }
+    per: dict[str, list[float]] = {key: [] for key in sides}
+    for i in range(rounds):
+        for key, kw in list(sides.items())[:: 1 if i % 2 == 0 else -1]:
+            per[key].append(_median_exposed(_run(world, cpus, **kw, **base)["records"], 1))
+    out = {key: statistics.median(v) for key, v in per.items()}
+    out |= {"world_size": world, "link": "20 ms RTT, 10 Gbit/s", "rounds": per}
     for mode in ("fused", "two-phase"):
-        cp = _run(world, strategy="cpdp", sync_period=4, boundary=mode, **base)
-        out[f"cpdp_{mode}_boundary_s"] = _median_exposed(cp["records"], 1)
-        out[f"ratio_{mode}"] = out[f"cpdp_{mode}_boundary_s"] / ddp
+        out[f"ratio_{mode}"] = summarize(ratios(per[f"cpdp_{mode}_boundary_s"], per["ddp_step_s"]))
     return out
 
 
-def wan_vs_ideal(world: int = 4, k: int = 4) -> dict:
+def wan_vs_ideal(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None) -> dict:
+    runs = [_wan_vs_ideal_round(cpus, reverse=i % 2 == 1) for i in range(rounds)]
+    keys = ("measured_ratio", "ideal_ratio", "measured_over_ideal")
+    out = _median_fields({k: v for k, v in r.items() if k not in keys} for r in runs)
+    out["ideal_ratio"] = statistics.median(r["ideal_ratio"] for r in runs)
+    for key in ("measured_ratio", "measured_over_ideal"):
+        out[key] = summarize([r[key] for r in runs])
+    return out
+
+
+def _wan_vs_ideal_round(
+    cpus: tuple[int, ...] | None, world: int = 4, k: int = 4, reverse: bool = False
+) -> dict:
     base = dict(link="wan", epochs=4, warmup_epochs=0)
-    ddp = _run(world, strategy="ddp", **base)
-    cpdp = _run(world, strategy="cpdp", sync_period=k, **base)
+    if reverse:
+        cpdp = _run(world, cpus, strategy="cpdp", sync_period=k, **base)
+        ddp = _run(world, cpus, strategy="ddp", **base)
+    else:
+        ddp = _run(world, cpus, strategy="ddp", **base)
+        cpdp = _run(world, cpus, strategy="cpdp", sync_period=k, **base)
     steps = ddp["steps"] * base["epochs"]
 
     def per_step(res: dict, key: str) -> float:
@@ -226,17 +520,19 @@ def wan_vs_ideal(world: int = 4, k: int = 4) -> dict:
     }
 
 
-def scaling() -> list[dict]:
+def scaling(cpus: tuple[int, ...] | None = None) -> list[dict]:
     rows = []
     for model in ("cnn1d", "mlp"):
         for world in (2, 4, 8):
-            res = _run(world, strategy="ddp", link="none", epochs=3, warmup_epochs=1, model=model)
+            res = _run(
+                world, cpus, strategy="ddp", link="none", epochs=3, warmup_epochs=1, model=model
+            )
             step = statistics.median(r["epoch_seconds"] for r in res["rows"][1:]) / res["steps"]
             rows.append({"model": model, "world_size": world, "step_s": step})
     return rows
 
 
-def overlap(world: int = 2) -> dict:
+def overlap(cpus: tuple[int, ...] | None = None, world: int = 2) -> dict:
     # A link whose allreduce (2 ranks: rtt + S/bw, about 1.05 ms here) one local step (about
     # 2 ms of compute on this model) can cover: the case overlap is for.
     base = dict(
@@ -250,7 +546,7 @@ def overlap(world: int = 2) -> dict:
     )
     out = {"world_size": world, "link": "1 ms RTT, 10 Gbit/s", "strategy": "localsgd K=4"}
     for name, flag in (("sync", False), ("overlap", True)):
-        res = _run(world, overlap_boundary=flag, **base)
+        res = _run(world, cpus, overlap_boundary=flag, **base)
         post = [r for r in res["records"] if r.epoch >= 1]
         out[name] = {
             "exposed_per_boundary_s": statistics.median(r.exposed_sync_seconds for r in post),
@@ -263,11 +559,11 @@ def overlap(world: int = 2) -> dict:
     return out
 
 
-def default_job() -> dict:
+def default_job(cpus: tuple[int, ...] | None = None) -> dict:
     cfg = TrainConfig(progress=False)
     prepare_data(cfg)
     t0 = time.perf_counter()
-    s = run_workers(_autok, cfg.workers, cfg.model_dump_json())[0]["summary"]
+    s = _workers(_autok, cfg.workers, cpus, cfg.model_dump_json())[0]["summary"]
     return {
         "wall_seconds": s["wall_seconds"],
         "process_seconds": time.perf_counter() - t0,
@@ -279,15 +575,25 @@ def default_job() -> dict:
     }
 
 
-def machine() -> dict:
+def machine(cpus: tuple[int, ...] | None = None) -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor(),
         "cpus": os.cpu_count(),
+        "pinned_cpus": list(cpus or all_cpus()),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def _ratio(r) -> str:
+    """A ratio with its spread and verdict; a bare float is a result saved before rounds."""
+    return fmt(r) if isinstance(r, dict) else f"{r:.3f} (1 run)"
+
+
+def _cores(cpus: list[int] | None) -> str:
+    return ",".join(map(str, cpus)) if cpus else "(not recorded)"
 
 
 def render(res: dict) -> str:
@@ -295,7 +601,12 @@ def render(res: dict) -> str:
         "# Engine benchmark",
         "",
         f"Machine: {res['machine']['cpus']} CPUs, {res['machine']['platform']}, "
-        f"torch {res['machine']['torch']}, {res['machine']['date']}",
+        f"torch {res['machine']['torch']}, {res['machine']['date']}; ranks pinned to cores "
+        f"{_cores(res['machine'].get('pinned_cpus'))}",
+        "",
+        "A ratio reads: median of the per-round ratios (min–max over the rounds, rounds; goal): "
+        "verdict. Not resolved: the spread crosses the goal, or fewer than "
+        f"{MIN_ROUNDS} rounds. Times are medians over the rounds.",
         "",
         "| measure | value |",
         "|---|---|",
@@ -306,8 +617,27 @@ def render(res: dict) -> str:
             f"| (a) step time, plain torch DDP (world {o['world_size']}, link none) "
             f"| {o['plain_step_s'] * 1e3:.2f} ms |",
             f"| (a) step time, autok ddp | {o['autok_step_s'] * 1e3:.2f} ms |",
-            f"| (a) **overhead ratio** autok / plain | **{o['ratio']:.3f}** |",
+            f"| (a) **overhead ratio** autok / plain | **{_ratio(o['ratio'])}** |",
         ]
+    if "local_step" in res:
+        g = res["local_step"]
+        lines += [
+            f"| (g) local step, hand-written no_sync() (world {g['world_size']}, link none) "
+            f"| {g['plain_step_s'] * 1e3:.2f} ms |",
+            f"| (g) local step, autok.Sync cpdp K={g['k']} | {g['autok_step_s'] * 1e3:.2f} ms |",
+            f"| (g) **local-step ratio** autok / no_sync() | **{_ratio(g['ratio'])}** |",
+        ]
+    if "boundary_fixed" in res:
+        h = res["boundary_fixed"]
+        for model in ("cnn1d", "mlp-3m"):
+            m = h[model]
+            lines += [
+                f"| (h) {model} ({m['params'] / 1e6:.2f}M parameters, world {h['world_size']}, "
+                f"link none): boundary (sync_now) / bare all_reduce of {m['buffer_numel']:,} "
+                f"floats | {m['autok_boundary_s'] * 1e3:.2f} / "
+                f"{m['bare_allreduce_s'] * 1e3:.2f} ms |",
+                f"| (h) **boundary fixed-cost ratio**, {model} | **{_ratio(m['ratio'])}** |",
+            ]
     if "wan" in res:
         w = res["wan"]
         for name in ("ddp", "cpdp K=4"):
@@ -318,10 +648,10 @@ def render(res: dict) -> str:
                 f"{r['exposed_sync_seconds']:.1f} s / {r['peak_test_accuracy']:.3f} |"
             )
         lines += [
-            f"| (f) exposed-sync ratio cpdp K=4 / ddp | {w['exposed_ratio']:.3f} |",
+            f"| (f) exposed-sync ratio cpdp K=4 / ddp | {_ratio(w['exposed_ratio'])} |",
             f"| (f) exposed-sync ratio per epoch after warmup | "
-            f"{w['post_warmup_exposed_ratio']:.3f} |",
-            f"| (f) wall-clock ratio cpdp K=4 / ddp | {w['wall_ratio']:.3f} |",
+            f"{_ratio(w['post_warmup_exposed_ratio'])} |",
+            f"| (f) wall-clock ratio cpdp K=4 / ddp | {_ratio(w['wall_ratio'])} |",
         ]
     if "boundary_cost" in res:
         b = res["boundary_cost"]
@@ -331,17 +661,17 @@ def render(res: dict) -> str:
             f"| (b) exposed per cpdp K=4 boundary, fused / two-phase "
             f"| {b['cpdp_fused_boundary_s'] * 1e3:.1f} / "
             f"{b['cpdp_two-phase_boundary_s'] * 1e3:.1f} ms |",
-            f"| (b) **boundary-cost ratio** cpdp / ddp, fused (two-phase) "
-            f"| **{b['ratio_fused']:.3f}** ({b['ratio_two-phase']:.3f}) |",
+            f"| (b) **boundary-cost ratio** cpdp / ddp, fused | **{_ratio(b['ratio_fused'])}** |",
+            f"| (b) boundary-cost ratio cpdp / ddp, two-phase | {_ratio(b['ratio_two-phase'])} |",
         ]
     if "wan_vs_ideal" in res:
         c = res["wan_vs_ideal"]
         lines += [
             f"| (c) wan, world {c['world_size']}: ddp per step compute / comm "
             f"| {c['compute_per_step_s'] * 1e3:.1f} / {c['comm_per_step_s'] * 1e3:.1f} ms |",
-            f"| (c) **training-time ratio** cpdp K={c['k']} / ddp, measured vs ideal "
-            f"| **{c['measured_ratio']:.3f}** vs {c['ideal_ratio']:.3f} "
-            f"({c['measured_over_ideal']:.3f}x the ideal) |",
+            f"| (c) **training-time ratio** cpdp K={c['k']} / ddp, measured (ideal "
+            f"{c['ideal_ratio']:.3f}) | **{_ratio(c['measured_ratio'])}** |",
+            f"| (c) training-time ratio, measured / ideal | {_ratio(c['measured_over_ideal'])} |",
         ]
     if "scaling" in res:
         for r in res["scaling"]:
@@ -370,6 +700,8 @@ def render(res: dict) -> str:
 
 PARTS = {
     "a": "overhead",
+    "g": "local_step",  # the per-step and per-boundary goals of the hot-path issue
+    "h": "boundary_fixed",
     "b": "boundary_cost",
     "c": "wan_vs_ideal",
     "d": "scaling",
@@ -381,6 +713,35 @@ PARTS = {
 
 
 MAX_ROUNDS = 100
+MAX_CPU_ID = 1 << 16
+
+
+def parse_cpus(text: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """'0-3,6' -> (0, 1, 2, 3, 6); ValueError with a one-line reason for anything else, or for
+    a core this process may not run on (`allowed`)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not a core number or a range like 0-3") from None
+        if not 0 <= a <= b < MAX_CPU_ID:
+            raise ValueError(f"{part.strip()!r}: a range of cores is low-high with low <= high")
+        cpus.update(range(a, b + 1))
+    outside = sorted(cpus - set(allowed))
+    if outside:
+        raise ValueError(
+            f"core {outside[0]} is not one this process may run on ({','.join(map(str, allowed))})"
+        )
+    return tuple(sorted(cpus))
+
+
+def run_part(name: str, rounds: int, cpus: tuple[int, ...]):
+    """One part: `rounds` goes to the parts that take ratios, `cpus` to every part."""
+    fn = globals()[name]
+    params = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in (("rounds", rounds), ("cpus", cpus)) if k in params})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -391,11 +752,28 @@ class _Parser(argparse.ArgumentParser):
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = _Parser(prog="autok bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds for (a)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=MIN_ROUNDS,
+        help=f"interleaved rounds for every ratio (a verdict needs at least {MIN_ROUNDS})",
+    )
+    ap.add_argument(
+        "--cpus",
+        default=None,
+        help="cores the ranks of both sides are pinned to, e.g. 0-3 (default: all usable)",
+    )
     ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= MAX_ROUNDS:
         ap.error(f"--rounds: {args.rounds} is not in 1..{MAX_ROUNDS} (each round runs both loops)")
+    if args.cpus is None:
+        args.cpus = all_cpus()
+    else:
+        try:
+            args.cpus = parse_cpus(args.cpus, all_cpus())
+        except ValueError as e:
+            ap.error(f"--cpus: {e}")
     unknown = [p for p in args.only.split(",") if p.strip() not in PARTS]
     if unknown:
         ap.error(f"--only: unknown part {unknown[0]!r}; choose from {','.join(PARTS)}")
@@ -407,7 +785,7 @@ def main(argv: list[str] | None = None) -> None:
     # A partial run (--only) updates the saved results instead of replacing them.
     saved = RESULTS / "engine.json"
     res: dict = json.loads(saved.read_text()) if saved.exists() else {}
-    res["machine"] = machine()
+    res["machine"] = machine(args.cpus)
     names = [PARTS[part.strip()] for part in args.only.split(",")]
     if "diloco" in names:  # its own results file
         from benchmarks.diloco import main as run_diloco
@@ -417,7 +795,7 @@ def main(argv: list[str] | None = None) -> None:
         if not names:
             return
     for name in names:
-        res[name] = overhead(args.rounds) if name == "overhead" else globals()[name]()
+        res[name] = run_part(name, args.rounds, args.cpus)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "engine.json").write_text(json.dumps(res, indent=2) + "\n")
     text = render(res)

@@ -1,0 +1,174 @@
+"""`autok bench`'s statistics: per-round ratios, spread, verdicts, and the pure parts of the
+command (core pinning, flags, the table). No process is started here."""
+
+import pytest
+
+from benchmarks import engine
+from benchmarks.stats import MIN_ROUNDS, fmt, ratios, spread, summarize, verdict
+
+SEVEN = [1.00, 1.01, 1.05, 0.98, 1.02, 1.03, 1.014]
+
+
+def test_ratios_are_per_round_not_of_medians():
+    ours, plain = [2.0, 6.0, 3.0], [1.0, 6.0, 2.0]
+    assert ratios(ours, plain) == [2.0, 1.0, 1.5]
+    # the ratio of the medians would be 3.0 / 2.0 = 1.5; the median ratio is 1.5 here too, but
+    # the spread only exists per round
+    assert spread(ratios(ours, plain)) == (1.5, 1.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    "num, den", [([1.0], [0.0]), ([1.0], [-1.0]), ([float("nan")], [1.0]), ([1.0, 2.0], [1.0])]
+)
+def test_ratios_refuse_bad_rounds(num, den):
+    with pytest.raises(ValueError):
+        ratios(num, den)
+
+
+def test_spread_of_nothing_is_an_error():
+    with pytest.raises(ValueError, match="no rounds"):
+        spread([])
+
+
+def test_spread_is_median_min_max():
+    assert spread(SEVEN) == (1.014, 0.98, 1.05)
+    assert spread([3.0, 1.0]) == (2.0, 1.0, 3.0)  # even count: the mean of the middle two
+
+
+@pytest.mark.parametrize(
+    "values, goal, direction, expected",
+    [
+        ([1.00, 1.01, 1.019, 0.99, 1.0, 1.005, 1.01], 1.02, "le", "met"),
+        ([1.00, 1.01, 1.02, 0.99, 1.0, 1.005, 1.01], 1.02, "le", "met"),  # the goal itself
+        ([1.03, 1.04, 1.021, 1.1, 1.05, 1.03, 1.06], 1.02, "le", "not met"),
+        ([1.02, 1.04, 1.03, 1.1, 1.05, 1.03, 1.06], 1.02, "le", "not resolved"),  # touches it
+        (SEVEN, 1.02, "le", "not resolved"),  # median 1.014 meets it, the spread crosses
+        ([1.5, 1.0, 1.1, 1.2, 1.3, 1.4, 1.6], 1.0, "ge", "met"),
+        ([0.9, 0.8, 0.95, 0.99, 0.7, 0.85, 0.9], 1.0, "ge", "not met"),
+        ([0.9, 1.1, 1.0, 1.0, 1.0, 1.0, 1.0], 1.0, "ge", "not resolved"),
+    ],
+)
+def test_verdict(values, goal, direction, expected):
+    assert len(values) == MIN_ROUNDS
+    assert verdict(values, goal, direction) == expected
+
+
+def test_too_few_rounds_resolve_nothing():
+    clear = [1.0] * MIN_ROUNDS
+    assert verdict(clear, 1.02) == "met"
+    assert verdict(clear[:-1], 1.02) == "not resolved"
+    assert verdict([2.0], 1.02) == "not resolved"
+    assert verdict([2.0], 1.02, min_rounds=1) == "not met"
+
+
+def test_verdict_refuses_an_unknown_direction():
+    with pytest.raises(ValueError, match="direction"):
+        verdict(SEVEN, 1.02, "lt")
+
+
+def test_summarize_and_fmt():
+    s = summarize(SEVEN, goal=1.02)
+    assert s == {
+        "median": 1.014,
+        "min": 0.98,
+        "max": 1.05,
+        "rounds": SEVEN,
+        "goal": 1.02,
+        "direction": "le",
+        "verdict": "not resolved",
+    }
+    assert fmt(s) == "1.014× (0.980–1.050, 7 rounds; goal ≤ 1.02×): not resolved"
+    assert fmt(summarize([0.5] * 7, goal=1.2)) == "0.500× (0.500–0.500, 7 rounds; goal ≤ 1.2×): met"
+    no_goal = summarize([0.4, 0.5])
+    assert "verdict" not in no_goal and "goal" not in no_goal
+    assert fmt(no_goal) == "0.450× (0.400–0.500, 2 rounds)"
+    assert fmt(summarize([2.0], goal=1.0, direction="ge")) == (
+        "2.000× (2.000–2.000, 1 round; goal ≥ 1×): not resolved"
+    )
+
+
+# ----- the command's pure parts ------------------------------------------------------------------
+
+
+def test_rank_cpus_split_or_share():
+    assert engine.rank_cpus((0, 1), 2, 0) == (0,)
+    assert engine.rank_cpus((0, 1), 2, 1) == (1,)
+    assert engine.rank_cpus((0, 1, 2, 3, 4), 2, 1) == (2, 3)  # disjoint slices; one idle core
+    assert engine.rank_cpus((0, 1), 4, 3) == (0, 1)  # fewer cores than ranks: all share them
+    assert engine.rank_threads((0, 1), 2) == 1
+    assert engine.rank_threads((0, 1, 2, 3), 2) == 2
+    assert engine.rank_threads((0, 1), 4) == 1
+
+
+def test_parse_cpus():
+    allowed = (0, 1, 2, 3, 6)
+    assert engine.parse_cpus("0-3", allowed) == (0, 1, 2, 3)
+    assert engine.parse_cpus(" 6, 1,1 ", allowed) == (1, 6)
+    for bad, why in (("x", "not a core"), ("3-1", "low <= high"), ("-1", "not a core")):
+        with pytest.raises(ValueError, match=why):
+            engine.parse_cpus(bad, allowed)
+    with pytest.raises(ValueError, match="core 4 is not one"):
+        engine.parse_cpus("2-4", allowed)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--cpus", "nope"], "--cpus"),
+        (["--cpus", "100000"], "--cpus"),
+        (["--rounds", "0"], "--rounds"),
+        (["--only", "z"], "--only"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        engine.parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"autok: error: {flag}") and err.count("\n") == 1
+
+
+def test_defaults_are_seven_rounds_on_every_usable_core():
+    args = engine.parse([])
+    assert args.rounds == MIN_ROUNDS >= 7
+    assert args.cpus == engine.all_cpus()
+    assert {"a", "g", "h"} <= set(args.only.split(","))
+
+
+def test_render_prints_every_ratio_with_spread_and_verdict():
+    step = summarize([1.01] * 7, goal=engine.STEP_GOAL)
+    res = {
+        "machine": {"cpus": 2, "platform": "p", "torch": "t", "date": "d", "pinned_cpus": [0, 1]},
+        "overhead": {"world_size": 2, "plain_step_s": 4e-3, "autok_step_s": 4.1e-3, "ratio": step},
+        "local_step": {
+            "world_size": 2,
+            "k": 8,
+            "plain_step_s": 3e-3,
+            "autok_step_s": 3.3e-3,
+            "ratio": summarize([1.1] * 7, goal=engine.STEP_GOAL),
+        },
+    }
+    res["boundary_fixed"] = {"world_size": 2}
+    for model, n in (("cnn1d", 30_000), ("mlp-3m", 3_000_000)):
+        res["boundary_fixed"][model] = {
+            "params": n,
+            "buffer_numel": 2 * n + 8,
+            "autok_boundary_s": 1e-3,
+            "bare_allreduce_s": 1e-3,
+            "ratio": summarize([1.1, 1.3] * 4, goal=engine.BOUNDARY_GOAL),
+        }
+    text = engine.render(res)
+    assert "ranks pinned to cores 0,1" in text
+    assert "**1.010× (1.010–1.010, 7 rounds; goal ≤ 1.02×): met**" in text
+    assert "**1.100× (1.100–1.100, 7 rounds; goal ≤ 1.02×): not met**" in text
+    assert text.count("goal ≤ 1.2×): not resolved") == 2
+    assert "mlp-3m (3.00M parameters" in text and "6,000,008 floats" in text
+
+
+def test_render_reads_results_saved_before_rounds():
+    res = {
+        "machine": {"cpus": 2, "platform": "p", "torch": "t", "date": "d"},
+        "overhead": {"world_size": 2, "plain_step_s": 4e-3, "autok_step_s": 4.1e-3, "ratio": 1.029},
+    }
+    text = engine.render(res)
+    assert "1.029 (1 run)" in text and "(not recorded)" in text
