@@ -187,12 +187,18 @@ def expand(
 
 def mean_k_used(run_dir: Path) -> float:
     """The mean K in force over a finished run's post-warmup boundary intervals (the K its
-    controller chose, before any epoch end cut an interval short)."""
+    controller chose, before any epoch end cut an interval short). The records do not say
+    which were warmup: its epochs come from the run's config.json."""
+    config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    warmup = config.get("warmup_epochs", 0) if isinstance(config, dict) else 0
+    warmup = warmup if type(warmup) is int else 0
     ks = []
     with open(run_dir / "boundaries.jsonl", encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)
-            if not rec.get("warmup") and isinstance(rec.get("sync_period"), int):
+            if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int):
+                continue
+            if rec["epoch"] >= warmup and isinstance(rec.get("sync_period"), int):
                 ks.append(rec["sync_period"])
     if not ks:
         raise ValueError(f"{run_dir}: no boundary after warmup to take a mean K from")

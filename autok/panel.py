@@ -95,16 +95,23 @@ class Method:
         return statistics.fmean(self.reached) if self.all_reached else math.inf
 
 
+def after_warmup(r: RunResult) -> list[dict]:
+    """The boundary records after warmup (the records do not say; the config's epochs do)."""
+    warmup = r.config.get("warmup_epochs", 0)
+    warmup = warmup if type(warmup) is int else 0
+    return [b for b in r.boundaries or [] if b["epoch"] >= warmup]
+
+
 def mean_k_after_warmup(r: RunResult) -> float:
-    ks = [b["sync_period"] for b in r.boundaries or [] if not b.get("warmup")]
+    ks = [b["sync_period"] for b in after_warmup(r)]
     return statistics.fmean(ks) if ks else 1.0
 
 
 def k_path_text(r: RunResult, limit: int = 8) -> str:
     """The K in force over time (after warmup), each change once: '4 → 24 → 64'."""
     ks: list[int] = []
-    for b in r.boundaries or []:
-        if not b.get("warmup") and (not ks or ks[-1] != b["sync_period"]):
+    for b in after_warmup(r):
+        if not ks or ks[-1] != b["sync_period"]:
             ks.append(b["sync_period"])
     if len(ks) > limit:
         return f"{len(ks) - 1} changes, {min(ks)}..{max(ks)}"

@@ -155,16 +155,18 @@ def test_a_bundle_sets_all_its_settings_and_labels_the_run_by_its_name():
     assert "random_mean" not in rnd[0].settings  # known only once `es` has run
 
 
-def _boundaries(path: Path, ks: list[tuple[int, bool]]) -> None:
+def _boundaries(path: Path, ks: list[tuple[int, int]], warmup_epochs: int) -> None:
+    """boundaries.jsonl as the sink writes it: (K, epoch) per record, no warmup flag."""
     path.mkdir(parents=True)
+    path.joinpath("config.json").write_text(json.dumps({"warmup_epochs": warmup_epochs}))
     path.joinpath("boundaries.jsonl").write_text(
-        "".join(json.dumps({"sync_period": k, "warmup": w}) + "\n" for k, w in ks)
+        "".join(json.dumps({"sync_period": k, "epoch": e}) + "\n" for k, e in ks)
     )
 
 
 def test_the_matched_mean_is_the_k_the_source_used_after_warmup(tmp_path):
     src = Run("es regime=fast", 1, {})
-    _boundaries(tmp_path / src.dir, [(1, True), (1, True), (4, False), (8, False), (8, False)])
+    _boundaries(tmp_path / src.dir, [(1, 0), (1, 0), (4, 1), (8, 1), (8, 2)], warmup_epochs=1)
     assert mean_k_used(tmp_path / src.dir) == pytest.approx(20 / 3)
     follower = Run("rnd regime=fast", 1, {"policy": "random"}, 5, "es regime=fast")
     with pytest.raises(ValueError, match="did not finish"):
@@ -231,16 +233,18 @@ def _run(method, seed, accs, epoch_seconds, policy="fixed", schedule=None, ks=(4
         {"test_accuracy": str(a), "epoch_seconds": str(epoch_seconds), "test_loss": "1.0"}
         for a in accs
     ]
-    boundaries = [
-        {"sync_period": k, "warmup": False, "bytes_communicated": 1000 // k,
+    boundaries = [{"sync_period": 1, "epoch": 0, "bytes_communicated": 1000,
+                   "compute_seconds": 0.1, "exposed_sync_seconds": 0.05, "link": "lan"}]
+    boundaries += [
+        {"sync_period": k, "epoch": 1, "bytes_communicated": 1000 // k,
          "compute_seconds": 0.1 * k, "exposed_sync_seconds": 0.05, "link": "lan"}
         for k in ks
-    ]  # fmt: skip
+    ]  # fmt: skip; the first record is warmup's (epoch 0), left out of mean K and the K path
     return RunResult(
         f"{method} regime={regime}",
         seed,
         Path("."),
-        {"policy": policy, "link_schedule": schedule},
+        {"policy": policy, "link_schedule": schedule, "warmup_epochs": 1},
         {"wall_seconds": epoch_seconds * len(accs), "metric": {"name": "accuracy"}},
         epochs,
         boundaries,
