@@ -17,9 +17,11 @@ with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g
 
 `rule="direct"` uses that model to jump instead of stepping: the K that brings the share to the
 target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). K moves to K* when K* is more than
-`margin` away (hysteresis), up or down, so a link that got faster brings K back down without
-`lower`, and a new link is met in one window rather than log2 of the gap. The guard and its
-cooldown apply as with doubling.
+`margin` away (hysteresis), up or down, so a new link is met in one window rather than log2 of the
+gap, and a link that got faster brings K back down, but not below the K the user started from
+(the floor) unless `lower` is on: the controller panel measured the unfloored rule settling at
+K = 1..4 on a LAN where every larger fixed K reached the target sooner. The guard and its
+cooldown apply as with doubling (a back-off may go below the floor: quality comes first).
 """
 
 from __future__ import annotations
@@ -77,8 +79,10 @@ def direct_sync_period(
     margin: float = 0.25,
     guard_reason: str | None = None,
     ceiling: int | None = None,
+    floor: int = 1,
 ) -> tuple[int, str]:
-    """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away."""
+    """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away;
+    lowering stops at `floor`."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:
         return max(1, k // 2), f"back off: {guard_reason}"
@@ -90,9 +94,10 @@ def direct_sync_period(
             return new, f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if want < k * (1.0 - margin):
-        if k == 1:
-            return 1, f"hold: sync share {share:.0%} < target {target:.0%} at K=1"
-        new = max(1, min(top, math.floor(want) if want >= 1 else 1))
+        low = max(1, min(floor, top))
+        if k <= low:
+            return min(k, top), f"hold: sync share {share:.0%} < target {target:.0%} at K={k}"
+        new = max(low, min(top, math.floor(want) if want >= 1 else 1))
         return new, f"lower: sync share {share:.0%} < target {target:.0%}: K* {want:.3g}"
     return min(k, top), f"hold: sync share {share:.0%}, K* {want:.3g} near K"
 
@@ -132,7 +137,12 @@ class ExposedSyncController:
     guard: Guard = field(default_factory=Guard)
     ceiling: int | None = None
     since_fire: int = 0
+    floor: int | None = None  # direct rule: lowest K; default the starting K (1 with lower)
     _win: _Window = field(default_factory=_Window)
+
+    def __post_init__(self) -> None:
+        if self.floor is None:
+            self.floor = 1 if self.lower else self.sync_period
 
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
@@ -155,6 +165,7 @@ class ExposedSyncController:
                 margin=self.margin,
                 guard_reason=reason,
                 ceiling=self.ceiling,
+                floor=self.floor or 1,
             )
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0

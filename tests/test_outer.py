@@ -136,7 +136,12 @@ def _final_worker(rank, world):
             model = _model()
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             sync = autok.Sync(
-                model, opt, strategy=strategy, boundary=boundary, sync_period=3, link="none",
+                model,
+                opt,
+                strategy=strategy,
+                boundary=boundary,
+                sync_period=3,
+                link="none",
                 **options,
             )
             _train(sync, opt, _batches(rank, 12))

@@ -123,6 +123,24 @@ def test_direct_controller_settles_in_one_window_and_follows_a_faster_link():
     assert drive(doubling, 6, step_compute=0.005, sync=0.1) == [4, 8, 8, 16, 16, 32]
 
 
+def test_direct_rule_lowers_no_further_than_its_floor():
+    # K* = 3.37 from K=16, but the floor (the K the user started from) is 8
+    assert direct_sync_period(16, 0.05, target=0.2, max_k=64, floor=8)[0] == 8
+    k, why = direct_sync_period(8, 0.01, target=0.2, max_k=64, floor=8)
+    assert k == 8 and why.startswith("hold")
+    # below the floor after a guard back-off: it may rise again, never lowers further
+    assert direct_sync_period(2, 0.01, target=0.2, max_k=64, floor=8)[0] == 2
+    assert direct_sync_period(2, 0.6, target=0.2, max_k=64, floor=8)[0] == 12
+
+
+def test_the_direct_controller_floors_at_its_start_unless_lowering_is_on():
+    # a fast link from the start: share 2% at K=4 (K* < 1), so the floored rule holds at 4
+    floored = ExposedSyncController(sync_period=4, target=0.2, window=2, rule="direct")
+    assert set(drive(floored, 6, step_compute=0.005, sync=0.0004)) == {4}
+    lowering = ExposedSyncController(sync_period=4, target=0.2, window=2, rule="direct", lower=True)
+    assert drive(lowering, 6, step_compute=0.005, sync=0.0004)[-1] == 1
+
+
 # ----- experiments: bundles and mean-matched runs ---------------------------------------------
 
 PANEL = {
@@ -233,11 +251,25 @@ def _run(method, seed, accs, epoch_seconds, policy="fixed", schedule=None, ks=(4
         {"test_accuracy": str(a), "epoch_seconds": str(epoch_seconds), "test_loss": "1.0"}
         for a in accs
     ]
-    boundaries = [{"sync_period": 1, "epoch": 0, "bytes_communicated": 1000,
-                   "compute_seconds": 0.1, "exposed_sync_seconds": 0.05, "link": "lan"}]
+    boundaries = [
+        {
+            "sync_period": 1,
+            "epoch": 0,
+            "bytes_communicated": 1000,
+            "compute_seconds": 0.1,
+            "exposed_sync_seconds": 0.05,
+            "link": "lan",
+        }
+    ]
     boundaries += [
-        {"sync_period": k, "epoch": 1, "bytes_communicated": 1000 // k,
-         "compute_seconds": 0.1 * k, "exposed_sync_seconds": 0.05, "link": "lan"}
+        {
+            "sync_period": k,
+            "epoch": 1,
+            "bytes_communicated": 1000 // k,
+            "compute_seconds": 0.1 * k,
+            "exposed_sync_seconds": 0.05,
+            "link": "lan",
+        }
         for k in ks
     ]  # fmt: skip; the first record is warmup's (epoch 0), left out of mean K and the K path
     return RunResult(

@@ -299,9 +299,7 @@ class ParameterAverager:
             self._residual = torch.zeros_like(self.ref)
         x = buf[:n_comp]
         x[: self.numel].sub_(self.ref)  # Δ_i: small values (θ_i itself is in the snapshot)
-        codec.encode(
-            x, buf[n_comp:], self._payload, self._residual, feedback=slice(0, self.numel)
-        )
+        codec.encode(x, buf[n_comp:], self._payload, self._residual, feedback=slice(0, self.numel))
         outputs = list(self._gathered.unbind(0))
         pending.compressed, pending.nbytes = True, codec.nbytes
         if pending.overlap:

@@ -301,9 +301,7 @@ def allreduce_sum_(
     return time.perf_counter() - t0
 
 
-def allgather_(
-    outputs: list[torch.Tensor], tensor: torch.Tensor, clock: LinkClock | None
-) -> float:
+def allgather_(outputs: list[torch.Tensor], tensor: torch.Tensor, clock: LinkClock | None) -> float:
     """Blocking all-gather, held until the modelled link time; returns wall time."""
     import torch
     import torch.distributed as dist
