@@ -274,6 +274,12 @@ class Goal:
     quality_ok: bool
     ahead_of_random: bool | None
     met: bool
+    reached: str = ""  # seeds that reached the target, "2/3"
+
+    def show_ratio(self) -> str:
+        if math.isinf(self.time_ratio):
+            return f"not reached in every seed ({self.reached})"
+        return "—" if math.isnan(self.time_ratio) else f"{self.time_ratio:.2f}x"
 
 
 def goals(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> list[Goal]:
@@ -295,7 +301,8 @@ def goals(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> list[Goal]:
         ahead_rnd = None if rnd is None else m.ttt_mean() < rnd.ttt_mean()
         time_ok = ahead_all if g.changing else ratio <= TIME_SLACK
         met = bool(time_ok and quality_ok and ahead_rnd is not False)
-        out.append(Goal(g.name, policy, ratio, ahead_all, quality_ok, ahead_rnd, met))
+        reached = f"{len(m.reached)}/{len(m.ttt)}"
+        out.append(Goal(g.name, policy, ratio, ahead_all, quality_ok, ahead_rnd, met, reached))
     return out
 
 
@@ -317,14 +324,43 @@ def render_goals(gs: list[Goal]) -> str:
     ]
     for g in gs:
         lines.append(
-            f"| {g.regime} | {g.time_ratio:.2f}x | {yes[g.ahead_of_all_fixed]} | "
+            f"| {g.regime} | {g.show_ratio()} | {yes[g.ahead_of_all_fixed]} | "
             f"{yes[g.quality_ok]} | {yes[g.ahead_of_random]} | {yes[g.met]} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def render_summary(regimes: list[Regime]) -> str:
+    """At a glance: each method's mean time to target over the best fixed K's, per regime (the
+    best fixed K named in the header); 'n/r 2/3' when some seed never reached the target."""
+    names = list(dict.fromkeys(m.name for g in regimes for m in g.methods if not m.fixed))
+    head = " | ".join(f"{g.name} ({g.best_fixed.name})" for g in regimes)
+    lines = [
+        "Time to target over the best fixed K's (its name in brackets); below 1.00x is faster. "
+        "n/r: not reached in every seed (how many did).",
+        "",
+        f"| method | {head} |",
+        "|---|" + "---|" * len(regimes),
+    ]
+    for name in names:
+        cells = []
+        for g in regimes:
+            m = g.method(name)
+            if m is None:
+                cells.append("")
+            elif not m.all_reached:
+                cells.append(f"n/r {len(m.reached)}/{len(m.ttt)}")
+            elif not g.best_fixed.all_reached:
+                cells.append("—")
+            else:
+                cells.append(f"{m.ttt_mean() / g.best_fixed.ttt_mean():.2f}x")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render(regimes: list[Regime]) -> str:
     parts = ["## Controller panel: every method against every fixed K, per regime", ""]
+    parts += [render_summary(regimes)]
     parts += [render_regime(g) for g in regimes]
     parts.append("## The goals of issue 15, per adaptive policy\n")
     adaptive = [m.name for g in regimes for m in g.methods if not m.fixed and m.name != RANDOM]
@@ -333,8 +369,17 @@ def render(regimes: list[Regime]) -> str:
     return "\n".join(parts)
 
 
+def _relative(run_dir: Path, root: Path) -> str:
+    """A run's directory as the experiment directory sees it, so the CSV moves with it."""
+    try:
+        return str(Path(run_dir).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 def write_csv(regimes: list[Regime], path: Path) -> None:
-    """panel.csv: one row per run, with what the tables are computed from."""
+    """panel.csv: one row per run, with what the tables are computed from (run_dir relative to
+    the experiment directory)."""
     import csv
 
     cols = [
@@ -367,7 +412,7 @@ def write_csv(regimes: list[Regime], path: Path) -> None:
                             m.wall[i],
                             int(m.nbytes[i]),
                             m.mean_k[i],
-                            r.dir,
+                            _relative(r.dir, path.parent),
                         ]
                     )
 

@@ -310,6 +310,8 @@ def test_time_to_target_and_the_goals_are_judged_against_the_best_fixed_k():
     text = panel.render([g])
     assert "| exposed-sync | 2.1 ± 0.0 | 2/2 |" in text and "| random | — | 0/2 |" in text
     assert "4 → 16" in text  # the K path
+    assert "| method | r (k8) |" in text  # the summary names the best fixed K
+    assert "| exposed-sync | 1.05x |" in text and "| random | n/r 0/2 |" in text
 
 
 def test_a_changing_link_asks_the_policy_to_beat_every_fixed_k():
@@ -326,6 +328,37 @@ def test_a_changing_link_asks_the_policy_to_beat_every_fixed_k():
     # 2% slower than the best fixed K: within 10%, but the changing link asks for a lead
     assert goal.time_ratio == pytest.approx(1.02) and not goal.ahead_of_all_fixed
     assert not goal.met
+
+
+def test_a_policy_that_misses_the_target_in_one_seed_fails_and_says_so():
+    from autok import panel
+
+    runs = [
+        *[_run("k8", s, [0.6, 0.88, 0.9], 1.0) for s in (1, 2)],
+        _run("exposed-sync", 1, [0.6, 0.88, 0.9], 1.0, "exposed-sync"),
+        _run("exposed-sync", 2, [0.6, 0.7, 0.8], 1.0, "exposed-sync"),  # never reaches 0.873
+    ]
+    (goal,) = panel.goals(panel.build_regimes(runs))
+    assert math.isinf(goal.time_ratio) and not goal.met and goal.reached == "1/2"
+    assert "| not reached in every seed (1/2) |" in panel.render_goals([goal])
+
+
+def test_panel_csv_has_a_row_per_run_with_its_directory_relative_to_the_experiment(tmp_path):
+    import csv
+    import dataclasses
+
+    from autok import panel
+
+    runs = [
+        dataclasses.replace(
+            _run("k8", s, [0.6, 0.88, 0.9], 1.0), dir=tmp_path / "k8_regime=r" / f"seed-{s}"
+        )
+        for s in (1, 2)
+    ]
+    panel.write_csv(panel.build_regimes(runs), tmp_path / "panel.csv")
+    rows = list(csv.DictReader((tmp_path / "panel.csv").read_text().splitlines()))
+    assert [r["run_dir"] for r in rows] == ["k8_regime=r/seed-1", "k8_regime=r/seed-2"]
+    assert rows[0]["method"] == "k8" and float(rows[0]["time_to_target"]) == pytest.approx(2.0)
 
 
 def test_the_resolvable_difference_follows_the_spread_and_the_seeds():
