@@ -19,8 +19,8 @@ with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g
 target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). K moves to K* when K* is more than
 `margin` away (hysteresis), up or down, so a new link is met in one window rather than log2 of the
 gap, and a link that got faster brings K back down, but not below the K the user started from
-(the floor) unless `lower` is on: the controller panel measured the unfloored rule settling at
-K = 1..4 on a LAN where every larger fixed K reached the target sooner. The guard and its
+(the floor) unless `lower` is on: in the controller panel the unfloored rule held K between 1 and
+10 (mean 4.3) on a LAN where every fixed K >= 8 reached the target sooner. The guard and its
 cooldown apply as with doubling (a back-off may go below the floor: quality comes first).
 """
 

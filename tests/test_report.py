@@ -248,9 +248,9 @@ def test_the_named_experiments_expand_to_valid_runs():
     labels = {r.label for r in expand(load_experiment("paper-wan"), "quick")}
     assert {
         "ddp lr=0.1",
-        "ddp lr=0.4",
+        "ddp lr=0.2",
         "localsgd-slowmo-k4 lr=0.1",
-        "cpdp-exposed-sync lr=0.4",
+        "cpdp-exposed-sync lr=0.2",
     } <= labels
     # a setting a run fixes is not varied for it: one DDP row in the K sweep
     ksweep = [r.label for r in expand(load_experiment("k-sweep"), "quick")]
