@@ -585,16 +585,25 @@ def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
     return "\n".join(lines) + "\n"
 
 
+CSV_CONFIG = (
+    "strategy",
+    "policy",
+    "sync_period",
+    "slowmo_beta",  # empty when an outer optimizer is given: the outer_* columns say what ran
+    "outer_optimizer",
+    "outer_lr",
+    "outer_momentum",
+    "compress",
+    "lr",
+    "workers",
+)
+
+
 def write_csv(runs: list[RunResult], path: Path) -> None:
     cols = [
         "label",
         "seed",
-        "strategy",
-        "policy",
-        "sync_period",
-        "slowmo_beta",
-        "lr",
-        "workers",
+        *CSV_CONFIG,
         "peak_test_accuracy",
         "final_test_accuracy",
         "metric",
@@ -618,8 +627,8 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
                     "label": r.label,
                     "seed": r.seed,
                     "run_dir": str(r.dir),
-                    **{k: r.config.get(k) for k in cols[2:8]},
-                    **{k: r.summary.get(k) for k in cols[8:20]},
+                    **{k: r.config.get(k) for k in CSV_CONFIG},
+                    **{k: r.summary.get(k) for k in cols[2 + len(CSV_CONFIG) : -1]},
                     "metric": r.summary["metric"]["name"],
                 }
             )

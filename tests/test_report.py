@@ -143,6 +143,9 @@ def test_report_renders_tables_csv_and_plots(synthetic):
         assert (root / f"{png}.png").stat().st_size > 1000 and f"({png}.png)" in md
     rows = list(csv.DictReader((root / "report.csv").open()))
     assert len(rows) == 10 and {"label", "seed", "peak_test_accuracy"} <= set(rows[0])
+    # what ran at the boundary: SlowMo's beta, or the outer optimizer and compression given instead
+    assert {"slowmo_beta", "outer_optimizer", "outer_lr", "compress"} <= set(rows[0])
+    assert all(r["wall_seconds"] and r["final_sync_period"] for r in rows)
 
 
 def test_sync_profile_counts_the_epochs_after_warmup(synthetic):
