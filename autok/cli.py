@@ -495,7 +495,11 @@ def write_config(cfg: TrainConfig, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     resolved = cfg.model_dump(mode="json") | {"out": str(out)}
-    resolved["link_profile"] = cfg.link_profile.__dict__
+    # strict JSON: link none's unlimited bandwidth is null, not the Infinity json.dump would write
+    resolved["link_profile"] = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in cfg.link_profile.__dict__.items()
+    }
     write_json_atomic(out / "config.json", resolved)
 
 

@@ -102,6 +102,10 @@ def test_tensorboard_gets_the_boundary_and_epoch_scalars(run_dir):
     assert ks == [(r["global_step"], r["sync_period"]) for r in records]
 
 
+def _refuse(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
 def test_train_writes_the_five_files_with_every_field(run_dir):
     assert {p.name for p in run_dir.iterdir()} >= {
         "config.json",
@@ -110,7 +114,9 @@ def test_train_writes_the_five_files_with_every_field(run_dir):
         "summary.json",
         "model.pt",
     }
-    config = json.loads((run_dir / "config.json").read_text())
+    # strict JSON (no Infinity for link none's bandwidth), as jq and other parsers need it
+    config = json.loads((run_dir / "config.json").read_text(), parse_constant=_refuse)
+    assert config["link_profile"]["bandwidth_gbps"] is None
     assert config["sync_period"] == 3 and config["slowmo_beta"] == 0.3  # resolved defaults
     assert config["model"] == "cnn1d" and config["link_profile"]["name"] == "none"
 
