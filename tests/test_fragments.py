@@ -378,3 +378,37 @@ def test_resume_mid_epoch_with_fragments_and_delay_is_bit_for_bit(options, stop)
         assert len(whole) == len(resumed) == 2
         for a, b in zip(whole, resumed, strict=True):
             assert torch.equal(a, b)
+
+
+def _loop_worker(rank, world):
+    """The built-in loop: warmup syncs the whole model (K = 1 < F), then fragments in turn with
+    the K capped at the epoch's steps; every epoch ends with a whole-model boundary."""
+    from tests.helpers import tiny_cfg
+    from trainer.loop import Trainer
+
+    cfg = tiny_cfg(
+        strategy="localsgd",
+        sync_period=8,
+        fragments=4,
+        fragment_delay=2,
+        epochs=3,
+        warmup_epochs=1,
+        workers=world,
+    )
+    rec = Records()
+    tr = Trainer(cfg, rank, world, None, observers=[rec])
+    summary = tr.run()
+    return rec.rows, summary, tr.steps_per_epoch
+
+
+@pytest.mark.dist
+def test_the_built_in_loop_streams_fragments_after_warmup_and_ends_epochs_whole():
+    rows, summary, steps = run_dist(_loop_worker, 2)[0]
+    k = min(8, steps)  # capped at the steps of an epoch
+    for epoch in range(3):
+        got = [r["fragment"] for r in rows if r["epoch"] == epoch]
+        if epoch == 0:  # warmup: K = 1, below F
+            assert got == [WHOLE] * steps
+        else:
+            assert got == [f for f in walk(steps - 1, k, 4) if f is not None] + [WHOLE], got
+    assert len(set(summary["param_digest_per_rank"])) == 1
