@@ -298,86 +298,101 @@ def test_fragments_stream_the_model_in_turn_with_bytes_per_fragment_and_identica
     assert [r["fragment"] for r in logged] == [r["fragment"] for r in results[0]["rows"]]
 
 
-def _resume_worker(rank, world, options, stop):
-    """Stop mid-epoch (mid-round: some fragments synced, others not, nothing in flight), save
-    with weights_only, load into fresh objects, continue: equal to the uninterrupted run."""
+def _resume_worker(rank, world, cases):
+    """Stop mid-epoch (mid-round: some fragments synced, others not; a delayed average in
+    flight or not), save with weights_only, load into fresh objects, continue: the run must
+    equal the uninterrupted one at both epoch ends."""
     import autok
-    from tests.test_api import _batches, _model
+    from tests.test_api import _batches, _flat, _model
 
     batches = _batches(rank, 30)
 
-    def fresh():
+    def fresh(options):
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         return model, opt, autok.Sync(model, opt, link="none", **options)
 
-    model, opt, sync = fresh()
-    whole = _epochs(sync, opt, batches, 15)
-    sync.close()
-    model, opt, sync = fresh()
-    first = _epochs(sync, opt, batches[:15], 15)  # epoch 0 whole
-    for x, y in batches[15 : 15 + stop]:  # part of epoch 1
-        with sync.step() as s:
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(sync.model(x), y)
-            loss.backward()
-            opt.step()
-            s.loss = loss
-    buf = io.BytesIO()
-    torch.save({"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()}, buf)
-    buf.seek(0)
-    state = torch.load(buf, weights_only=True)
-    model, opt, sync = fresh()
-    model.load_state_dict(state["m"])
-    opt.load_state_dict(state["o"])
-    sync.load_state_dict(state["s"])
-    rest = batches[15 + stop :]
-    for i, (x, y) in enumerate(rest):
-        with sync.step(boundary=i == len(rest) - 1) as s:
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(sync.model(x), y)
-            loss.backward()
-            opt.step()
-            s.loss = loss
-    sync.sync_now()
-    from tests.test_api import _flat
+    def steps(sync, opt, chunk, last_ends_epoch):
+        for i, (x, y) in enumerate(chunk):
+            with sync.step(boundary=last_ends_epoch and i == len(chunk) - 1) as s:
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(sync.model(x), y)
+                loss.backward()
+                opt.step()
+                s.loss = loss
 
-    resumed = _flat(model)
-    sync.close()
-    return whole, first + [resumed]
+    out = {}
+    for name, (options, stop) in cases.items():
+        model, opt, sync = fresh(options)
+        whole = _epochs(sync, opt, batches, 15)
+        sync.close()
+        model, opt, sync = fresh(options)
+        first = _epochs(sync, opt, batches[:15], 15)  # epoch 0 whole
+        steps(sync, opt, batches[15 : 15 + stop], False)  # part of epoch 1
+        in_flight = sync._pending is not None
+        buf = io.BytesIO()
+        torch.save({"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()}, buf)
+        buf.seek(0)
+        state = torch.load(buf, weights_only=True)
+        model, opt, sync = fresh(options)
+        model.load_state_dict(state["m"])
+        opt.load_state_dict(state["o"])
+        sync.load_state_dict(state["s"])
+        steps(sync, opt, batches[15 + stop :], True)
+        sync.sync_now()
+        out[name] = (whole, [*first, _flat(model)], in_flight)
+        sync.close()
+    return out
+
+
+RESUME_CASES = {
+    # K = 8, F = 4, τ = 1: syncs at 2, 4, 6 (applied at 3, 5, 7); stopped after 7 steps,
+    # before fragment 0's sync, nothing in flight; DiLoCo's outer step and int8 error feedback
+    # per fragment
+    "F4-tau1-nesterov-int8-between": (
+        {
+            "strategy": "localsgd",
+            "sync_period": 8,
+            "fragments": 4,
+            "fragment_delay": 1,
+            "outer_optimizer": "nesterov",
+            "compress": "int8",
+        },
+        7,
+    ),
+    # ...stopped after 6: fragment 3's compressed average is in flight (saved, decoded)
+    "F4-tau1-nesterov-int8-in-flight": (
+        {
+            "strategy": "localsgd",
+            "sync_period": 8,
+            "fragments": 4,
+            "fragment_delay": 1,
+            "outer_optimizer": "nesterov",
+            "compress": "int8",
+        },
+        6,
+    ),
+    # K/F not an integer (gaps 2, 2, 3); τ = 2 = ⌊7/3⌋; stopped after 5 steps, fragment 2's
+    # average launched at 4 and one step old
+    "F3-tau2-K7-in-flight": (
+        {"strategy": "localsgd", "sync_period": 7, "fragments": 3, "fragment_delay": 2},
+        5,
+    ),
+    # --overlap-boundary, stopped right after a boundary launched its average (age 0)
+    "overlap-in-flight": ({"strategy": "localsgd", "sync_period": 4, "overlap_boundary": True}, 4),
+}
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(
-    "options, stop",
-    [
-        # K = 8, F = 4, τ = 1: syncs at 2, 4, 6 (applied at 3, 5, 7); stop after 7 steps, before
-        # fragment 0's sync; DiLoCo's outer step and int8 error feedback per fragment
-        (
-            {
-                "strategy": "localsgd",
-                "sync_period": 8,
-                "fragments": 4,
-                "fragment_delay": 1,
-                "outer_optimizer": "nesterov",
-                "compress": "int8",
-            },
-            7,
-        ),
-        # K/F not an integer (gaps 2, 2, 3); τ = 2 = ⌊7/3⌋; stop right after fragment 2's
-        # average was applied at step 6
-        (
-            {"strategy": "localsgd", "sync_period": 7, "fragments": 3, "fragment_delay": 2},
-            6,
-        ),
-    ],
-    ids=["F4-tau1-nesterov-int8", "F3-tau2-K7"],
-)
-def test_resume_mid_epoch_with_fragments_and_delay_is_bit_for_bit(options, stop):
-    for whole, resumed in run_dist(_resume_worker, 2, options, stop):
-        assert len(whole) == len(resumed) == 2
-        for a, b in zip(whole, resumed, strict=True):
-            assert torch.equal(a, b)
+@pytest.mark.parametrize("names", [list(RESUME_CASES)[:2], list(RESUME_CASES)[2:]])
+def test_resume_mid_epoch_with_fragments_and_delay_is_bit_for_bit(names):
+    cases = {name: RESUME_CASES[name] for name in names}
+    for res in run_dist(_resume_worker, 2, cases):
+        for name, (whole, resumed, in_flight) in res.items():
+            assert in_flight == name.endswith("in-flight"), name
+            assert len(whole) == len(resumed) == 2
+            for a, b in zip(whole, resumed, strict=True):
+                assert torch.equal(a, b), name
 
 
 def _loop_worker(rank, world):

@@ -387,7 +387,7 @@ class ParameterAverager:
         ref = self.ref[a:b]
         velocity = self.velocity[a:b] if self.velocity is not None else None
         scratch = self._scratch[:m]
-        if pending.compressed:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM would
+        if pending.codec is not None:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM
             pending.codec.decode_sum(list(pending.gathered.unbind(0)), buf)
         avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
         red = scalars.tolist()
@@ -455,6 +455,67 @@ class ParameterAverager:
             nbytes=pending.nbytes,
             wall_seconds=pending.seconds + time.perf_counter() - t0,
         )
+
+    def pending_state(self, pending: _Pending) -> dict:
+        """A launched (delayed) averaging as plain tensors and numbers, for a checkpoint taken
+        while it is in flight: waits for the collective and keeps its reduced buffer (decoded,
+        if compressed) and the snapshot of what this rank sent; `restore_pending` rebuilds it.
+        The averaging itself is untouched: finish() applies it as if nothing had been saved."""
+        if pending.future is not None:
+            pending.future.wait()
+        reduced = self._buf.clone()
+        if pending.codec is not None:
+            pending.codec.decode_sum(list(pending.gathered.unbind(0)), reduced)
+        n = pending.n_avg + pending.n_bc
+        return {
+            "reduced": reduced,
+            "snapshot": self._snapshot[:n].clone() if pending.overlap else None,
+            "n_grads": pending.n_grads,
+            "n_avg": pending.n_avg,
+            "n_bc": pending.n_bc,
+            "lr": pending.lr,
+            "overlap": pending.overlap,
+            "fragment": pending.fragment,
+            "nbytes": pending.nbytes,
+            "compressed": pending.compressed,
+        }
+
+    def restore_pending(self, state: dict) -> _Pending:
+        """The averaging `pending_state` saved, ready for finish() (call after the parameters
+        and load_state_dict)."""
+        a, b, pieces = self.region(int(state["fragment"]))
+        if state["n_grads"]:
+            raise ValueError("a fused boundary is never delayed; this state is not one to resume")
+        avg_tensors = pieces + self._averaged_extras()
+        bc_tensors = self._broadcast_extras()
+        n_avg, n_bc = int(state["n_avg"]), int(state["n_bc"])
+        if sum(t.numel() for t in avg_tensors) != n_avg or (
+            sum(t.numel() for t in bc_tensors) != n_bc
+        ):
+            raise ValueError("the saved averaging does not fit this model and these options")
+        reduced = state["reduced"].to(self.ref.device)
+        self._buffer(reduced.numel()).copy_(reduced)
+        if state["snapshot"] is not None:
+            snap = state["snapshot"].to(self.ref.device)
+            if self._snapshot is None or self._snapshot.numel() < snap.numel():
+                self._snapshot = torch.empty_like(snap)
+            self._snapshot[: snap.numel()].copy_(snap)
+        pending = _Pending(
+            avg_tensors,
+            bc_tensors,
+            0,
+            n_avg,
+            n_bc,
+            float(state["lr"]),
+            bool(state["overlap"]),
+            int(state["fragment"]),
+            a,
+            b,
+        )
+        pending.n_pieces = len(pieces)
+        pending.nbytes = int(state["nbytes"])
+        pending.compressed = bool(state["compressed"])  # Δ was sent; already decoded
+        return pending
 
     @staticmethod
     def _add_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:

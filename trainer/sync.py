@@ -507,12 +507,22 @@ class Sync:
         """Everything the engine needs to continue exactly (this rank's part): SlowMo reference
         and velocity, the controller, the divergence guard, the link's jitter stream, counters
         and the open interval. Plain tensors, numbers and lists (loads with weights_only)."""
+        in_flight = None
         if self._pending is not None:
-            raise RuntimeError(
-                "a delayed averaging is in flight (--fragment-delay, --overlap-boundary): save "
-                "after it is applied, or call sync.sync_now() first"
-            )
+            # A delayed average (--fragment-delay, --overlap-boundary) is saved with its reduced
+            # buffer, and is applied after a resume at the step it would have been.
+            pending, common, grad_bytes, k, steps, delay = self._pending
+            in_flight = {
+                "averager": self.averager.pending_state(pending),
+                "common": common,
+                "grad_bytes": grad_bytes,
+                "sync_period": k,
+                "steps": steps,
+                "delay": delay,
+                "age": self._pending_age,
+            }
         return {
+            "pending": in_flight,
             "averager": self.averager.state_dict() if self.averager else None,
             "controller": self.controller.state_dict(),
             "divergence": self.divergence.state_dict(),
@@ -537,9 +547,23 @@ class Sync:
         differing files are caught at the first boundary; saved mid-interval, the replicas
         rightly differ, and the digest of the last boundary is restored instead."""
         c = state["counters"]
+        in_flight = state.get("pending")
         if self.averager is not None:
-            at_boundary = c["interval"]["steps"] == 0
+            # (with an average in flight, the digest is the one it carries: not recomputed)
+            at_boundary = c["interval"]["steps"] == 0 and in_flight is None
             self.averager.load_state_dict(state["averager"], recompute_digest=at_boundary)
+        self._pending, self._pending_age = None, 0
+        if in_flight is not None:
+            pending = self.averager.restore_pending(in_flight["averager"])
+            self._pending = (
+                pending,
+                dict(in_flight["common"]),
+                in_flight["grad_bytes"],
+                in_flight["sync_period"],
+                in_flight["steps"],
+                in_flight["delay"],
+            )
+            self._pending_age = in_flight["age"]
         self.controller.load_state_dict(state["controller"])
         self.divergence.load_state_dict(state["divergence"])
         if self.clock is not None and state["link"] is not None:
