@@ -249,7 +249,7 @@ class SyncOptions(BaseModel):
         if tau * frags > k:
             raise ValueError(
                 f"--fragment-delay: τ = {tau} is above K/F = {k}/{frags}: a fragment's average "
-                "must be applied before the next fragment sync starts; lower it or raise "
+                "must land no later than the next fragment sync starts; lower it or raise "
                 "--sync-period"
             )
 
