@@ -79,6 +79,11 @@ HELP = {
     "(fused when exact)",
     "overlap_boundary": "start parameter averaging asynchronously and apply it one local step "
     "later, hiding the link latency behind compute (changes the algorithm: see README)",
+    "fragments": "F: split the parameters into F contiguous fragments that sync in turn, one "
+    "every K/F steps, so each boundary moves 1/F of the model (localsgd; needs K >= F; epoch "
+    "ends sync every fragment) (default: 1)",
+    "fragment_delay": "τ: apply a sync's average τ local steps after it started, keeping the "
+    "steps taken meanwhile; τ <= K/F; --overlap-boundary is F = 1, τ = 1 (default: 0)",
     "buffer_policy": "BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
     "optimizer": "sgd (momentum, weight decay, Nesterov) or adamw",
     "lr": "peak learning rate",
@@ -173,7 +178,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
         "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
         "outer_optimizer", "outer_lr", "outer_momentum", "compress", "sync_optimizer_state",
         "buffer_policy",
-        "boundary", "overlap_boundary", "backend",
+        "boundary", "overlap_boundary", "fragments", "fragment_delay", "backend",
         "collective_timeout",
     ),
     "K policy": (

@@ -203,9 +203,9 @@ class TrainConfig(SyncSettings):
 
     @property
     def fused_boundary(self) -> bool:
-        """auto: fused whenever it is exact (and no overlap asks for the two-phase path)."""
+        """auto: fused whenever it is exact (and no delay asks for the two-phase path)."""
         if self.boundary == "auto":
-            return self.fused_is_exact and not self.overlap_boundary
+            return self.fused_is_exact and self.delay == 0
         return self.boundary == "fused"
 
     def policy_options(self, peak_lr: float | None = None) -> PolicyOptions:
@@ -296,13 +296,21 @@ def read_yaml(path: Path, flag_name: str) -> Any:
 def check_task(cfg: TrainConfig) -> Metric:
     """Before anything is launched or written: a --task imports, runs, and returns a usable
     autok.Task (built once here, in the launching process); its metric. One line naming --task
-    otherwise."""
+    otherwise, or --fragments when the model has fewer parameters than fragments (every
+    built-in model has more than FRAGMENTS_MAX: `tests/test_fragments.py`)."""
     if cfg.task is None:
         return ACCURACY  # the built-in classification, already checked with the config
     try:
-        return load_task(cfg).metric
+        task = load_task(cfg)
     except TaskError as exc:
         raise ConfigError(str(exc)) from None
+    numel = sum(p.numel() for p in task.model.parameters())
+    if cfg.fragments > numel:
+        raise ConfigError(
+            f"--fragments: {cfg.fragments} fragments of {cfg.task}'s model with {numel} "
+            f"parameters; give at most {numel}"
+        )
+    return task.metric
 
 
 def load_config(file_values: dict, cli_values: dict) -> TrainConfig:

@@ -3,8 +3,9 @@
 On the emulated `wan`, mnist1d, world 2, one seed: bytes per boundary (what one rank puts on the
 wire for the averaging, plus the gradient buckets of a two-phase boundary), wall-clock training
 time and peak test accuracy for ddp; cpdp K=4 (today's default: fused boundary, SlowMo 0.3); and
-localsgd/cpdp K=4 with --compress none|fp16|int8 and DiLoCo's outer Nesterov. Fragments are not
-implemented (F = 1 only), so the peak bytes per sync equal the bytes per boundary.
+localsgd/cpdp K=4 with --compress none|fp16|int8 and DiLoCo's outer Nesterov. Fragments
+(`--fragments`) are not among its cases yet (F = 1 only), so the peak bytes per sync equal the
+bytes per boundary; tests/test_fragments.py checks a fragment sync's bytes.
 Writes benchmarks/results/diloco.{json,md}.
 """
 
@@ -65,7 +66,7 @@ def render(res: dict) -> str:
         f"Command: `{d['command']}`: mnist1d ({d['settings']['mnist1d_samples']} samples), "
         f"world {d['world_size']}, link `{d['settings']['link']}`, {d['settings']['epochs']} "
         f"epochs ({d['settings']['warmup_epochs']} at K = 1), seed {d['settings']['seed']}, "
-        "one run each. Bytes are per rank, after warmup. Fragments (F = 4) are not implemented.",
+        "one run each. Bytes are per rank, after warmup. Fragments (F = 4) are not measured here.",
         "",
         "| run | bytes / boundary | peak bytes / sync | vs fp32 | boundaries | wall s "
         "| exposed sync s | peak acc |",
@@ -86,7 +87,7 @@ def render(res: dict) -> str:
         "for int8); on cpdp the fused boundary's gradients ride compressed too. DiLoCo's outer "
         "defaults (α 0.7, μ 0.9) over this inner SGD with momentum 0.9 at K = 4 lose accuracy in "
         "3 epochs; DiLoCo pairs them with inner AdamW and K in the hundreds, not measured here. "
-        "The tiny GPT task and F = 4 were not run (not implemented / out of time).",
+        "The tiny GPT task and F = 4 were not run.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,9 @@ class BoundaryStats:
     grad_syncs: int = 0
     param_syncs: int = 0
     link: str = ""  # the link profile in force at the boundary (a --link-schedule moves it)
+    # The fragment this boundary synced (--fragments F: 0..F-1), or -1: the whole model (F = 1,
+    # an epoch's end, sync_now(), warmup, K below F). bytes_communicated counts what it moved.
+    fragment: int = -1
 
     @property
     def sync_share(self) -> float:

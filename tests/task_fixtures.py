@@ -39,6 +39,12 @@ def regression(cfg) -> autok.Task:
     return autok.Task(regression_model(), train, test, loss_fn=_mse_loss, metric=MSE)
 
 
+def linear(cfg) -> autok.Task:
+    """A model of 9 parameters: fewer than some --fragments."""
+    train, test = regression_data()
+    return autok.Task(nn.Linear(8, 1), train, test, loss_fn=_mse_loss, metric=MSE)
+
+
 def not_a_task(cfg):
     return {"model": regression_model()}
 

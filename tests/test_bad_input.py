@@ -52,6 +52,11 @@ DEEP = "[" * 20_000 + "]" * 20_000
 TINY = ["--workers", "2", "--epochs", "2", "--mnist1d-samples", "500", "--link", "none"]
 
 
+def localsgd(*flags: str) -> list[str]:
+    """`autok train --strategy localsgd FLAGS --out {out}` (fragments stream localsgd only)."""
+    return ["train", "--strategy", "localsgd", *flags, "--out", "{out}"]
+
+
 class Marker:
     """A pickle whose loading creates a directory: what a crafted CIFAR file could do."""
 
@@ -314,6 +319,55 @@ TRAIN = [
         id="ddp+compress",
     ),
     R(["train", "--compress", "int4", "--out", "{out}"], "--compress"),
+    R(["train", "--fragments", "0", "--out", "{out}"], "--fragments", id="fragments=0"),
+    R(["train", "--fragments", "-3", "--out", "{out}"], "--fragments", id="fragments<0"),
+    R(["train", "--fragments", "2.5", "--out", "{out}"], "--fragments", id="fragments=2.5"),
+    R(["train", "--fragments", str(10**9), "--out", "{out}"], "--fragments", id="fragments=1e9"),
+    R(["train", "--fragment-delay", "-1", "--out", "{out}"], "--fragment-delay", id="tau<0"),
+    R(
+        localsgd("--sync-period", "8", "--fragments", "4", "--fragment-delay", "3"),
+        "--fragment-delay: τ = 3 is above K/F = 8/4",
+        id="tau>K/F",
+    ),
+    R(localsgd("--sync-period", "4", "--fragment-delay", "5"), "--fragment-delay", id="tau>K"),
+    R(
+        localsgd("--sync-period", "4", "--fragments", "8"),
+        "--fragments: 8 fragments need K >= 8",
+        id="K<F",
+    ),
+    R(
+        localsgd(
+            "--task", "tests.task_fixtures:linear", "--sync-period", "16", "--fragments", "16"
+        ),
+        "--fragments: 16 fragments of tests.task_fixtures:linear's model with 9 parameters",
+        id="fragments>parameters",
+    ),
+    R(["train", "--fragments", "2", "--out", "{out}"], "--fragments: streams", id="cpdp+fragments"),
+    R(
+        ["train", "--strategy", "ddp", "--fragments", "2", "--out", "{out}"],
+        "--fragments",
+        id="ddp+fragments",
+    ),
+    R(
+        localsgd("--fragments", "2", "--sync-optimizer-state"),
+        "--sync-optimizer-state",
+        id="fragments+sync-optimizer-state",
+    ),
+    R(
+        ["train", "--overlap-boundary", "--fragment-delay", "1", "--out", "{out}"],
+        "--overlap-boundary",
+        id="overlap+fragment-delay",
+    ),
+    R(
+        ["train", "--strategy", "ddp", "--fragment-delay", "1", "--out", "{out}"],
+        "--fragment-delay",
+        id="ddp+fragment-delay",
+    ),
+    R(
+        ["train", "--boundary", "fused", "--fragment-delay", "1", "--out", "{out}"],
+        "--fragment-delay",
+        id="fused+fragment-delay",
+    ),
     # --out
     R(["train", *TINY, "--out", ""], "--out", id="--out=empty"),
     R(["train", *TINY, "--out", "  "], "--out", id="--out=blank"),

@@ -372,9 +372,9 @@ def _overlap_worker(rank, world):
         dist.all_gather(out, t.contiguous())  # test-only collective
         return out
 
-    def watched(pending):
-        if not pending.overlap:
-            return finish(pending)
+    def watched(pending, settle=False):
+        if not pending.overlap or settle:
+            return finish(pending, settle=settle)
         before, sent = _flat(tr.model).clone(), av._snapshot[: av.numel].clone()
         rec = finish(pending)
         after, theta_new = _flat(tr.model), av.ref.clone()

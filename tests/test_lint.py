@@ -20,7 +20,7 @@ def test_ruff_clean():
 
 ENGINE = {  # trainer/ modules that make up `Sync`; the rest of trainer/ is the built-in loop
     "sync", "averaging", "grad_hook", "link", "options", "optim", "profiler", "slowmo",
-    "strategies", "divergence",
+    "strategies", "divergence", "fragments",
 }  # fmt: skip
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.compress import Codec
+from trainer.fragments import WHOLE, fragment_bounds
 from trainer.link import LinkClock, allgather_, allreduce_sum_, delayed
 from trainer.outer import OuterOptimizer, outer_step_
 
@@ -63,17 +64,23 @@ class ReplicaMismatch(RuntimeError):
 class _Pending:
     """A boundary whose collective has been launched."""
 
-    avg_tensors: list[torch.Tensor]
+    avg_tensors: list[torch.Tensor]  # [parameter pieces | gradients | averaged extras]
     bc_tensors: list[torch.Tensor]
     n_grads: int
     n_avg: int
     n_bc: int
     lr: float
     overlap: bool
+    fragment: int = WHOLE  # the fragment it moves (trainer/fragments.py), or the whole model
+    start: int = 0  # [start, end) of the flat parameter vector it moves
+    end: int = 0
+    n_pieces: int = 0  # parameter pieces at the head of avg_tensors
     future: torch.futures.Future | None = None
     seconds: float = 0.0  # this rank's time spent in start()
     nbytes: int = 0  # what this rank put on the wire
     compressed: bool = False
+    gathered: torch.Tensor | None = None  # compressed: every rank's payload, after the gather
+    codec: Codec | None = None
 
 
 def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
@@ -149,6 +156,7 @@ class ParameterAverager:
         averaged_extras=lambda: [],  # -> list of tensors averaged with the params
         broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
         fused_sgd: torch.optim.SGD | None = None,
+        fragments: int = 1,
     ) -> None:
         """With `fused_sgd`, a cpdp boundary is one collective (DESIGN §1): the boundary step was
         a *local* SGD step with the local gradient g_i; its gradients ride with the parameters,
@@ -159,16 +167,21 @@ class ParameterAverager:
 
         `outer` is the outer step (trainer/outer.py); without it, SlowMo with `beta` and
         `lr_aware` (the `--slowmo-beta` spelling). `compress` (fp16, int8) sends Δ_i = θ_i − θ_ref
-        quantized, with error feedback (trainer/compress.py)."""
+        quantized, with error feedback (trainer/compress.py).
+
+        `fragments` F splits the flat parameter vector into F contiguous slices
+        (trainer/fragments.py); start(fragment=j) moves slice j only, and the outer step and the
+        error feedback act on that slice of θ_ref, the velocity and the residual, which are
+        kept for the whole vector. Optimizer state and fused gradients are whole-model
+        (refused with F > 1 by the options); float buffers ride with every sync."""
         self.params = params
         self.rank, self.world_size = rank, world_size
         if outer is None:
             outer = OuterOptimizer("slowmo", 1.0, beta, lr_aware)
         self.outer = outer
         self.compress = compress
-        self._codec: Codec | None = None
-        self._payload: torch.Tensor | None = None  # this rank's compressed bytes
-        self._gathered: torch.Tensor | None = None  # every rank's, after the all-gather
+        # per payload size (fragments differ in size): codec, this rank's bytes, every rank's
+        self._codecs: dict[tuple[int, int], tuple[Codec, torch.Tensor, torch.Tensor]] = {}
         self._residual: torch.Tensor | None = None  # error feedback: what quantization dropped
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
@@ -176,11 +189,24 @@ class ParameterAverager:
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
+        # The buffer is a prefix view of one allocation that only grows: fragment syncs and
+        # whole-model syncs alternate sizes without reallocating.
+        self._store: torch.Tensor | None = None
         self._buf: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None  # overlap: what was sent
         self._bits = digest_bits(world_size)
         self.last_digest = param_digest(params, self._bits)
+        self.last_fragment = WHOLE  # what the last boundary moved (the digest describes it)
         self.boundaries = 0
+        self.bounds = [(0, self.numel)]
+        if fragments > 1:
+            self.bounds = fragment_bounds(self.numel, fragments)
+            for i, p in enumerate(params):
+                if not p.is_contiguous():  # its fragment pieces are views of its storage
+                    raise ValueError(
+                        f"--fragments: parameter {i} ({tuple(p.shape)}) is not contiguous; "
+                        "fragments slice the parameters in place"
+                    )
         self.fused_sgd = fused_sgd
         self._grads: torch.Tensor | None = None  # g_i of the fused boundary step, captured
         self._captured = False
@@ -217,22 +243,49 @@ class ParameterAverager:
         return self._views(self._grads, self.params)
 
     def _buffer(self, n: int) -> torch.Tensor:
+        if self._store is None or self._store.numel() < n:
+            self._store = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
         if self._buf is None or self._buf.numel() != n:
-            self._buf = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
+            self._buf = self._store[:n]
         return self._buf
+
+    def region(self, fragment: int = WHOLE) -> tuple[int, int, list[torch.Tensor]]:
+        """[start, end) of the flat parameter vector that `fragment` moves, and the parameter
+        pieces that hold it, in order: the parameters themselves for the whole model, 1-D views
+        into them for a fragment (a cut may fall inside a tensor)."""
+        if fragment == WHOLE:
+            return 0, self.numel, [p.detach() for p in self.params]
+        a, b = self.bounds[fragment]
+        pieces, offset = [], 0
+        for p in self.params:
+            lo, hi = max(a, offset), min(b, offset + p.numel())
+            if lo < hi:
+                pieces.append(p.detach().view(-1)[lo - offset : hi - offset])
+            offset += p.numel()
+        return a, b, pieces
 
     def reconcile(self, totals: IntervalTotals, lr: float, clock: LinkClock | None) -> Reconciled:
         """One boundary, synchronously: pack, all-reduce, SlowMo, write back."""
         return self.finish(self.start(totals, lr, clock, overlap=False))
 
     def start(
-        self, totals: IntervalTotals, lr: float, clock: LinkClock | None, overlap: bool
+        self,
+        totals: IntervalTotals,
+        lr: float,
+        clock: LinkClock | None,
+        overlap: bool,
+        fragment: int = WHOLE,
     ) -> _Pending:
         """Pack this rank's part and launch the collective; with `overlap` it runs in the
-        background and finish() applies it later (delayed averaging)."""
+        background and finish() applies it later (delayed averaging). `fragment`: the slice of
+        the parameters to move (trainer/fragments.py), or the whole model."""
         t0 = time.perf_counter()
+        a, b, pieces = self.region(fragment)
+        n = b - a
+        if self.fused_sgd is not None and fragment != WHOLE:
+            raise ValueError("the fused boundary moves the whole model, not a fragment")
         grads = self._boundary_grads() if self.fused_sgd is not None else []
-        avg_tensors = [p.detach() for p in self.params] + grads + self._averaged_extras()
+        avg_tensors = pieces + grads + self._averaged_extras()
         bc_tensors = self._broadcast_extras()
         n_avg = sum(t.numel() for t in avg_tensors)
         n_bc = sum(t.numel() for t in bc_tensors)
@@ -244,8 +297,9 @@ class ParameterAverager:
             torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
 
         # s_i = ||θ_i − θ_ref||², in float64; see drift in finish().
-        torch.sub(avg_seg[: self.numel], self.ref, out=self._scratch)
-        s = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
+        scratch = self._scratch[:n]
+        torch.sub(avg_seg[:n], self.ref[a:b], out=scratch)
+        s = float(torch.linalg.vector_norm(scratch, dtype=torch.float64)) ** 2
         scalars.copy_(
             torch.tensor(
                 [
@@ -260,13 +314,16 @@ class ParameterAverager:
                 dtype=buf.dtype,
             )
         )
-        pending = _Pending(avg_tensors, bc_tensors, len(grads), n_avg, n_bc, lr, overlap)
+        pending = _Pending(
+            avg_tensors, bc_tensors, len(grads), n_avg, n_bc, lr, overlap, fragment, a, b
+        )
+        pending.n_pieces = len(pieces)
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
             # is kept on top of the average when it arrives.
-            if self._snapshot is None or self._snapshot.numel() != n_avg + n_bc:
+            if self._snapshot is None or self._snapshot.numel() < n_avg + n_bc:
                 self._snapshot = torch.empty(n_avg + n_bc, dtype=buf.dtype, device=buf.device)
-            self._snapshot.copy_(buf[: n_avg + n_bc])
+            self._snapshot[: n_avg + n_bc].copy_(buf[: n_avg + n_bc])
         if n_bc and self.rank != 0:
             bc_seg.zero_()  # rank 0's values alone survive the SUM: a broadcast
         pending.nbytes = buf.numel() * buf.element_size()
@@ -285,31 +342,37 @@ class ParameterAverager:
 
     def _start_compressed(self, buf: torch.Tensor, pending: _Pending, clock) -> None:
         """Send [Δ_i, g_i] quantized and the rest as float32 (trainer/compress.py): one
-        all-gather; finish() decodes and sums the N payloads in rank order."""
-        n_comp = self.numel * (2 if pending.n_grads else 1)
+        all-gather; finish() decodes and sums the N payloads in rank order. A fragment sends
+        its slice of Δ_i, with the error feedback of that slice."""
+        a, b = pending.start, pending.end
+        n = b - a
+        n_comp = n * (2 if pending.n_grads else 1)
         n_raw = buf.numel() - n_comp
-        codec = self._codec
-        if codec is None or (codec.n_comp, codec.n_raw) != (n_comp, n_raw):
-            codec = self._codec = Codec(self.compress, n_comp, n_raw)
-            self._payload = torch.empty(codec.nbytes, dtype=torch.uint8, device=buf.device)
-            self._gathered = torch.empty(
+        key = (n_comp, n_raw)
+        if key not in self._codecs:
+            codec = Codec(self.compress, n_comp, n_raw)
+            payload = torch.empty(codec.nbytes, dtype=torch.uint8, device=buf.device)
+            gathered = torch.empty(
                 self.world_size, codec.nbytes, dtype=torch.uint8, device=buf.device
             )
+            self._codecs[key] = (codec, payload, gathered)
+        codec, payload, gathered = self._codecs[key]
         if self._residual is None:
             self._residual = torch.zeros_like(self.ref)
         x = buf[:n_comp]
-        x[: self.numel].sub_(self.ref)  # Δ_i: small values (θ_i itself is in the snapshot)
-        codec.encode(x, buf[n_comp:], self._payload, self._residual, feedback=slice(0, self.numel))
-        outputs = list(self._gathered.unbind(0))
+        x[:n].sub_(self.ref[a:b])  # Δ_i: small values (θ_i itself is in the snapshot)
+        codec.encode(x, buf[n_comp:], payload, self._residual[a:b], feedback=slice(0, n))
+        outputs = list(gathered.unbind(0))
         pending.compressed, pending.nbytes = True, codec.nbytes
+        pending.codec, pending.gathered = codec, gathered
         if pending.overlap:
-            fut = dist.all_gather(outputs, self._payload, async_op=True).get_future()
+            fut = dist.all_gather(outputs, payload, async_op=True).get_future()
             if clock is not None:
                 deadline = clock.reserve(codec.nbytes, allgather=True)
                 fut = delayed(fut, deadline, device=buf.device)
             pending.future = fut
         else:
-            allgather_(outputs, self._payload, clock)
+            allgather_(outputs, payload, clock)
 
     def finish(self, pending: _Pending, settle: bool = False) -> Reconciled:
         """Apply a launched averaging. `settle`: no local step was taken since it was launched
@@ -319,8 +382,13 @@ class ParameterAverager:
         if pending.future is not None:
             pending.future.wait()
         buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
-        if pending.compressed:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM would
-            self._codec.decode_sum(list(self._gathered.unbind(0)), buf)
+        a, b = pending.start, pending.end
+        m = b - a  # parameter elements moved
+        ref = self.ref[a:b]
+        velocity = self.velocity[a:b] if self.velocity is not None else None
+        scratch = self._scratch[:m]
+        if pending.codec is not None:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM
+            pending.codec.decode_sum(list(pending.gathered.unbind(0)), buf)
         avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
         red = scalars.tolist()
         if red[DIGEST] != n * red[DIGEST0]:
@@ -331,32 +399,33 @@ class ParameterAverager:
             )
         self.boundaries += 1
         avg_seg.div_(n)
-        theta_avg = avg_seg[: self.numel]
+        theta_avg = avg_seg[:m]
         if pending.compressed:
-            theta_avg.add_(self.ref)  # the mean Δ was sent: θ_avg = θ_ref + mean Δ
+            theta_avg.add_(ref)  # the mean Δ was sent: θ_avg = θ_ref + mean Δ
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
-            theta_now = self._snapshot[: self.numel]
+            theta_now = self._snapshot[:m]
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
-        torch.sub(theta_avg, self.ref, out=self._scratch)
-        update_sq = float(torch.linalg.vector_norm(self._scratch, dtype=torch.float64)) ** 2
+        torch.sub(theta_avg, ref, out=scratch)
+        update_sq = float(torch.linalg.vector_norm(scratch, dtype=torch.float64)) ** 2
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
 
         theta_new = outer_step_(
             self.outer,
-            self.ref,
-            self.velocity,
+            ref,
+            velocity,
             theta_avg,
             pending.lr,
-            delta=self._scratch,  # θ_avg − θ_ref, computed above for the update norm
+            delta=scratch,  # θ_avg − θ_ref, computed above for the update norm
         )
-        n_params = len(self.params)
-        rest_tensors = pending.avg_tensors[n_params + pending.n_grads :]
-        rest = self.numel * (2 if pending.n_grads else 1)
+        pieces = pending.avg_tensors[: pending.n_pieces]
+        rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
+        rest = m * (2 if pending.n_grads else 1)
+        self.last_fragment = pending.fragment
         if pending.overlap and not settle:
             # Delayed averaging: add (target − what was sent) to what the rank holds now.
-            torch.sub(theta_new, theta_now, out=self._scratch)
-            self._add_back(self.params, self._scratch)
+            torch.sub(theta_new, theta_now, out=scratch)
+            self._add_back(pieces, scratch)
             if rest_tensors:
                 self._add_back(rest_tensors, avg_seg[rest:].sub_(self._snapshot[rest:n_avg]))
             if n_bc:
@@ -364,17 +433,17 @@ class ParameterAverager:
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
             self.last_digest = digest_of(theta_new, self._bits)
         else:
-            self._write_back(self.params, theta_new)
+            self._write_back(pieces, theta_new)
             if pending.n_grads:
                 self._correct_momentum(
-                    pending.avg_tensors[n_params : n_params + pending.n_grads],
-                    avg_seg[self.numel : 2 * self.numel],
+                    pending.avg_tensors[pending.n_pieces : pending.n_pieces + pending.n_grads],
+                    avg_seg[m : 2 * m],
                 )
             if rest_tensors:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
                 self._write_back(pending.bc_tensors, bc_seg)
-            self.last_digest = param_digest(self.params, self._bits)
+            self.last_digest = param_digest(pieces, self._bits)
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
@@ -386,6 +455,67 @@ class ParameterAverager:
             nbytes=pending.nbytes,
             wall_seconds=pending.seconds + time.perf_counter() - t0,
         )
+
+    def pending_state(self, pending: _Pending) -> dict:
+        """A launched (delayed) averaging as plain tensors and numbers, for a checkpoint taken
+        while it is in flight: waits for the collective and keeps its reduced buffer (decoded,
+        if compressed) and the snapshot of what this rank sent; `restore_pending` rebuilds it.
+        The averaging itself is untouched: finish() applies it as if nothing had been saved."""
+        if pending.future is not None:
+            pending.future.wait()
+        reduced = self._buf.clone()
+        if pending.codec is not None:
+            pending.codec.decode_sum(list(pending.gathered.unbind(0)), reduced)
+        n = pending.n_avg + pending.n_bc
+        return {
+            "reduced": reduced,
+            "snapshot": self._snapshot[:n].clone() if pending.overlap else None,
+            "n_grads": pending.n_grads,
+            "n_avg": pending.n_avg,
+            "n_bc": pending.n_bc,
+            "lr": pending.lr,
+            "overlap": pending.overlap,
+            "fragment": pending.fragment,
+            "nbytes": pending.nbytes,
+            "compressed": pending.compressed,
+        }
+
+    def restore_pending(self, state: dict) -> _Pending:
+        """The averaging `pending_state` saved, ready for finish() (call after the parameters
+        and load_state_dict)."""
+        a, b, pieces = self.region(int(state["fragment"]))
+        if state["n_grads"]:
+            raise ValueError("a fused boundary is never delayed; this state is not one to resume")
+        avg_tensors = pieces + self._averaged_extras()
+        bc_tensors = self._broadcast_extras()
+        n_avg, n_bc = int(state["n_avg"]), int(state["n_bc"])
+        if sum(t.numel() for t in avg_tensors) != n_avg or (
+            sum(t.numel() for t in bc_tensors) != n_bc
+        ):
+            raise ValueError("the saved averaging does not fit this model and these options")
+        reduced = state["reduced"].to(self.ref.device)
+        self._buffer(reduced.numel()).copy_(reduced)
+        if state["snapshot"] is not None:
+            snap = state["snapshot"].to(self.ref.device)
+            if self._snapshot is None or self._snapshot.numel() < snap.numel():
+                self._snapshot = torch.empty_like(snap)
+            self._snapshot[: snap.numel()].copy_(snap)
+        pending = _Pending(
+            avg_tensors,
+            bc_tensors,
+            0,
+            n_avg,
+            n_bc,
+            float(state["lr"]),
+            bool(state["overlap"]),
+            int(state["fragment"]),
+            a,
+            b,
+        )
+        pending.n_pieces = len(pieces)
+        pending.nbytes = int(state["nbytes"])
+        pending.compressed = bool(state["compressed"])  # Δ was sent; already decoded
+        return pending
 
     @staticmethod
     def _add_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -424,6 +554,7 @@ class ParameterAverager:
             "velocity": self.velocity,
             "boundaries": self.boundaries,
             "digest": self.last_digest,
+            "fragment": self.last_fragment,  # what the digest describes
             "residual": self._residual,  # error feedback (compression), or None
         }
 
@@ -438,8 +569,10 @@ class ParameterAverager:
         self.boundaries = int(state["boundaries"])
         if state.get("residual") is not None:
             self._residual = state["residual"].to(self.ref.device, copy=True)
+        self.last_fragment = int(state.get("fragment", WHOLE))
         if recompute_digest or "digest" not in state:
-            self.last_digest = param_digest(self.params, self._bits)
+            # of what the last boundary left identical: its fragment (or the whole model)
+            self.last_digest = param_digest(self.region(self.last_fragment)[2], self._bits)
         else:
             self.last_digest = int(state["digest"])
 

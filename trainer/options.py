@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from controllers import REGISTRY as POLICIES
 from controllers import PolicyOptions
+from trainer.fragments import FRAGMENTS_MAX
 from trainer.link import (
     PROFILES,
     LinkProfile,
@@ -43,6 +44,8 @@ LIMIT_REASONS: dict[tuple[str, str], str] = {
     ("max_sync_period", "le"): _K_REASON,
     ("qsr_base", "le"): _K_REASON,
     ("outer_lr", "le"): "an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
+    ("fragments", "le"): f"more than {FRAGMENTS_MAX} fragments only add a latency per sync",
+    ("fragment_delay", "le"): _K_REASON,
 }
 
 
@@ -111,6 +114,13 @@ class SyncOptions(BaseModel):
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
     boundary: Literal["auto", "fused", "two-phase"] = "auto"
     overlap_boundary: bool = False
+    # --- streaming fragment sync (trainer/fragments.py): each boundary moves 1/F of the model
+    fragments: int = Field(
+        1, ge=1, le=FRAGMENTS_MAX, description="F: contiguous parameter fragments, synced in turn"
+    )
+    fragment_delay: int = Field(
+        0, ge=0, le=K_MAX, description="τ: local steps before a sync's average is applied"
+    )
     # --- K policy options (see controllers/)
     target_sync_share: float = Field(0.2, gt=0.0, lt=1.0)
     max_sync_period: int = Field(64, ge=1, le=K_MAX)
@@ -188,6 +198,7 @@ class SyncOptions(BaseModel):
                 "--overlap-boundary: needs --boundary two-phase (or auto): the "
                 "fused boundary's momentum correction cannot arrive a step late"
             )
+        self._check_fragments()
         if self.random_mean is not None and self.random_mean > self.max_sync_period:
             raise ValueError(
                 f"--random-mean: {self.random_mean:g} is above --max-sync-period "
@@ -199,6 +210,53 @@ class SyncOptions(BaseModel):
                 f"{self.sync_period}"
             )
         return self
+
+    def _check_fragments(self) -> None:
+        """F and τ (trainer/fragments.py). F > the model's parameter count is refused where the
+        model is known: `Sync` and, before anything is written, the CLI's check_task."""
+        frags, tau, k = self.fragments, self.fragment_delay, self.sync_period
+        if frags > 1 and self.strategy != "localsgd":
+            raise ValueError(
+                f"--fragments: streams the parameter averaging of localsgd only; {self.strategy} "
+                + (
+                    "has none"
+                    if self.strategy == "ddp"
+                    else "all-reduces every gradient (the whole model) at each boundary step"
+                )
+                + "; use --strategy localsgd or --fragments 1"
+            )
+        if frags > k:
+            raise ValueError(
+                f"--fragments: {frags} fragments need K >= {frags} steps per round (one "
+                f"fragment per step at most); --sync-period is {k}"
+            )
+        if frags > 1 and self.sync_optimizer_state:
+            raise ValueError(
+                "--sync-optimizer-state: optimizer state would move whole at every fragment "
+                "sync; drop it or use --fragments 1"
+            )
+        if tau > 0 and self.overlap_boundary:
+            raise ValueError(
+                "--overlap-boundary: is --fragment-delay 1 (F = 1, τ = 1); give one of them"
+            )
+        if tau > 0 and self.strategy == "ddp":
+            raise ValueError("--fragment-delay: ddp has no parameter averaging to delay")
+        if tau > 0 and self.boundary == "fused":
+            raise ValueError(
+                "--fragment-delay: needs --boundary two-phase (or auto): the fused boundary's "
+                "momentum correction cannot arrive late"
+            )
+        if tau * frags > k:
+            raise ValueError(
+                f"--fragment-delay: τ = {tau} is above K/F = {k}/{frags}: a fragment's average "
+                "must land no later than the next fragment sync starts; lower it or raise "
+                "--sync-period"
+            )
+
+    @property
+    def delay(self) -> int:
+        """τ in force: --fragment-delay, or 1 for --overlap-boundary (the same delayed path)."""
+        return self.fragment_delay or int(self.overlap_boundary)
 
     def _check_outer(self) -> None:
         """--slowmo-beta β spells `slowmo` with α = 1, μ = β (≡ `sgd` α = 1, μ = β); its default

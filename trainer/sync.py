@@ -39,6 +39,7 @@ from controllers import build_controller
 from controllers.base import BoundaryStats, SyncDecision
 from trainer.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
 from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finite
+from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
 from trainer.link import LinkClock
 from trainer.optim import state_tensors
@@ -113,7 +114,7 @@ class Sync:
         self.module = model
         self.strategy = STRATEGIES[opts.strategy]
         use_fused = opts.boundary == "fused" or (
-            opts.boundary == "auto" and exact and not opts.overlap_boundary
+            opts.boundary == "auto" and exact and opts.delay == 0
         )
         if use_fused:
             self.strategy = fused(self.strategy)
@@ -133,6 +134,12 @@ class Sync:
         self.model.register_comm_hook(self.grad_state, emulated_allreduce_hook)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.averager: ParameterAverager | None = None
+        numel = sum(p.numel() for p in model.parameters())
+        if opts.fragments > numel:
+            raise OptionError(
+                f"--fragments: {opts.fragments} fragments of a model with {numel} parameters; "
+                f"give at most {numel}"
+            )
         if self.strategy.averages_parameters:
             self.averager = ParameterAverager(
                 list(model.parameters()),
@@ -143,6 +150,7 @@ class Sync:
                 averaged_extras=self._averaged_extras,
                 broadcast_extras=self._broadcast_extras,
                 fused_sgd=optimizer if self.strategy.fused_gradients else None,
+                fragments=opts.fragments,
             )
         if peak_lr is None:
             peak_lr = max(g["lr"] for g in optimizer.param_groups)
@@ -172,7 +180,11 @@ class Sync:
         self.last_step = StepTimes()
         self._interval = Interval()
         self._loss_sum: torch.Tensor | float = 0.0
-        self._pending = None  # a launched averaging not yet applied (overlap)
+        self._pending = None  # a launched averaging not yet applied (--fragment-delay, overlap)
+        self._pending_age = 0  # steps closed since it was launched
+        # Fragments (trainer/fragments.py): the position 1..F in the round of the next
+        # fragment sync; back to 1 after every sync of the whole model.
+        self._position = 1
         self._in_step: _StepState | None = None
         model.register_forward_hook(self._after_forward)
         optimizer.register_step_pre_hook(self._before_optimizer_step)
@@ -195,6 +207,14 @@ class Sync:
     def k_in_force(self) -> int:
         return 1 if self.warmup else self.sync_period
 
+    def _next_sync(self) -> tuple[int, int]:
+        """(steps from the last boundary to the next one, the fragment it moves): K and the
+        whole model, or the round's next fragment; the whole model while K in force < F."""
+        k, frags = self.k_in_force, self.options.fragments
+        if frags == 1 or k < frags:
+            return k, WHOLE
+        return fragment_gap(self._position, k, frags), self._position % frags
+
     @property
     def period_cap(self) -> int | None:
         """The most steps an interval can have (e.g. the steps of an epoch, when every epoch
@@ -216,9 +236,12 @@ class Sync:
         (the built-in loop does so at each epoch's last step, so epochs start identical)."""
         if self._in_step is not None:
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
-        is_boundary = boundary or self._interval.steps + 1 >= self.k_in_force
+        gap, fragment = self._next_sync()
+        is_boundary = boundary or self._interval.steps + 1 >= gap
         handle = StepHandle(is_boundary)
-        state = self._in_step = _StepState(is_boundary, last_of_epoch=boundary)
+        state = self._in_step = _StepState(
+            is_boundary, last_of_epoch=boundary, fragment=WHOLE if boundary else fragment
+        )
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         self.grad_state.reset()
@@ -279,8 +302,12 @@ class Sync:
         )
         self.last_step = times
         interval = self._interval
-        if self._pending is not None:  # an overlapped average arrives one local step later
-            interval.exposed_sync_seconds += self._finish_boundary(times)
+        if self._pending is not None:
+            # A delayed average is applied τ local steps after its sync started, or earlier
+            # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
+            self._pending_age += 1
+            if self._pending_age >= self._pending[-1] or state.is_boundary:
+                interval.exposed_sync_seconds += self._finish_boundary(times)
         loss = handle.loss
         if loss is not None:
             # float64 on the device: summed without a host sync per step
@@ -293,14 +320,15 @@ class Sync:
         self.collectives += self.grad_state.buckets
         interval.grad_syncs += grad_synced
         if state.is_boundary:
-            # Overlap after warmup, but never at a forced (epoch-end) boundary.
-            overlap = (
-                self.options.overlap_boundary
-                and self.averager is not None
-                and not self.warmup
-                and not state.last_of_epoch
+            # Delayed (overlapped) after warmup, but never at a forced (epoch-end) boundary.
+            delay = (
+                self.options.delay
+                if self.averager is not None and not self.warmup and not state.last_of_epoch
+                else 0
             )
-            carried = self._boundary(interval, self.k_in_force, state.lr, times, overlap)
+            carried = self._boundary(
+                interval, self.k_in_force, state.lr, times, delay, fragment=state.fragment
+            )
             self._interval = Interval(exposed_sync_seconds=carried)
             self._loss_sum = 0.0
         self.global_step += 1
@@ -313,12 +341,14 @@ class Sync:
         k: int,
         lr: float,
         times: StepTimes,
-        overlap: bool = False,
+        delay: int = 0,
         boundary_step: bool = True,
+        fragment: int = WHOLE,
     ) -> float:
         """Close the interval; return this rank's averaging wall time (counted in the next one).
-        With `overlap` the averaging only starts here; _finish_boundary() completes it.
-        `boundary_step` is False for sync_now(): no step's gradients ride along."""
+        With a `delay` τ > 0 the averaging only starts here; _finish_boundary() completes it τ
+        steps later. `boundary_step` is False for sync_now(): no step's gradients ride along.
+        `fragment`: what the averaging moves (trainer/fragments.py), or the whole model."""
         if self.strategy.fused_gradients and boundary_step:
             # the fused boundary's gradient AllReduce rides in the averaging
             self.grad_syncs += 1
@@ -337,6 +367,7 @@ class Sync:
             samples=interval.samples * self.world_size,
             grad_syncs=interval.grad_syncs,
             param_syncs=int(self.averager is not None),
+            fragment=fragment,
         )
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
         if self.averager is None:
@@ -359,19 +390,23 @@ class Sync:
         totals = IntervalTotals(
             loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds
         )
-        pending = self.averager.start(totals, lr, self.clock, overlap=overlap)
+        pending = self.averager.start(totals, lr, self.clock, overlap=delay > 0, fragment=fragment)
         self.param_syncs += 1
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
         times.sync_seconds += pending.seconds
-        self._pending = (pending, common, interval.grad_bytes, k, interval.steps)
-        if overlap:
+        self._pending = (pending, common, interval.grad_bytes, k, interval.steps, delay)
+        self._pending_age = 0
+        # the round: the next fragment, or a new round after the whole model
+        frags = self.options.fragments
+        self._position = 1 if fragment == WHOLE else self._position % frags + 1
+        if delay > 0:
             return pending.seconds
         return pending.seconds + self._finish_boundary(times)
 
     def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
         and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
-        pending, common, grad_bytes, k, steps = self._pending
+        pending, common, grad_bytes, k, steps, _ = self._pending
         self._pending = None
         rec = self.averager.finish(pending, settle=settle)
         finish_seconds = rec.wall_seconds - pending.seconds
@@ -427,11 +462,15 @@ class Sync:
         if self.clock is not None:  # between steps: the position of the next one
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         if self._pending is not None:
-            # pending means no step has closed since the boundary launched it: θ_i is θ_sent
-            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes(), True)
-        if self.averager is None or self._interval.steps == 0:
-            # Nothing open: replicas already agree. ddp has no averaging collective to carry
-            # buffers, so they are reconciled here.
+            # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
+            # written as is (settled); otherwise the steps taken meanwhile are kept.
+            settle = self._pending_age == 0
+            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes(), settle)
+        if self.averager is None or (
+            self._interval.steps == 0 and self.averager.last_fragment == WHOLE
+        ):
+            # Nothing open: replicas already agree (the last boundary moved the whole model).
+            # ddp has no averaging collective to carry buffers, so they are reconciled here.
             if (
                 self.averager is None
                 and self.float_buffers
@@ -468,15 +507,29 @@ class Sync:
         """Everything the engine needs to continue exactly (this rank's part): SlowMo reference
         and velocity, the controller, the divergence guard, the link's jitter stream, counters
         and the open interval. Plain tensors, numbers and lists (loads with weights_only)."""
+        in_flight = None
         if self._pending is not None:
-            raise RuntimeError("an overlapped averaging is in flight: call sync.sync_now() first")
+            # A delayed average (--fragment-delay, --overlap-boundary) is saved with its reduced
+            # buffer, and is applied after a resume at the step it would have been.
+            pending, common, grad_bytes, k, steps, delay = self._pending
+            in_flight = {
+                "averager": self.averager.pending_state(pending),
+                "common": common,
+                "grad_bytes": grad_bytes,
+                "sync_period": k,
+                "steps": steps,
+                "delay": delay,
+                "age": self._pending_age,
+            }
         return {
+            "pending": in_flight,
             "averager": self.averager.state_dict() if self.averager else None,
             "controller": self.controller.state_dict(),
             "divergence": self.divergence.state_dict(),
             "link": self.clock.state_dict() if self.clock else None,
             "counters": {
                 "sync_period": self.sync_period,
+                "fragment_position": self._position,
                 "global_step": self.global_step,
                 "boundary": self.boundary,
                 "grad_syncs": self.grad_syncs,
@@ -494,14 +547,29 @@ class Sync:
         differing files are caught at the first boundary; saved mid-interval, the replicas
         rightly differ, and the digest of the last boundary is restored instead."""
         c = state["counters"]
+        in_flight = state.get("pending")
         if self.averager is not None:
-            at_boundary = c["interval"]["steps"] == 0
+            # (with an average in flight, the digest is the one it carries: not recomputed)
+            at_boundary = c["interval"]["steps"] == 0 and in_flight is None
             self.averager.load_state_dict(state["averager"], recompute_digest=at_boundary)
+        self._pending, self._pending_age = None, 0
+        if in_flight is not None:
+            pending = self.averager.restore_pending(in_flight["averager"])
+            self._pending = (
+                pending,
+                dict(in_flight["common"]),
+                in_flight["grad_bytes"],
+                in_flight["sync_period"],
+                in_flight["steps"],
+                in_flight["delay"],
+            )
+            self._pending_age = in_flight["age"]
         self.controller.load_state_dict(state["controller"])
         self.divergence.load_state_dict(state["divergence"])
         if self.clock is not None and state["link"] is not None:
             self.clock.load_state_dict(state["link"])
         self.sync_period = c["sync_period"]
+        self._position = c.get("fragment_position", 1)  # absent before fragments existed
         self.global_step, self.boundary = c["global_step"], c["boundary"]
         self.grad_syncs, self.param_syncs = c["grad_syncs"], c["param_syncs"]
         self.collectives = c.get("collectives", 0)  # absent from checkpoints before it existed
@@ -522,6 +590,7 @@ class Sync:
 class _StepState:
     is_boundary: bool
     last_of_epoch: bool
+    fragment: int = WHOLE  # what the step's boundary moves
     t0: float = 0.0
     fwd_start: float = 0.0
     forward: float = 0.0

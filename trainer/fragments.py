@@ -1,0 +1,83 @@
+"""Streaming fragment sync (`--fragments F`, `--fragment-delay τ`): *which* part of the model a
+boundary moves, and *when*. Pure functions; the engine (trainer/sync.py) follows them and the
+averager (trainer/averaging.py) moves the slice.
+
+**The split.** The parameters, flattened in `model.parameters()` order (the averager's flat
+vector of N elements), are cut into F contiguous fragments of near-equal element count:
+fragment j is [⌊j·N/F⌋, ⌊(j+1)·N/F⌋), so sizes differ by at most one element and a cut may
+fall inside a tensor. F ≤ N (an empty fragment would sync nothing).
+
+**The schedule.** Counting p = 1, 2, ... the optimizer steps since the last sync of the whole
+model (an epoch end, `sync_now()`), fragment j syncs at the steps where p − o_j is a multiple
+of K, with offsets o_j = ⌊j·K/F⌋ (the floor when K/F is not an integer; o_0 = 0, so fragment 0
+syncs at p = K, 2K, ... exactly as the whole model does with F = 1). This needs K ≥ F: the
+offsets are then distinct, each step syncs at most one fragment, and the gap between two
+consecutive fragment syncs is ⌊K/F⌋ or ⌈K/F⌉ steps. Fragments sync in the cyclic order
+1, 2, ..., F−1, 0, 1, ...; position q = 1..F of a round syncs fragment q mod F after
+gap(q) = o_q − o_{q−1} steps (o_F = K).
+
+The engine walks the round by gaps (`fragment_gap`), never by p mod K: when the controller
+changes K at a boundary, the *next* gap is measured with the new K, and every fragment still
+syncs once per F fragment boundaries, in the same order. With K constant the walk gives exactly
+the formula above (`tests/test_fragments.py`). Whenever the K in force is below F (warmup's
+K = 1, a controller's lower K, the epoch-length cap) a boundary syncs the whole model, as
+F = 1 would, and the next round starts from position 1.
+"""
+
+from __future__ import annotations
+
+FRAGMENTS_MAX = 1024  # more fragments only add per-sync latency; every built-in model is larger
+WHOLE = -1  # the fragment id of a boundary that synced the whole model (records: "fragment")
+
+
+def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
+    """[start, end) of each fragment of a flat vector of `numel` elements."""
+    if not 1 <= fragments <= numel:
+        raise ValueError(f"{fragments} fragments of {numel} elements: need 1 <= F <= N")
+    cuts = [j * numel // fragments for j in range(fragments + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def fragment_offsets(sync_period: int, fragments: int) -> list[int]:
+    """o_j = ⌊j·K/F⌋, j = 0..F−1: fragment j syncs where (p − o_j) is a multiple of K."""
+    return [j * sync_period // fragments for j in range(fragments)]
+
+
+def fragment_at(step: int, sync_period: int, fragments: int) -> int | None:
+    """The fragment that syncs at the `step`-th step (from 1) after a whole-model sync, with K
+    constant and K ≥ F; None where no fragment syncs. The schedule's definition."""
+    if sync_period < fragments:
+        raise ValueError(f"K = {sync_period} < F = {fragments}: no fragment schedule")
+    r = step % sync_period
+    offsets = fragment_offsets(sync_period, fragments)
+    return offsets.index(r) if r in offsets else None
+
+
+def fragment_gap(position: int, sync_period: int, fragments: int) -> int:
+    """Steps from the previous sync to the sync at `position` q (1..F) of a round, which syncs
+    fragment q mod F: o_q − o_{q−1} with o_F = K. Needs K ≥ F (every gap is then ≥ 1)."""
+    if not 1 <= position <= fragments <= sync_period:
+        raise ValueError(f"position {position} of F = {fragments} fragments with K = {sync_period}")
+    return position * sync_period // fragments - (position - 1) * sync_period // fragments
+
+
+def walk(steps: int, sync_periods: list[int] | int, fragments: int) -> list[int | None]:
+    """What the engine does over `steps` steps with no epoch end: per step, the fragment synced
+    (WHOLE for the whole model, None for a local step). `sync_periods` is K per step (the K in
+    force when the step starts), or one K for all. For tests and planning."""
+    ks = [sync_periods] * steps if isinstance(sync_periods, int) else sync_periods
+    out: list[int | None] = []
+    since, position = 0, 1
+    for k in ks[:steps]:
+        since += 1
+        if k < fragments or fragments == 1:
+            due, frag = since >= k, WHOLE
+        else:
+            due, frag = since >= fragment_gap(position, k, fragments), position % fragments
+        if not due:
+            out.append(None)
+            continue
+        out.append(frag)
+        since = 0
+        position = 1 if frag == WHOLE else position % fragments + 1
+    return out
