@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autok.report import RunResult, epoch_clock, mean_std, welch_p
+from autok.report import RunResult, epoch_clock, mean_std, relative_dir, resolvable, welch_p
 from trainer.plots import pyplot, save
 
 DEFAULT_POLICY = "exposed-sync"
@@ -177,16 +177,6 @@ def time_to_target(r: RunResult, judge: Judge, target: float) -> float | None:
         if judge.meets(judge.value(row), target):
             return t
     return None
-
-
-def resolvable(values: list[float], n: int) -> float:
-    """The smallest difference of means a Welch test at p < 0.05 resolves between two methods
-    with this spread and n seeds each: t(0.975, 2n − 2) · s · sqrt(2/n)."""
-    if n < 2 or len(values) < 2:
-        return math.nan
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, 2 * n - 2) * statistics.stdev(values) * math.sqrt(2 / n))
 
 
 def _cell(ms: tuple[float, float], fmt: str, bold: bool) -> str:
@@ -369,14 +359,6 @@ def render(regimes: list[Regime]) -> str:
     return "\n".join(parts)
 
 
-def _relative(run_dir: Path, root: Path) -> str:
-    """A run's directory as the experiment directory sees it, so the CSV moves with it."""
-    try:
-        return str(Path(run_dir).resolve().relative_to(root.resolve()))
-    except ValueError:
-        return str(run_dir)
-
-
 def write_csv(regimes: list[Regime], path: Path) -> None:
     """panel.csv: one row per run, with what the tables are computed from (run_dir relative to
     the experiment directory)."""
@@ -412,7 +394,7 @@ def write_csv(regimes: list[Regime], path: Path) -> None:
                             m.wall[i],
                             int(m.nbytes[i]),
                             m.mean_k[i],
-                            _relative(r.dir, path.parent),
+                            relative_dir(r.dir, path.parent),
                         ]
                     )
 

@@ -391,6 +391,41 @@ class Row:
     speedup: float = math.nan  # DDP's mean wall-clock / this row's
 
 
+def resolvable(values: list[float], n: int) -> float:
+    """The smallest difference of means a Welch test at p < 0.05 resolves between two methods
+    with this spread and n seeds each: t(0.975, 2n − 2) · s · sqrt(2/n)."""
+    if n < 2 or len(values) < 2:
+        return math.nan
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, 2 * n - 2) * statistics.stdev(values) * math.sqrt(2 / n))
+
+
+def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
+    """What the seeds can tell apart: per DDP row, the difference its spread resolves."""
+    q, d = quality, _digits(quality)
+    base = [r for r in rows if r.label.split(" ", 1)[0] == BASELINE]
+    if not base:
+        return ""
+    if all(r.n < 2 for r in base):
+        return (
+            "One seed per row: no difference in this table is resolved by a test; read "
+            "differences of a few points as noise.\n"
+        )
+    parts = []
+    for r in base:
+        if r.n >= 2:
+            res = q.scale * resolvable(r.peaks, r.n)
+            parts.append(f"{r.label}: {res:.{d}f} {q.delta_unit} (std {q.scale * r.peak[1]:.{d}f})")
+    return (
+        f"Resolution: between two methods as steady as DDP, {max(r.n for r in base)} seeds each, "
+        f"a Welch test at p < 0.05 resolves differences of mean {q.best} {q.name} of about "
+        + "; ".join(parts)
+        + ". Smaller ones are noise here, and a method with a wider spread (its row's std) "
+        "needs a larger one.\n"
+    )
+
+
 def label_key(label: str) -> list[tuple[int, float | str]]:
     """Natural order: 'cpdp sync_period=2' before 'cpdp sync_period=16'."""
     return [
@@ -585,6 +620,14 @@ def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def relative_dir(run_dir: Path, root: Path) -> str:
+    """A run's directory as the experiment directory sees it, so a CSV moves with it."""
+    try:
+        return str(Path(run_dir).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(run_dir)
+
+
 CSV_CONFIG = (
     "strategy",
     "policy",
@@ -626,7 +669,7 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
                 {
                     "label": r.label,
                     "seed": r.seed,
-                    "run_dir": str(r.dir),
+                    "run_dir": relative_dir(r.dir, path.parent),
                     **{k: r.config.get(k) for k in CSV_CONFIG},
                     **{k: r.summary.get(k) for k in cols[2 + len(CSV_CONFIG) : -1]},
                     "metric": r.summary["metric"]["name"],
@@ -1015,6 +1058,8 @@ def report(root: Path) -> str:
     rows = table_rows(runs)
     quality = quality_of(runs)
     text = render(rows, f"autok report: {root}", quality)
+    if resolution := render_resolution(rows, quality):
+        text += "\n" + resolution
     stopped = collect_stopped(root, quality)
     if stopped:
         text += f"\n{len(stopped)} run(s) of the grid did not finish: see the last section.\n"

@@ -119,6 +119,14 @@ def test_statistics_match_scipy(synthetic):
     assert math.isnan(rows["cpdp-es"].p_value)  # one seed: no test
     assert mean_std([0.5]) == (0.5, 0.0)
     assert math.isnan(welch_p([1.0], [1.0, 2.0]))
+    # the difference DDP's spread resolves: t(0.975, 4) * s * sqrt(2/3), in points
+    from autok.report import render_resolution
+
+    res = stats.t.ppf(0.975, 4) * np.std(peaks["ddp"], ddof=1) * (2 / 3) ** 0.5 * 100
+    text = render_resolution(list(rows.values()))
+    assert f"ddp: {res:.2f} pp (std {100 * np.std(peaks['ddp'], ddof=1):.2f})" in text
+    one = [dataclasses.replace(rows["ddp"], n=1, peaks=peaks["ddp"][:1])]
+    assert render_resolution(one).startswith("One seed per row")
 
 
 def test_report_renders_tables_csv_and_plots(synthetic):
@@ -146,6 +154,9 @@ def test_report_renders_tables_csv_and_plots(synthetic):
     # what ran at the boundary: SlowMo's beta, or the outer optimizer and compression given instead
     assert {"slowmo_beta", "outer_optimizer", "outer_lr", "compress"} <= set(rows[0])
     assert all(r["wall_seconds"] and r["final_sync_period"] for r in rows)
+    assert {r["run_dir"] for r in rows if r["label"] == "ddp"} == {
+        f"ddp/seed-{s}" for s in (42, 123, 777)
+    }  # relative to the experiment directory, so the CSV moves with it
 
 
 def test_sync_profile_counts_the_epochs_after_warmup(synthetic):
