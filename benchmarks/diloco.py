@@ -7,7 +7,7 @@ On the emulated `wan`, world 2, one seed, two workloads:
   --compress none|fp16|int8, and F = 4 with --fragment-delay 1;
 - the tiny GPT task (examples.tiny_gpt:short_task, AdamW 3e-3, batch 16, as the controller
   panel runs it): ddp; cpdp K=8 (today); localsgd K=8 plain, with SlowMo and with DiLoCo's outer
-  Nesterov; localsgd K=8 F=4 int8 (plain and with Nesterov).
+  Nesterov; localsgd K=8 F=4 (fp32, int8, and int8 with Nesterov).
 
 Per run: bytes per boundary (what one rank puts on the wire for the averaging, plus the gradient
 buckets of a two-phase boundary; median after warmup), the peak bytes per sync between epoch
@@ -178,10 +178,10 @@ def _f(x: float | None, spec: str = ".3f") -> str:
     return "" if x is None else format(x, spec)
 
 
-def _outer(o: dict) -> str:
+def _outer(o: dict, kind: bool = True) -> str:
     if o["kind"] in ("none", "average"):
         return o["kind"] if o["kind"] == "average" else ""
-    return f"{o['kind']} (α {o['lr']:g}, μ {o['momentum']:g})"
+    return (f"{o['kind']} " if kind else "") + f"(α {o['lr']:g}, μ {o['momentum']:g})"
 
 
 def _quality(r: dict) -> list[str]:
@@ -265,7 +265,19 @@ def _compare(a: float, b: float, lower_better: bool, unit: str) -> str:
     if d == 0:
         return "the same as"
     better = (d < 0) == lower_better
-    return f"{abs(d):.4g}{unit} {'better than' if better else 'worse than'}"
+    return f"{abs(d):.4f}{unit} {'better than' if better else 'worse than'}"
+
+
+def _latency_sentence(runs: dict, f4: str) -> str:
+    """Exposed sync of the F = 1 and F > 1 runs: F times as many syncs, each paying the RTT."""
+    if F1 not in runs or f4 not in runs:
+        return ""
+    a, b = runs[F1], runs[f4]
+    return (
+        f"Exposed sync: {b['exposed_sync_seconds']:.2f} s with F = {b['options']['fragments']} "
+        f"({b['boundaries']} boundaries) against {a['exposed_sync_seconds']:.2f} s with F = 1 "
+        f"({a['boundaries']}): every sync pays the link's round trip, however small. "
+    )
 
 
 def mnist_text(w: dict, goal: float) -> list[str]:
@@ -296,6 +308,7 @@ def mnist_text(w: dict, goal: float) -> list[str]:
             out.append(
                 f"Compressed, the F = {frags} peak is " + ", ".join(twins) + " its F = 1 twin's. "
             )
+        out.append(_latency_sentence(runs, F4_NAME))
     out.append(_int8_sentence(runs, goal))
     if TAU1 in runs and F4_NAME in runs:
         t, f4 = runs[TAU1], runs[F4_NAME]
@@ -343,9 +356,9 @@ def gpt_text(w: dict, goal: float) -> list[str]:
     if SLOWMO in runs and DILOCO in runs:
         a, b = runs[DILOCO], runs[SLOWMO]
         out.append(
-            f"DiLoCo's outer Nesterov ({_outer(a['outer'])}) ends "
+            f"DiLoCo's outer Nesterov {_outer(a['outer'], kind=False)} ends "
             f"{_compare(a['final_test_loss'], b['final_test_loss'], True, ' nats')} SlowMo "
-            f"({_outer(b['outer'])}) on the final validation loss (perplexity "
+            f"{_outer(b['outer'], kind=False)} on the final validation loss (perplexity "
             f"{a['final_test_metric']:.3f} against {b['final_test_metric']:.3f}). "
         )
     f4 = "localsgd K=8 F=4 int8"
@@ -357,6 +370,7 @@ def gpt_text(w: dict, goal: float) -> list[str]:
             f"{ref['peak_bytes_per_sync']:.0f} for fp32 F = 1 "
             f"({r['peak_bytes_per_sync'] / ref['peak_bytes_per_sync']:.3f}x). "
         )
+    out.append(_latency_sentence(runs, F4_NAME))
     out.append(_int8_sentence(runs, goal))
     out.append(
         "One seed: run-to-run variation is not measured here, so small differences in loss "
@@ -392,7 +406,9 @@ def render(res: dict) -> str:
         "between epoch ends (with F > 1: the fragment syncs); every epoch end syncs the whole "
         "model, whose size is *whole-model sync bytes* (the peak over every boundary). *vs F=1*: "
         "the peak per sync over that of the same run with F = 1; *vs fp32*: bytes per boundary "
-        "over the same run's with --compress none.",
+        "over the same run's with --compress none. A cpdp boundary also all-reduces the "
+        "boundary step's gradients (in the same buffer when fused, SGD; a second collective when "
+        "two-phase, AdamW), so its bytes count both.",
     ]
     if mn is not None:
         s = mn["settings"]

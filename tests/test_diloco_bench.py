@@ -146,7 +146,7 @@ def test_render_prints_fragment_and_compression_ratios():
     g = dict(zip(gcols, row(gpt, "localsgd K=8"), strict=True))
     assert g["vs ddp"] == "0.500"
     assert "localsgd K=8 0.50x" in gpt
-    assert "ends 0.08 nats worse than SlowMo" in gpt
+    assert "ends 0.0800 nats worse than SlowMo" in gpt
     assert "(0.064x)" in gpt  # 6.4e4 / 1e6
 
 
