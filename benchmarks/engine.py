@@ -92,6 +92,8 @@ def _pinned(rank: int, world: int, cpus: tuple[int, ...], fn, *args):
 
 def _workers(fn, world: int, cpus: tuple[int, ...] | None, *args) -> list:
     """run_workers with each rank pinned by rank_cpus (the same for every side and round)."""
+    # each run's start-up counts from its own start, not from `autok bench`'s (workers inherit it)
+    os.environ["AUTOK_STARTED"] = repr(time.time())
     return run_workers(_pinned, world, cpus or all_cpus(), fn, *args)
 
 
@@ -596,21 +598,43 @@ def _cores(cpus: list[int] | None) -> str:
     return ",".join(map(str, cpus)) if cpus else "(not recorded)"
 
 
+def _when_measured(res: dict) -> list[str]:
+    """One line naming when each part was measured, where the parts come from different runs
+    (`--only` updates the saved results part by part)."""
+    names = {v: k for k, v in PARTS.items()}
+    dates: dict[str, list[str]] = {}
+    for name, date in res.get("measured", {}).items():
+        if name in res:
+            dates.setdefault(date, []).append(f"({names.get(name, name)})")
+    if len(dates) < 2:
+        return []
+    text = "; ".join(f"{' '.join(parts)} on {d}" for d, parts in sorted(dates.items()))
+    return [f"Measured in separate runs: {text}.", ""]
+
+
+def render_header(res: dict) -> str:
+    """The machine line, when the parts were measured, how to read a ratio: render's opening."""
+    return "\n".join(
+        [
+            "# Engine benchmark",
+            "",
+            f"Machine: {res['machine']['cpus']} CPUs, {res['machine']['platform']}, "
+            f"torch {res['machine']['torch']}, {res['machine']['date']}; ranks pinned to cores "
+            f"{_cores(res['machine'].get('pinned_cpus'))}",
+            "",
+            *_when_measured(res),
+            "A ratio reads: median of the per-round ratios (min–max over the rounds, rounds; "
+            "goal): verdict. Not resolved: the spread crosses the goal, or fewer than "
+            f"{MIN_ROUNDS} rounds. Times are medians over the rounds.",
+            "",
+            "| measure | value |",
+            "|---|---|",
+        ]
+    )
+
+
 def render(res: dict) -> str:
-    lines = [
-        "# Engine benchmark",
-        "",
-        f"Machine: {res['machine']['cpus']} CPUs, {res['machine']['platform']}, "
-        f"torch {res['machine']['torch']}, {res['machine']['date']}; ranks pinned to cores "
-        f"{_cores(res['machine'].get('pinned_cpus'))}",
-        "",
-        "A ratio reads: median of the per-round ratios (min–max over the rounds, rounds; goal): "
-        "verdict. Not resolved: the spread crosses the goal, or fewer than "
-        f"{MIN_ROUNDS} rounds. Times are medians over the rounds.",
-        "",
-        "| measure | value |",
-        "|---|---|",
-    ]
+    lines = render_header(res).split("\n")
     if "overhead" in res:
         o = res["overhead"]
         lines += [
@@ -796,6 +820,8 @@ def main(argv: list[str] | None = None) -> None:
             return
     for name in names:
         res[name] = run_part(name, args.rounds, args.cpus)
+        # a partial run keeps the other parts: each part says when it was measured
+        res.setdefault("measured", {})[name] = res["machine"]["date"]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "engine.json").write_text(json.dumps(res, indent=2) + "\n")
     text = render(res)

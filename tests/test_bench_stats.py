@@ -172,3 +172,15 @@ def test_render_reads_results_saved_before_rounds():
     }
     text = engine.render(res)
     assert "1.029 (1 run)" in text and "(not recorded)" in text
+
+
+def test_render_says_when_each_part_was_measured_when_runs_differ():
+    res = {
+        "machine": {"cpus": 2, "platform": "p", "torch": "t", "date": "day 2"},
+        "overhead": {"world_size": 2, "plain_step_s": 4e-3, "autok_step_s": 4.1e-3, "ratio": 1.029},
+        "measured": {"overhead": "day 2", "wan": "day 1", "gone": "day 0"},
+        "wan": None,
+    }
+    assert "Measured in separate runs: (f) on day 1; (a) on day 2." in engine.render_header(res)
+    res["measured"] = {"overhead": "day 2"}  # one run: nothing to say
+    assert "separate runs" not in engine.render_header(res)
