@@ -232,7 +232,11 @@ def _mismatch_worker(rank, world):
 
     def faulty(tensors, flat):
         write_back(tensors, flat)
-        if rank == 1 and averager.boundaries == 3 and tensors is averager.params:
+        params = averager.params  # the write-back of the parameters (views of them, detached)
+        is_params = len(tensors) == len(params) and all(
+            t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params, strict=True)
+        )
+        if rank == 1 and averager.boundaries == 3 and is_params:
             with torch.no_grad():
                 tensors[0].view(-1)[0] += 1e-3
 
