@@ -311,7 +311,16 @@ def _seeded_worker(rank, world, seed, optimizer, nesterov):
     return _flat(tr.model), summary
 
 
-@pytest.mark.parametrize("optimizer, nesterov", [("sgd", False), ("sgd", True), ("adamw", False)])
+# Determinism does not hang on the optimizer: the default suite keeps plain SGD (CI's 20-minute
+# budget); Nesterov and AdamW run with -m slow.
+@pytest.mark.parametrize(
+    "optimizer, nesterov",
+    [
+        ("sgd", False),
+        pytest.param("sgd", True, marks=pytest.mark.slow),
+        pytest.param("adamw", False, marks=pytest.mark.slow),
+    ],
+)
 def test_deterministic_given_seed(optimizer, nesterov):
     (a, sa), _ = run_dist(_seeded_worker, 2, 7, optimizer, nesterov)
     (b, _), _ = run_dist(_seeded_worker, 2, 7, optimizer, nesterov)
@@ -341,10 +350,10 @@ def _boundary_mode_worker(rank, world, boundary, nesterov, weight_decay, beta, s
 
 @pytest.mark.parametrize(
     "nesterov, weight_decay, beta, sync_opt",
-    [
+    [  # the plainest and the fullest case by default; the two between with -m slow
         (False, 0.0, 0.0, False),
-        (True, 5e-4, 0.0, False),
-        (False, 5e-4, 0.3, False),
+        pytest.param(True, 5e-4, 0.0, False, marks=pytest.mark.slow),
+        pytest.param(False, 5e-4, 0.3, False, marks=pytest.mark.slow),
         (True, 5e-4, 0.5, True),
     ],
 )
