@@ -264,6 +264,12 @@ class ParameterAverager:
             offset += p.numel()
         return a, b, pieces
 
+    def _moved(self, fragment: int, grads: list[torch.Tensor]):
+        """What a boundary moving `fragment` packs: its [start, end), the parameter pieces, the
+        averaged tensors [pieces | grads | averaged extras] and the broadcast extras."""
+        a, b, pieces = self.region(fragment)
+        return a, b, pieces, pieces + grads + self._averaged_extras(), self._broadcast_extras()
+
     def reconcile(self, totals: IntervalTotals, lr: float, clock: LinkClock | None) -> Reconciled:
         """One boundary, synchronously: pack, all-reduce, SlowMo, write back."""
         return self.finish(self.start(totals, lr, clock, overlap=False))
@@ -280,13 +286,11 @@ class ParameterAverager:
         background and finish() applies it later (delayed averaging). `fragment`: the slice of
         the parameters to move (trainer/fragments.py), or the whole model."""
         t0 = time.perf_counter()
-        a, b, pieces = self.region(fragment)
-        n = b - a
         if self.fused_sgd is not None and fragment != WHOLE:
             raise ValueError("the fused boundary moves the whole model, not a fragment")
         grads = self._boundary_grads() if self.fused_sgd is not None else []
-        avg_tensors = pieces + grads + self._averaged_extras()
-        bc_tensors = self._broadcast_extras()
+        a, b, pieces, avg_tensors, bc_tensors = self._moved(fragment, grads)
+        n = b - a
         n_avg = sum(t.numel() for t in avg_tensors)
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
@@ -315,9 +319,18 @@ class ParameterAverager:
             )
         )
         pending = _Pending(
-            avg_tensors, bc_tensors, len(grads), n_avg, n_bc, lr, overlap, fragment, a, b
+            avg_tensors,
+            bc_tensors,
+            len(grads),
+            n_avg,
+            n_bc,
+            lr,
+            overlap,
+            fragment,
+            a,
+            b,
+            len(pieces),
         )
-        pending.n_pieces = len(pieces)
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
             # is kept on top of the average when it arrives.
@@ -483,11 +496,9 @@ class ParameterAverager:
     def restore_pending(self, state: dict) -> _Pending:
         """The averaging `pending_state` saved, ready for finish() (call after the parameters
         and load_state_dict)."""
-        a, b, pieces = self.region(int(state["fragment"]))
         if state["n_grads"]:
             raise ValueError("a fused boundary is never delayed; this state is not one to resume")
-        avg_tensors = pieces + self._averaged_extras()
-        bc_tensors = self._broadcast_extras()
+        a, b, pieces, avg_tensors, bc_tensors = self._moved(int(state["fragment"]), [])
         n_avg, n_bc = int(state["n_avg"]), int(state["n_bc"])
         if sum(t.numel() for t in avg_tensors) != n_avg or (
             sum(t.numel() for t in bc_tensors) != n_bc
@@ -511,8 +522,8 @@ class ParameterAverager:
             int(state["fragment"]),
             a,
             b,
+            len(pieces),
         )
-        pending.n_pieces = len(pieces)
         pending.nbytes = int(state["nbytes"])
         pending.compressed = bool(state["compressed"])  # Δ was sent; already decoded
         return pending

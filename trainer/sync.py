@@ -180,8 +180,7 @@ class Sync:
         self.last_step = StepTimes()
         self._interval = Interval()
         self._loss_sum: torch.Tensor | float = 0.0
-        self._pending = None  # a launched averaging not yet applied (--fragment-delay, overlap)
-        self._pending_age = 0  # steps closed since it was launched
+        self._pending: _InFlight | None = None  # launched, not yet applied (--fragment-delay)
         # Fragments (trainer/fragments.py): the position 1..F in the round of the next
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
@@ -305,8 +304,8 @@ class Sync:
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
-            self._pending_age += 1
-            if self._pending_age >= self._pending[-1] or state.is_boundary:
+            self._pending.age += 1
+            if self._pending.age >= self._pending.delay or state.is_boundary:
                 interval.exposed_sync_seconds += self._finish_boundary(times)
         loss = handle.loss
         if loss is not None:
@@ -394,8 +393,7 @@ class Sync:
         self.param_syncs += 1
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
         times.sync_seconds += pending.seconds
-        self._pending = (pending, common, interval.grad_bytes, k, interval.steps, delay)
-        self._pending_age = 0
+        self._pending = _InFlight(pending, common, interval.grad_bytes, k, interval.steps, delay)
         # the round: the next fragment, or a new round after the whole model
         frags = self.options.fragments
         self._position = 1 if fragment == WHOLE else self._position % frags + 1
@@ -406,22 +404,22 @@ class Sync:
     def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
         and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
-        pending, common, grad_bytes, k, steps, _ = self._pending
-        self._pending = None
+        flight, self._pending = self._pending, None
+        pending = flight.pending
         rec = self.averager.finish(pending, settle=settle)
         finish_seconds = rec.wall_seconds - pending.seconds
         times.sync_seconds += finish_seconds
         stats = BoundaryStats(
-            **common,
+            **flight.common,
             compute_seconds=rec.compute_seconds,
             exposed_sync_seconds=rec.exposed_sync_seconds,
             drift_norm=rec.drift_norm,
             update_norm=rec.update_norm,
             drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
             train_loss=rec.train_loss,
-            bytes_communicated=grad_bytes + rec.nbytes,
+            bytes_communicated=flight.grad_bytes + rec.nbytes,
         )
-        self._close_boundary(stats, k, steps)
+        self._close_boundary(stats, flight.sync_period, flight.steps)
         return finish_seconds
 
     def _close_boundary(
@@ -464,7 +462,7 @@ class Sync:
         if self._pending is not None:
             # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
             # written as is (settled); otherwise the steps taken meanwhile are kept.
-            settle = self._pending_age == 0
+            settle = self._pending.age == 0
             self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes(), settle)
         if self.averager is None or (
             self._interval.steps == 0 and self.averager.last_fragment == WHOLE
@@ -511,15 +509,15 @@ class Sync:
         if self._pending is not None:
             # A delayed average (--fragment-delay, --overlap-boundary) is saved with its reduced
             # buffer, and is applied after a resume at the step it would have been.
-            pending, common, grad_bytes, k, steps, delay = self._pending
+            flight = self._pending
             in_flight = {
-                "averager": self.averager.pending_state(pending),
-                "common": common,
-                "grad_bytes": grad_bytes,
-                "sync_period": k,
-                "steps": steps,
-                "delay": delay,
-                "age": self._pending_age,
+                "averager": self.averager.pending_state(flight.pending),
+                "common": flight.common,
+                "grad_bytes": flight.grad_bytes,
+                "sync_period": flight.sync_period,
+                "steps": flight.steps,
+                "delay": flight.delay,
+                "age": flight.age,
             }
         return {
             "pending": in_flight,
@@ -552,18 +550,17 @@ class Sync:
             # (with an average in flight, the digest is the one it carries: not recomputed)
             at_boundary = c["interval"]["steps"] == 0 and in_flight is None
             self.averager.load_state_dict(state["averager"], recompute_digest=at_boundary)
-        self._pending, self._pending_age = None, 0
+        self._pending = None
         if in_flight is not None:
-            pending = self.averager.restore_pending(in_flight["averager"])
-            self._pending = (
-                pending,
+            self._pending = _InFlight(
+                self.averager.restore_pending(in_flight["averager"]),
                 dict(in_flight["common"]),
                 in_flight["grad_bytes"],
                 in_flight["sync_period"],
                 in_flight["steps"],
                 in_flight["delay"],
+                in_flight["age"],
             )
-            self._pending_age = in_flight["age"]
         self.controller.load_state_dict(state["controller"])
         self.divergence.load_state_dict(state["divergence"])
         if self.clock is not None and state["link"] is not None:
@@ -584,6 +581,19 @@ class Sync:
             close = getattr(obs, "close", None)
             if close is not None:
                 close()
+
+
+@dataclass
+class _InFlight:
+    """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
+
+    pending: Any  # trainer.averaging._Pending
+    common: dict[str, Any]  # the boundary's BoundaryStats fields known at launch
+    grad_bytes: int
+    sync_period: int  # the K of the interval it closed
+    steps: int
+    delay: int
+    age: int = 0  # steps closed since it was launched
 
 
 @dataclass
