@@ -402,11 +402,18 @@ def resolvable(values: list[float], n: int) -> float:
 
 
 def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
-    """What the seeds can tell apart: per DDP row, the difference its spread resolves."""
+    """What the seeds can tell apart: per DDP row (or, with none, the steadiest row), the
+    difference its spread resolves."""
     q, d = quality, _digits(quality)
     base = [r for r in rows if r.label.split(" ", 1)[0] == BASELINE]
+    what = "DDP"
     if not base:
-        return ""
+        # No DDP row (a grid over one method's settings): its steadiest row sets the floor.
+        seeded = [r for r in rows if r.n >= 2 and 0 < r.peak[1] < math.inf]
+        if not rows:
+            return ""
+        base = [min(seeded, key=lambda r: r.peak[1])] if seeded else rows[:1]
+        what = f"its steadiest row ({base[0].label})"
     if all(r.n < 2 for r in base):
         return (
             "One seed per row: no difference in this table is resolved by a test; read "
@@ -418,7 +425,8 @@ def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
             res = q.scale * resolvable(r.peaks, r.n)
             parts.append(f"{r.label}: {res:.{d}f} {q.delta_unit} (std {q.scale * r.peak[1]:.{d}f})")
     return (
-        f"Resolution: between two methods as steady as DDP, {max(r.n for r in base)} seeds each, "
+        f"Resolution: between two methods as steady as {what}, {max(r.n for r in base)} seeds "
+        "each, "
         f"a Welch test at p < 0.05 resolves differences of mean {q.best} {q.name} of about "
         + "; ".join(parts)
         + ". Smaller ones are noise here, and a method with a wider spread (its row's std) "

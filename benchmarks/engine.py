@@ -1,6 +1,6 @@
 """Engine measurements, side by side in one run, printed as ratios (`autok bench`).
 
-    autok bench [--rounds 7] [--cpus 0-3] [--only a,g,h,b,c,d,e,f,job]
+    autok bench [--rounds 7] [--cpus 0-3] [--only a,g,h,i,b,c,d,e,f,job]
     (or python -m benchmarks.engine with the same flags)
 
 Every ratio is taken once per round (both sides run in each round, which one first alternates)
@@ -12,11 +12,14 @@ cores (--cpus, default: every core this process may use).
 (a) overhead: autok `ddp` step time / a plain hand-written torch DDP loop (same model, data,
     optimizer, schedule, world size; link `none`), median of per-epoch times; goal <= 1.02;
 (g) local step: a step under `autok.Sync` (cpdp, K=8, link `none`) / a hand-written `no_sync()`
-    step of the same model and data, both in one process pair, boundary steps not counted;
-    goal <= 1.02;
-(h) boundary fixed cost: `sync.sync_now()` (cpdp, link `none`: pack, replica check, norms,
-    SlowMo, unpack, momentum correction) / one bare `all_reduce` of a flat buffer of the same
-    size, world 2, on cnn1d and a ~3M-parameter MLP; goal <= 1.2;
+    step of the same model and data, both in one process pair, boundary steps not counted,
+    median step per round; goal <= 1.02;
+(h) boundary fixed cost: a boundary step's sync time (cpdp K=1, fused, link `none`: pack, replica
+    check, norms, the collective, outer step, unpack, momentum correction) / one bare
+    `all_reduce` of a flat buffer of the same size, world 2, on cnn1d and a ~3M-parameter MLP;
+    goal <= 1.2;
+(i) emulated link: median exposed sync per cpdp K=4 boundary on `wan` / the modelled
+    T(S, N) for its bytes, world 2 and 4; goal <= 1.05;
 (b) boundary cost: median exposed sync per `cpdp` K=4 boundary / per `ddp` step on a
     latency-bound link (20 ms RTT, 10 Gbit/s), fused and two-phase;
 (c) WAN: training time of `cpdp` K=4 / `ddp` on `wan`, beside the ideal
@@ -58,6 +61,7 @@ from trainer.optim import build_scheduler
 RESULTS = Path(__file__).parent / "results"
 STEP_GOAL = 1.02  # autok's per-step time over the hand-written loop's, at most
 BOUNDARY_GOAL = 1.2  # a no-link boundary's CPU cost over one bare all_reduce, at most
+LINK_GOAL = 1.05  # exposed time per boundary on an emulated link over the modelled T(S, N)
 
 
 # ----- pinning: each rank of both sides on the same cores ----------------------------------------
@@ -152,7 +156,7 @@ def _step_time(result: dict) -> float:
 
 def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2) -> dict:
     cfg = TrainConfig(
-        strategy="ddp", link="none", epochs=4, workers=world, progress=False, warmup_epochs=1
+        strategy="ddp", link="none", epochs=6, workers=world, progress=False, warmup_epochs=1
     )
     prepare_data(cfg)
     plain, ours = [], []
@@ -176,7 +180,8 @@ def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, worl
 def _local_steps(rank: int, world: int, cfg_json: str, rounds: int, epochs_per_round: int) -> dict:
     """Both loops in one process pair, alternating by round: the same model (same seed), data
     (same sampler epochs), optimizer and schedule. Only local steps are timed, from zero_grad
-    through the optimizer step (autok: the whole `with sync.step()` block)."""
+    through the optimizer step (autok: the whole `with sync.step()` block); a round's figure
+    is its median step."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)
@@ -253,7 +258,8 @@ def _local_steps(rank: int, world: int, cfg_json: str, rounds: int, epochs_per_r
             dist.barrier()
             times = [t for e in range(epochs_per_round) for t in run(r * epochs_per_round + e)]
             if r > 0:  # round 0 pays one-off set-up on both sides
-                per_round[name].append(sum(times) / len(times))
+                # the median step: a step the machine preempted does not move the round
+                per_round[name].append(statistics.median(times))
     sync.close()
     return per_round | {"steps_per_epoch": len(loader)}
 
@@ -263,7 +269,7 @@ def local_step(
 ) -> dict:
     cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=world, progress=False)
     prepare_data(cfg)
-    res = _workers(_local_steps, world, cpus, cfg.model_dump_json(), rounds, 2)[0]
+    res = _workers(_local_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
     return {
         "world_size": world,
         "k": 8,
@@ -294,10 +300,14 @@ def mlp_3m(input_shape: tuple[int, ...], num_classes: int, hidden: int = 1700) -
 
 
 def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: int, reps: int):
-    """Per round, `reps` autok boundaries (one local step, then a timed `sync.sync_now()`) and
-    `reps` timed bare all_reduces of a preallocated flat buffer of the boundary's size; which
-    block goes first alternates. A barrier before each timed call keeps one rank's lag out of
-    the other's figure. Per round: the median of each block."""
+    """Per round, `reps` autok boundaries and `reps` timed bare all_reduces of a preallocated
+    flat buffer of the boundary's size; which block goes first alternates. A boundary is a real
+    boundary step (cpdp, K = 1, the fused boundary with its gradients riding along); its cost is
+    the step's sync time, all of the averaging: pack, norms, replica check, the collective, the
+    outer step, unpack and the momentum correction (the copy of g_i taken in the optimizer's
+    pre-hook counts in the step's optimizer time). A barrier in an optimizer post-hook (after
+    autok's own) keeps one rank's compute lag out of the other's collective, as the barrier
+    before each bare all_reduce does. Per round: the median of each block."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)
@@ -311,20 +321,18 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     opt = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
-    # K (the most --max-sync-period allows) above the one local step: every boundary is sync_now()
-    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=64, link="none")
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=1, link="none")
+    opt.register_step_post_hook(lambda *_: dist.barrier())
     x, y = next(iter(DataLoader(splits.train, batch_size=cfg.batch_size)))
     criterion = nn.CrossEntropyLoss()
 
     def boundary() -> float:
-        with sync.step():
+        with sync.step() as s:
             opt.zero_grad(set_to_none=True)
             criterion(sync.model(x), y).backward()
             opt.step()
-        dist.barrier()
-        t0 = time.perf_counter()
-        sync.sync_now()
-        return time.perf_counter() - t0
+        assert s.is_boundary
+        return sync.last_step.sync_seconds
 
     boundary()  # its record says how large the flat buffer is
     numel = sync.last_boundary.bytes_communicated // 4  # float32
@@ -657,10 +665,20 @@ def render(res: dict) -> str:
             m = h[model]
             lines += [
                 f"| (h) {model} ({m['params'] / 1e6:.2f}M parameters, world {h['world_size']}, "
-                f"link none): boundary (sync_now) / bare all_reduce of {m['buffer_numel']:,} "
+                f"link none): boundary step / bare all_reduce of {m['buffer_numel']:,} "
                 f"floats | {m['autok_boundary_s'] * 1e3:.2f} / "
                 f"{m['bare_allreduce_s'] * 1e3:.2f} ms |",
                 f"| (h) **boundary fixed-cost ratio**, {model} | **{_ratio(m['ratio'])}** |",
+            ]
+    if "link_fidelity" in res:
+        lf = res["link_fidelity"]
+        for world in ("2", "4"):
+            m = lf[world]
+            lines += [
+                f"| (i) {lf['strategy']} on {lf['link']}, world {world}: exposed per boundary "
+                f"/ modelled T(S, N) | {m['exposed_s'] * 1e3:.2f} / "
+                f"{m['modelled_s'] * 1e3:.2f} ms |",
+                f"| (i) **link fidelity**, world {world} | **{_ratio(m['ratio'])}** |",
             ]
     if "wan" in res:
         w = res["wan"]
@@ -722,10 +740,42 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----- (i) the emulated link: exposed time per boundary against the modelled T(S, N) -------------
+
+
+def link_fidelity(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None) -> dict:
+    """cpdp K=4 (fused) on `wan`, world 2 and 4, one run per world and round: the median
+    exposed sync per boundary after warmup (a record carries the averaging of the boundary
+    before it: pack, the held collective, unpack) over T(S, N) of the link model for that
+    boundary's bytes S."""
+    from trainer.link import PROFILES
+
+    base = dict(strategy="cpdp", sync_period=4, link="wan", epochs=3, warmup_epochs=1)
+    per: dict[int, list[float]] = {2: [], 4: []}
+    modelled: dict[int, float] = {}
+    exposed: dict[int, list[float]] = {2: [], 4: []}
+    for r in range(rounds):
+        for world in (2, 4)[:: 1 if r % 2 == 0 else -1]:
+            recs = [x for x in _run(world, cpus, **base)["records"] if x.epoch >= 1]
+            nbytes = statistics.median(x.bytes_communicated for x in recs)
+            modelled[world] = PROFILES["wan"].allreduce_seconds(int(nbytes), world)
+            exposed[world].append(statistics.median(x.exposed_sync_seconds for x in recs))
+            per[world].append(exposed[world][-1] / modelled[world])
+    return {
+        str(w): {
+            "modelled_s": modelled[w],
+            "exposed_s": statistics.median(exposed[w]),
+            "ratio": summarize(per[w], LINK_GOAL),
+        }
+        for w in (2, 4)
+    } | {"link": "wan", "strategy": "cpdp K=4 fused"}
+
+
 PARTS = {
     "a": "overhead",
     "g": "local_step",  # the per-step and per-boundary goals of the hot-path issue
     "h": "boundary_fixed",
+    "i": "link_fidelity",
     "b": "boundary_cost",
     "c": "wan_vs_ideal",
     "d": "scaling",

@@ -157,7 +157,18 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
             "bare_allreduce_s": 1e-3,
             "ratio": summarize([1.1, 1.3] * 4, goal=engine.BOUNDARY_GOAL),
         }
+    res["link_fidelity"] = {"link": "wan", "strategy": "cpdp K=4 fused"} | {
+        w: {
+            "modelled_s": 0.0174,
+            "exposed_s": 0.0176,
+            "ratio": summarize([r] * 7, goal=engine.LINK_GOAL),
+        }
+        for w, r in (("2", 1.01), ("4", 1.08))
+    }
     text = engine.render(res)
+    assert "world 2 | **1.010× (1.010–1.010, 7 rounds; goal ≤ 1.05×): met**" in text
+    assert "world 4 | **1.080× (1.080–1.080, 7 rounds; goal ≤ 1.05×): not met**" in text
+    assert "17.60 / 17.40 ms" in text
     assert "ranks pinned to cores 0,1" in text
     assert "**1.010× (1.010–1.010, 7 rounds; goal ≤ 1.02×): met**" in text
     assert "**1.100× (1.100–1.100, 7 rounds; goal ≤ 1.02×): not met**" in text

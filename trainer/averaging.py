@@ -126,15 +126,48 @@ def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float
 
 
 def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
-    """CRC32 of the raw bytes, cut to `bits` so N of them sum exactly in float32."""
+    """CRC32 of the raw bytes, cut to `bits`: the run summary's fingerprint of the weights
+    (once per run; it copies every tensor to the host). Boundaries use `replica_digest`."""
     crc = 0
     for t in tensors:
         crc = zlib.crc32(t.detach().cpu().contiguous().numpy().view("uint8"), crc)
     return crc & ((1 << bits) - 1)
 
 
-def digest_of(flat: torch.Tensor, bits: int) -> int:
-    return param_digest([flat], bits)
+# A tensor's bytes as integer words: 32-bit for 4- and 8-byte dtypes (an 8-byte element is two
+# words), its own width for narrower ones; every word sum is kept modulo 2^32.
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
+_MIX = 0x9E3779B1  # odd: multiplying by it permutes Z/2^32 (Fibonacci hashing)
+
+
+def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
+    """The replica check's digest of the parameters, cut to `bits` so N of them sum exactly in
+    float32.
+
+    The wrap-around (mod 2^32) sum of the tensors' raw words, taken on their device (no copy to
+    the host, one read of the bytes: about a fifteenth of a CRC32's cost on the CPU), then mixed
+    into `bits` bits. Any change to one word, or to several whose changes do not cancel modulo
+    2^32, changes the sum; the mix keeps 2^-bits odds of a collision, as the CRC cut to `bits`
+    bits had. Unlike a CRC it does not see values that trade places (within or between
+    tensors): replicas diverge through a faulty reduce or write-back, which changes values, not
+    their order. Additive, so the same bytes give the same digest however they are split into
+    tensors (the whole model, its fragments' pieces, one flat vector)."""
+    sums = [
+        t.detach().reshape(-1).view(_WORDS[t.element_size()]).sum(dtype=torch.int32)
+        for t in tensors
+        if t.numel()
+    ]
+    total = sum(torch.stack(sums).tolist()) if sums else 0  # one transfer to the host
+    return ((total * _MIX) % (1 << 32)) >> (32 - bits)
+
+
+def sq_norm_(x: torch.Tensor) -> float:
+    """||x||², squaring x in place. The float32 sum is a cascade (pairwise) sum: about 1e-7
+    relative error, against 1e-16 for a float64 norm at more than twice the cost (its
+    conversion pass); drift's cancellation of two such sums keeps it within 1e-5 wherever the
+    drift is more than a few thousandths of the update. Deterministic: replicas that agree
+    compute identical values, so zero drift still reads exactly 0."""
+    return float(x.mul_(x).sum())
 
 
 def digest_bits(world_size: int) -> int:
@@ -195,7 +228,7 @@ class ParameterAverager:
         self._buf: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None  # overlap: what was sent
         self._bits = digest_bits(world_size)
-        self.last_digest = param_digest(params, self._bits)
+        self.last_digest = replica_digest(params, self._bits)
         self.last_fragment = WHOLE  # what the last boundary moved (the digest describes it)
         self.boundaries = 0
         self.bounds = [(0, self.numel)]
@@ -225,12 +258,6 @@ class ParameterAverager:
             p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params
         ]
         torch.cat([g.reshape(-1) for g in grads], out=self._grads)
-        self._captured = True
-
-    def zero_boundary_grads(self) -> None:
-        """A boundary with no boundary step (sync_now): zero gradients ride along, so the
-        momentum correction ḡ − g_i is zero."""
-        self._grads.zero_()
         self._captured = True
 
     def _boundary_grads(self) -> list[torch.Tensor]:
@@ -281,14 +308,21 @@ class ParameterAverager:
         clock: LinkClock | None,
         overlap: bool,
         fragment: int = WHOLE,
+        boundary_step: bool = True,
     ) -> _Pending:
         """Pack this rank's part and launch the collective; with `overlap` it runs in the
         background and finish() applies it later (delayed averaging). `fragment`: the slice of
-        the parameters to move (trainer/fragments.py), or the whole model."""
+        the parameters to move (trainer/fragments.py), or the whole model. `boundary_step`:
+        False for a boundary outside any step (sync_now): with no boundary step, no fused
+        gradients ride along (every rank knows they would be zero: a smaller collective, and
+        no momentum correction)."""
         t0 = time.perf_counter()
         if self.fused_sgd is not None and fragment != WHOLE:
             raise ValueError("the fused boundary moves the whole model, not a fragment")
-        grads = self._boundary_grads() if self.fused_sgd is not None else []
+        if self.fused_sgd is not None and boundary_step:
+            grads = self._boundary_grads()
+        else:
+            grads, self._captured = [], False
         a, b, pieces, avg_tensors, bc_tensors = self._moved(fragment, grads)
         n = b - a
         n_avg = sum(t.numel() for t in avg_tensors)
@@ -300,10 +334,8 @@ class ParameterAverager:
         if n_bc:  # this rank's own values first: the overlap snapshot must hold what it has
             torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
 
-        # s_i = ||θ_i − θ_ref||², in float64; see drift in finish().
-        scratch = self._scratch[:n]
-        torch.sub(avg_seg[:n], self.ref[a:b], out=scratch)
-        s = float(torch.linalg.vector_norm(scratch, dtype=torch.float64)) ** 2
+        # s_i = ||θ_i − θ_ref||²; see drift in finish().
+        s = sq_norm_(torch.sub(avg_seg[:n], self.ref[a:b], out=self._scratch[:n]))
         scalars.copy_(
             torch.tensor(
                 [
@@ -419,18 +451,13 @@ class ParameterAverager:
             theta_now = self._snapshot[:m]
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
-        torch.sub(theta_avg, ref, out=scratch)
-        update_sq = float(torch.linalg.vector_norm(scratch, dtype=torch.float64)) ** 2
+        update_sq = sq_norm_(torch.sub(theta_avg, ref, out=scratch))
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
 
-        theta_new = outer_step_(
-            self.outer,
-            ref,
-            velocity,
-            theta_avg,
-            pending.lr,
-            delta=scratch,  # θ_avg − θ_ref, computed above for the update norm
-        )
+        delta = None
+        if not self.outer.is_plain_average:  # its squares took its place: Δ once more
+            delta = torch.sub(theta_avg, ref, out=scratch)
+        theta_new = outer_step_(self.outer, ref, velocity, theta_avg, pending.lr, delta=delta)
         pieces = pending.avg_tensors[: pending.n_pieces]
         rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
         rest = m * (2 if pending.n_grads else 1)
@@ -444,7 +471,7 @@ class ParameterAverager:
             if n_bc:
                 self._add_back(pending.bc_tensors, bc_seg.sub_(self._snapshot[n_avg:]))
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
-            self.last_digest = digest_of(theta_new, self._bits)
+            self.last_digest = replica_digest([theta_new], self._bits)
         else:
             self._write_back(pieces, theta_new)
             if pending.n_grads:
@@ -456,7 +483,7 @@ class ParameterAverager:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
                 self._write_back(pending.bc_tensors, bc_seg)
-            self.last_digest = param_digest(pieces, self._bits)
+            self.last_digest = replica_digest(pieces, self._bits)
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
@@ -583,7 +610,7 @@ class ParameterAverager:
         self.last_fragment = int(state.get("fragment", WHOLE))
         if recompute_digest or "digest" not in state:
             # of what the last boundary left identical: its fragment (or the whole model)
-            self.last_digest = param_digest(self.region(self.last_fragment)[2], self._bits)
+            self.last_digest = replica_digest(self.region(self.last_fragment)[2], self._bits)
         else:
             self.last_digest = int(state["digest"])
 
