@@ -325,3 +325,34 @@ def test_the_own_loop_example_runs_under_torchrun_and_resumes(tmp_path):
     again = [*cmd, "--steps", "50", "--resume"]
     second = sums(subprocess.run(again, capture_output=True, text=True, env=env, timeout=300))
     assert len(set(second.values())) == 1 and second != first
+
+
+def _sync_now_bytes_worker(rank, world):
+    from trainer.averaging import N_SCALARS
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
+    numel = sum(p.numel() for p in model.parameters())
+    log = _train(sync, opt, _batches(rank, 3))  # steps 0-1: a fused boundary; step 2 local
+    fused_bytes = sync.last_boundary.bytes_communicated
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    sync.sync_now()
+    after = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+    return {
+        "boundaries": [b for b, _ in log],
+        "fused": fused_bytes,
+        "sync_now": sync.last_boundary.bytes_communicated,
+        "expected": ((2 * numel + N_SCALARS) * 4, (numel + N_SCALARS) * 4),
+        "momentum_kept": all(torch.equal(a, b) for a, b in zip(momentum, after, strict=True)),
+        "agree": _agree(_flat(model)),
+    }
+
+
+def test_sync_now_sends_no_gradients_on_the_fused_boundary():
+    """A boundary step's fused collective carries g_i beside θ_i; sync_now() has no boundary
+    step, so it sends θ_i alone (half the bytes) and leaves the momentum buffers as they are."""
+    for res in run_dist(_sync_now_bytes_worker, 2):
+        assert res["boundaries"] == [False, True, False]
+        assert (res["fused"], res["sync_now"]) == res["expected"]
+        assert res["momentum_kept"] and res["agree"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from trainer.averaging import digest_bits, drift_sq_from, split_exact
+from trainer.averaging import digest_bits, drift_sq_from, replica_digest, split_exact
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
 from trainer.slowmo import slowmo_update_
@@ -179,3 +179,23 @@ def test_config_defaults_are_the_default_job():
     assert load_config({}, {"strategy": "localsgd"}).slowmo_beta == 0.0
     ddp = load_config({}, {"strategy": "ddp"})
     assert (ddp.sync_period, ddp.slowmo_beta) == (1, 0.0)
+
+
+def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
+    torch.manual_seed(0)
+    params = [torch.randn(30, 20), torch.randn(7), torch.randn(3, dtype=torch.float64)]
+    bits = digest_bits(4)
+    d = replica_digest(params, bits)
+    assert 0 <= d < 2**bits
+    for i, p in enumerate(params):
+        for j in range(p.numel()):
+            q = [t.clone() for t in params]
+            flat = q[i].view(-1)
+            flat[j] = torch.nextafter(flat[j], torch.tensor(math.inf, dtype=flat.dtype))
+            assert replica_digest(q, bits) != d, (i, j)  # the smallest change of any one value
+    # additive: the whole model, pieces of it, or views of a flat copy give one digest
+    flat32 = torch.cat([p.reshape(-1) for p in params[:2]])
+    assert replica_digest(params[:2], bits) == replica_digest([flat32], bits)
+    assert replica_digest([flat32[:100], flat32[100:]], bits) == replica_digest([flat32], bits)
+    assert replica_digest([torch.zeros(2, dtype=torch.bfloat16), torch.ones(1)], bits) >= 0
+    assert replica_digest([], bits) == replica_digest([torch.zeros(0)], bits)
