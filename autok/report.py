@@ -402,18 +402,20 @@ def resolvable(values: list[float], n: int) -> float:
 
 
 def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
-    """What the seeds can tell apart: per DDP row (or, with none, the steadiest row), the
+    """What the seeds can tell apart: per DDP row (or, with none, the best row), the
     difference its spread resolves."""
     q, d = quality, _digits(quality)
     base = [r for r in rows if r.label.split(" ", 1)[0] == BASELINE]
     what = "DDP"
     if not base:
-        # No DDP row (a grid over one method's settings): its steadiest row sets the floor.
-        seeded = [r for r in rows if r.n >= 2 and 0 < r.peak[1] < math.inf]
+        # No DDP row (a grid over one method's settings): its best row is the reference (the
+        # steadiest would often be a setting that broke down and sits at chance).
+        seeded = [r for r in rows if r.n >= 2 and math.isfinite(r.peak[0])]
         if not rows:
             return ""
-        base = [min(seeded, key=lambda r: r.peak[1])] if seeded else rows[:1]
-        what = f"its steadiest row ({base[0].label})"
+        sign = 1.0 if q.higher_is_better else -1.0
+        base = [max(seeded, key=lambda r: sign * r.peak[0])] if seeded else rows[:1]
+        what = f"its best row ({base[0].label})"
     if all(r.n < 2 for r in base):
         return (
             "One seed per row: no difference in this table is resolved by a test; read "
