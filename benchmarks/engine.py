@@ -680,6 +680,11 @@ def render(res: dict) -> str:
                 f"{m['modelled_s'] * 1e3:.2f} ms |",
                 f"| (i) **link fidelity**, world {world} | **{_ratio(m['ratio'])}** |",
             ]
+            if "held_ratio" in m:
+                lines.append(
+                    f"| (i) the emulator alone, world {world}: collective held / T(S, N) "
+                    f"| {_ratio(m['held_ratio'])} |"
+                )
     if "wan" in res:
         w = res["wan"]
         for name in ("ddp", "cpdp K=4"):
@@ -743,29 +748,51 @@ def render(res: dict) -> str:
 # ----- (i) the emulated link: exposed time per boundary against the modelled T(S, N) -------------
 
 
+def _records_held(rank: int, world: int, cfg_json: str) -> dict:
+    """_records, also timing each averaging collective as the link holds it (issue to release)."""
+    import trainer.averaging as averaging
+
+    held, plain = [], averaging.allreduce_sum_
+
+    def timed(buf, clock):
+        seconds = plain(buf, clock)
+        held.append(seconds)
+        return seconds
+
+    averaging.allreduce_sum_ = timed
+    return _records(rank, world, cfg_json) | {"held": held}
+
+
 def link_fidelity(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None) -> dict:
     """cpdp K=4 (fused) on `wan`, world 2 and 4, one run per world and round: the median
     exposed sync per boundary after warmup (a record carries the averaging of the boundary
     before it: pack, the held collective, unpack) over T(S, N) of the link model for that
-    boundary's bytes S."""
+    boundary's bytes S; beside it, the emulator alone: the median time a collective is held
+    (issue to release) over T."""
     from trainer.link import PROFILES
 
     base = dict(strategy="cpdp", sync_period=4, link="wan", epochs=3, warmup_epochs=1)
     per: dict[int, list[float]] = {2: [], 4: []}
     modelled: dict[int, float] = {}
     exposed: dict[int, list[float]] = {2: [], 4: []}
+    held: dict[int, list[float]] = {2: [], 4: []}
     for r in range(rounds):
         for world in (2, 4)[:: 1 if r % 2 == 0 else -1]:
-            recs = [x for x in _run(world, cpus, **base)["records"] if x.epoch >= 1]
+            cfg = TrainConfig(workers=world, progress=False, **base)
+            prepare_data(cfg)
+            res = _workers(_records_held, world, cpus, cfg.model_dump_json())[0]
+            recs = [x for x in res["records"] if x.epoch >= 1]
             nbytes = statistics.median(x.bytes_communicated for x in recs)
             modelled[world] = PROFILES["wan"].allreduce_seconds(int(nbytes), world)
             exposed[world].append(statistics.median(x.exposed_sync_seconds for x in recs))
             per[world].append(exposed[world][-1] / modelled[world])
+            held[world].append(statistics.median(res["held"]) / modelled[world])
     return {
         str(w): {
             "modelled_s": modelled[w],
             "exposed_s": statistics.median(exposed[w]),
             "ratio": summarize(per[w], LINK_GOAL),
+            "held_ratio": summarize(held[w]),
         }
         for w in (2, 4)
     } | {"link": "wan", "strategy": "cpdp K=4 fused"}

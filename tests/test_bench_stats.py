@@ -162,6 +162,7 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
             "modelled_s": 0.0174,
             "exposed_s": 0.0176,
             "ratio": summarize([r] * 7, goal=engine.LINK_GOAL),
+            "held_ratio": summarize([1.012] * 7),
         }
         for w, r in (("2", 1.01), ("4", 1.08))
     }
@@ -169,6 +170,7 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
     assert "world 2 | **1.010× (1.010–1.010, 7 rounds; goal ≤ 1.05×): met**" in text
     assert "world 4 | **1.080× (1.080–1.080, 7 rounds; goal ≤ 1.05×): not met**" in text
     assert "17.60 / 17.40 ms" in text
+    assert "collective held / T(S, N) | 1.012× (1.012–1.012, 7 rounds) |" in text
     assert "ranks pinned to cores 0,1" in text
     assert "**1.010× (1.010–1.010, 7 rounds; goal ≤ 1.02×): met**" in text
     assert "**1.100× (1.100–1.100, 7 rounds; goal ≤ 1.02×): not met**" in text
