@@ -9,11 +9,14 @@ issue sets a goal, a verdict: met, not met, or not resolved (the spread crosses 
 fewer than 7 rounds); see benchmarks/stats.py. Each rank of both sides runs pinned to the same
 cores (--cpus, default: every core this process may use).
 
-(a) overhead: autok `ddp` step time / a plain hand-written torch DDP loop (same model, data,
-    optimizer, schedule, world size; link `none`), median of per-epoch times; goal <= 1.02;
+(a) overhead: a `ddp` step under `autok.Sync` / a plain torch DDP step (same model, data,
+    optimizer, schedule, world size; link `none`), both in one process pair taking turns step
+    by step, median step per round; goal <= 1.02. Beside it, without a goal, the built-in loop
+    (`autok train`) against a hand-written loop in separate runs (the fastest epoch after the
+    first of each);
 (g) local step: a step under `autok.Sync` (cpdp, K=8, link `none`) / a hand-written `no_sync()`
-    step of the same model and data, both in one process pair, boundary steps not counted,
-    median step per round; goal <= 1.02;
+    step of the same model and data, both in one process pair taking turns step by step,
+    boundary steps not counted, median step per round; goal <= 1.02;
 (h) boundary fixed cost: a boundary step's sync time (cpdp K=1, fused, link `none`: pack, replica
     check, norms, the collective, outer step, unpack, momentum correction) / one bare
     `all_reduce` of a flat buffer of the same size, world 2, on cnn1d and a ~3M-parameter MLP;
@@ -150,38 +153,51 @@ def _autok(rank: int, world: int, cfg_json: str) -> dict:
 
 
 def _step_time(result: dict) -> float:
-    """Median per-step time over epochs after the first (which pays one-off set-up)."""
-    return statistics.median(result["epoch_seconds"][1:]) / result["steps"]
+    """Per-step time of the fastest epoch after the first (which pays one-off set-up): on a
+    shared machine interference only ever adds time, so the fastest epoch is the steadiest."""
+    return min(result["epoch_seconds"][1:]) / result["steps"]
 
 
 def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, world: int = 2) -> dict:
-    cfg = TrainConfig(
-        strategy="ddp", link="none", epochs=6, workers=world, progress=False, warmup_epochs=1
-    )
+    """A ddp step under `autok.Sync` against a hand-written DDP step, taking turns step by step
+    in one process pair (the goal); beside it, the built-in loop (`autok train`: the engine plus
+    the loop's own per-step loss and accuracy sums) against a hand-written loop, one run each
+    per round (separate processes: far noisier)."""
+    cfg = TrainConfig(strategy="ddp", link="none", workers=world, progress=False)
     prepare_data(cfg)
+    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
+    loop = cfg.model_copy(update={"epochs": 6, "warmup_epochs": 1})
     plain, ours = [], []
     for i in range(rounds):  # interleaved, so drift in machine load hits both alike
         sides = [(plain, _plain_ddp), (ours, _autok)]
         for times, fn in sides[:: 1 if i % 2 == 0 else -1]:  # which goes first alternates
-            times.append(_step_time(_workers(fn, world, cpus, cfg.model_dump_json())[0]))
+            times.append(_step_time(_workers(fn, world, cpus, loop.model_dump_json())[0]))
     return {
         "world_size": world,
-        "plain_step_s": statistics.median(plain),
-        "autok_step_s": statistics.median(ours),
-        "ratio": summarize(ratios(ours, plain), STEP_GOAL),
-        "plain_rounds": plain,
-        "autok_rounds": ours,
+        "plain_step_s": statistics.median(res["plain"]),
+        "autok_step_s": statistics.median(res["autok"]),
+        "ratio": summarize(ratios(res["autok"], res["plain"]), STEP_GOAL),
+        "plain_rounds": res["plain"],
+        "autok_rounds": res["autok"],
+        "loop": {
+            "plain_step_s": statistics.median(plain),
+            "autok_step_s": statistics.median(ours),
+            "ratio": summarize(ratios(ours, plain)),
+        },
     }
 
 
 # ----- (g) a local step under autok.Sync against a hand-written no_sync() step -------------------
 
 
-def _local_steps(rank: int, world: int, cfg_json: str, rounds: int, epochs_per_round: int) -> dict:
-    """Both loops in one process pair, alternating by round: the same model (same seed), data
-    (same sampler epochs), optimizer and schedule. Only local steps are timed, from zero_grad
-    through the optimizer step (autok: the whole `with sync.step()` block); a round's figure
-    is its median step."""
+def _interleaved_steps(
+    rank: int, world: int, cfg_json: str, rounds: int, epochs_per_round: int
+) -> dict:
+    """Both loops in one process pair, taking turns step by step: the same model (same seed),
+    data (the same batch), optimizer and schedule. cpdp: only local steps are timed (autok
+    under Sync against a hand-written `no_sync()` step); ddp: every step (Sync's ddp against a
+    plain DDP step). A step is timed from zero_grad through the optimizer step (autok: the whole
+    `with sync.step()` block); a round's figure is its median step."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)
@@ -201,65 +217,72 @@ def _local_steps(rank: int, world: int, cfg_json: str, rounds: int, epochs_per_r
         sched = build_scheduler(opt, epochs * len(loader), len(loader), "constant")
         return model, opt, sched
 
+    ddp_side = cfg.strategy == "ddp"
+    k = 1 if ddp_side else k
     model, opt, sched_a = side()
-    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=k, link="none")
+    sync = autok.Sync(model, opt, strategy=cfg.strategy, sync_period=k, link="none")
 
-    def autok_epoch(epoch: int) -> list[float]:
-        times = []
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            t0 = time.perf_counter()
-            with sync.step() as s:
-                opt.zero_grad(set_to_none=True)
-                loss = criterion(sync.model(x), y)
-                loss.backward()
-                opt.step()
-                s.loss = loss
-            if not s.is_boundary:
-                times.append(time.perf_counter() - t0)
-            sched_a.step()
-        return times
+    def autok_step(x, y, times: list[float]) -> None:
+        t0 = time.perf_counter()
+        with sync.step() as s:
+            opt.zero_grad(set_to_none=True)
+            loss = criterion(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = loss
+        if ddp_side or not s.is_boundary:
+            times.append(time.perf_counter() - t0)
+        sched_a.step()
 
     plain, popt, sched_p = side()
     ddp = DistributedDataParallel(plain)
     params = list(plain.parameters())
     step = 0
 
-    def plain_epoch(epoch: int) -> list[float]:
+    def plain_step(x, y, times: list[float]) -> None:
         nonlocal step
-        times = []
-        sampler.set_epoch(epoch)
-        for x, y in loader:
-            step += 1
-            if step % k:  # a local step: no gradient all-reduce
-                t0 = time.perf_counter()
-                with ddp.no_sync():
-                    popt.zero_grad(set_to_none=True)
-                    criterion(ddp(x), y).backward()
-                    popt.step()
-                times.append(time.perf_counter() - t0)
-            else:  # a boundary (not timed): synchronized step, then θ <- mean θ_i
+        step += 1
+        if ddp_side:  # a plain DDP step: gradients all-reduced in backward
+            t0 = time.perf_counter()
+            popt.zero_grad(set_to_none=True)
+            criterion(ddp(x), y).backward()
+            popt.step()
+            times.append(time.perf_counter() - t0)
+        elif step % k:  # a local step: no gradient all-reduce
+            t0 = time.perf_counter()
+            with ddp.no_sync():
                 popt.zero_grad(set_to_none=True)
                 criterion(ddp(x), y).backward()
                 popt.step()
-                with torch.no_grad():
-                    flat = torch.cat([p.reshape(-1) for p in params])
-                    dist.all_reduce(flat)
-                    flat.div_(world)
-                    for p, v in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                        p.copy_(v.view_as(p))
-            sched_p.step()
-        return times
+            times.append(time.perf_counter() - t0)
+        else:  # a boundary (not timed): synchronized step, then θ <- mean θ_i
+            popt.zero_grad(set_to_none=True)
+            criterion(ddp(x), y).backward()
+            popt.step()
+            with torch.no_grad():
+                flat = torch.cat([p.reshape(-1) for p in params])
+                dist.all_reduce(flat)
+                flat.div_(world)
+                for p, v in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                    p.copy_(v.view_as(p))
+        sched_p.step()
 
+    # Step by step, the two sides take turns on the same batch (which goes first alternates), so
+    # a slow second of a shared machine hits both alike; both count the same steps, so their
+    # boundaries (every k-th step) fall on the same batches.
     per_round: dict[str, list[float]] = {"autok": [], "plain": []}
-    sides = [("autok", autok_epoch), ("plain", plain_epoch)]
+    sides = [("autok", autok_step), ("plain", plain_step)]
     for r in range(rounds + 1):
-        for name, run in sides[:: 1 if r % 2 == 0 else -1]:
-            dist.barrier()
-            times = [t for e in range(epochs_per_round) for t in run(r * epochs_per_round + e)]
-            if r > 0:  # round 0 pays one-off set-up on both sides
-                # the median step: a step the machine preempted does not move the round
-                per_round[name].append(statistics.median(times))
+        times: dict[str, list[float]] = {"autok": [], "plain": []}
+        dist.barrier()
+        for e in range(epochs_per_round):
+            sampler.set_epoch(r * epochs_per_round + e)
+            for i, (x, y) in enumerate(loader):
+                for name, run in sides[:: 1 if i % 2 == 0 else -1]:
+                    run(x, y, times[name])
+        if r > 0:  # round 0 pays one-off set-up on both sides
+            for name in per_round:  # the median step: a preempted step does not move it
+                per_round[name].append(statistics.median(times[name]))
     sync.close()
     return per_round | {"steps_per_epoch": len(loader)}
 
@@ -269,7 +292,7 @@ def local_step(
 ) -> dict:
     cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=world, progress=False)
     prepare_data(cfg)
-    res = _workers(_local_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
+    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
     return {
         "world_size": world,
         "k": 8,
@@ -301,7 +324,7 @@ def mlp_3m(input_shape: tuple[int, ...], num_classes: int, hidden: int = 1700) -
 
 def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: int, reps: int):
     """Per round, `reps` autok boundaries and `reps` timed bare all_reduces of a preallocated
-    flat buffer of the boundary's size; which block goes first alternates. A boundary is a real
+    flat buffer of the boundary's size, taking turns call by call. A boundary is a real
     boundary step (cpdp, K = 1, the fused boundary with its gradients riding along); its cost is
     the step's sync time, all of the averaging: pack, norms, replica check, the collective, the
     outer step, unpack and the momentum correction (the copy of g_i taken in the optimizer's
@@ -348,9 +371,13 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
         boundary(), bare()
     per_round: dict[str, list[float]] = {"autok": [], "bare": []}
     sides = [("autok", boundary), ("bare", bare)]
-    for r in range(rounds):
-        for name, fn in sides[:: 1 if r % 2 == 0 else -1]:
-            per_round[name].append(statistics.median(fn() for _ in range(reps)))
+    for _ in range(rounds):
+        times: dict[str, list[float]] = {"autok": [], "bare": []}
+        for i in range(reps):  # call by call, the two take turns (which goes first alternates)
+            for name, fn in sides[:: 1 if i % 2 == 0 else -1]:
+                times[name].append(fn())
+        for name in per_round:
+            per_round[name].append(statistics.median(times[name]))
     sync.close()
     params = sum(p.numel() for p in model.parameters())
     return per_round | {"params": params, "buffer_numel": numel}
@@ -651,6 +678,13 @@ def render(res: dict) -> str:
             f"| (a) step time, autok ddp | {o['autok_step_s'] * 1e3:.2f} ms |",
             f"| (a) **overhead ratio** autok / plain | **{_ratio(o['ratio'])}** |",
         ]
+        if "loop" in o:
+            lp = o["loop"]
+            lines.append(
+                f"| (a) the built-in loop (`autok train`) / a hand-written loop, separate runs: "
+                f"{lp['autok_step_s'] * 1e3:.2f} / {lp['plain_step_s'] * 1e3:.2f} ms "
+                f"| {_ratio(lp['ratio'])} |"
+            )
     if "local_step" in res:
         g = res["local_step"]
         lines += [
