@@ -330,7 +330,7 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     outer step, unpack and the momentum correction (the copy of g_i taken in the optimizer's
     pre-hook counts in the step's optimizer time). A barrier in an optimizer post-hook (after
     autok's own) keeps one rank's compute lag out of the other's collective, as the barrier
-    before each bare all_reduce does. Per round: the median of each block."""
+    before each bare all_reduce does. Per round: the median of each side."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)

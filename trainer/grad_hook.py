@@ -70,8 +70,9 @@ def emulated_allreduce_hook(
     tensor.div_(state.world_size)
     # The process group's own allreduce (SUM): dist.all_reduce's Python wrapper costs about 30 µs
     # of checks per call on every step (issue 17), which DDP's built-in C++ hook never pays.
-    group = state.process_group or dist.distributed_c10d._get_default_group()
-    fut = group.allreduce([tensor]).get_future()
+    if state.process_group is None:  # looked up once, not on every bucket of every step
+        state.process_group = dist.distributed_c10d._get_default_group()
+    fut = state.process_group.allreduce([tensor]).get_future()
     if state.clock is None:
         return fut.then(lambda f: f.value()[0])
     return delayed(fut, state.clock.reserve(nbytes), _first, device=tensor.device)

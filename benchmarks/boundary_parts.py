@@ -1,0 +1,83 @@
+"""The parts of the hot path issue 17 changed, old way against new, one process, one thread.
+
+    python -m benchmarks.boundary_parts
+
+Per part: the median of 15 timed calls, in µs (a rough guide on a shared machine: the ratios in
+`autok bench` are the measurements that count). Parts: the replica check (CRC32 of every byte on
+the host against `replica_digest`), one norm (float64 `vector_norm` against `sq_norm_`) on a
+3M-parameter MLP; ddp's parameter check (`params_finite`) on the cnn1d; one gradient-bucket
+allreduce through `dist.all_reduce` against the process group's own, on a gloo group of one.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.engine import mlp_3m
+from trainer.averaging import param_digest, replica_digest, sq_norm_
+from trainer.divergence import params_finite
+from trainer.models import build_model
+
+
+def _us(fn, reps: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    big = [p.detach() for p in mlp_3m((40,), 10).parameters()]
+    flat = torch.cat([p.reshape(-1) for p in big])
+    ref = flat + 1e-3 * torch.randn_like(flat)
+    scratch = torch.empty_like(flat)
+    small = [p.detach() for p in build_model("cnn1d", (40,), 10).parameters()]
+    rows = [
+        ("replica check, 3M params: CRC32", _us(lambda: param_digest(big, 23))),
+        ("replica check, 3M params: replica_digest", _us(lambda: replica_digest(big, 23))),
+        (
+            "one norm, 3M params: sub + float64 vector_norm",
+            _us(
+                lambda: torch.linalg.vector_norm(
+                    torch.sub(flat, ref, out=scratch), dtype=torch.float64
+                ).item()
+            ),
+        ),
+        (
+            "one norm, 3M params: sub + sq_norm_",
+            _us(lambda: sq_norm_(torch.sub(flat, ref, out=scratch))),
+        ),
+        ("ddp parameter check, cnn1d: params_finite", _us(lambda: params_finite(small), 200)),
+    ]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    bucket = torch.randn(25_000)
+    group = dist.distributed_c10d._get_default_group()
+    rows += [
+        (
+            "bucket allreduce: dist.all_reduce",
+            _us(lambda: dist.all_reduce(bucket, async_op=True).get_future().wait(), 2000),
+        ),
+        (
+            "bucket allreduce: the process group's allreduce",
+            _us(lambda: group.allreduce([bucket]).get_future().wait(), 2000),
+        ),
+    ]
+    dist.destroy_process_group()
+    for name, us in rows:
+        print(f"{name:50s} {us:10.1f} µs")
+
+
+if __name__ == "__main__":
+    main()
