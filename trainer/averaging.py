@@ -145,7 +145,7 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     float32.
 
     The wrap-around (mod 2^32) sum of the tensors' raw words, taken on their device (no copy to
-    the host, one read of the bytes: about a fifteenth of a CRC32's cost on the CPU), then mixed
+    the host, one read of the bytes: about a tenth of a CRC32's cost on the CPU), then mixed
     into `bits` bits. Any change to one word, or to several whose changes do not cancel modulo
     2^32, changes the sum; the mix keeps 2^-bits odds of a collision, as the CRC cut to `bits`
     bits had. Unlike a CRC it does not see values that trade places (within or between
