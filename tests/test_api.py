@@ -356,3 +356,66 @@ def test_sync_now_sends_no_gradients_on_the_fused_boundary():
         assert res["boundaries"] == [False, True, False]
         assert (res["fused"], res["sync_now"]) == res["expected"]
         assert res["momentum_kept"] and res["agree"]
+
+
+def _builtin_path_worker(rank, world, link):
+    """ddp steps with rank 1 sleeping between its forward and its backward, so rank 0's
+    backward waits on the gradient all-reduce; then two-phase cpdp steps for the counts."""
+    import time
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="ddp", link=link)
+    steps = []
+    for x, y in _batches(rank, 4):
+        with sync.step():
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            if rank == 1:
+                time.sleep(0.2)
+            loss.backward()
+            opt.step()
+        steps.append((sync.last_step.sync_seconds, sync.last_step.backward_seconds))
+    ddp = (sync.grad_syncs, sync.collectives, sync.last_boundary.bytes_communicated)
+    sync.close()
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # two-phase: a gradient all-reduce
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=3, link=link)
+    synced = []
+    for x, y in _batches(rank, 6):
+        with sync.step() as s:
+            opt.zero_grad()
+            nn.functional.mse_loss(sync.model(x), y).backward()
+            opt.step()
+        synced.append((s.is_boundary, sync.last_step.grad_synced))
+    cpdp = (sync.grad_syncs, sync.param_syncs, sync.collectives)
+    sync.close()
+    return {
+        "builtin": sync.grad_state.builtin,
+        "steps": steps,
+        "ddp": ddp,
+        "cpdp": cpdp,
+        "synced": synced,
+        "nbytes": sum(p.numel() * 4 for p in model.parameters()),
+    }
+
+
+def test_the_builtin_gradient_path_times_a_slow_ranks_wait_as_sync_and_counts_as_the_hook():
+    """With no link on the CPU, DDP all-reduces in C++ and one gradient hook marks the end of
+    backward compute. Rank 1 sleeps 0.2 s before each backward: rank 0's backward is blocked
+    for about that long, and it must land in sync seconds, not backward compute. Counts
+    (gradient syncs, collectives, bytes) and which steps synchronized are the same as through
+    the comm hook on an emulated link (`lan`), which sees every bucket."""
+    none = run_dist(_builtin_path_worker, 2, "none")
+    lan = run_dist(_builtin_path_worker, 2, "lan")
+    assert none[0]["builtin"] and not lan[0]["builtin"]
+    for runs in (none, lan):
+        waits = [w for w, _ in runs[0]["steps"][1:]]  # step 0 also pays DDP's first set-up
+        computes = [b for _, b in runs[0]["steps"][1:]]
+        assert min(waits) > 0.1, runs[0]["steps"]
+        assert max(computes) < min(waits), runs[0]["steps"]
+    for a, b in zip(none, lan, strict=True):
+        assert a["ddp"] == b["ddp"] == (4, 4, a["nbytes"])  # one bucket a step
+        assert a["cpdp"] == b["cpdp"] == (2, 2, 4)  # 2 boundaries: a bucket + an average each
+        assert a["synced"] == b["synced"]
+        assert [g for _, g in a["synced"]] == [b for b, _ in a["synced"]]

@@ -14,8 +14,18 @@ from controllers.base import BoundaryStats
 
 
 def params_finite(tensors) -> bool:
-    """Whether every element is finite; one host sync (a norm would overflow past ~1e19)."""
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    """Whether every element is finite; one host sync. Each tensor's L1 norm in float64 is
+    finite exactly when its elements are (NaN and inf propagate; |x| summed in float64 cannot
+    overflow from any float32 or narrower values), and one foreach op does every tensor: 27
+    against 58 µs on the cnn1d, 2.0 against 4.3 ms for 3M parameters (issue 17)."""
+    narrow, wide = [], []
+    for t in tensors:
+        (wide if t.dtype == torch.float64 else narrow).append(t.detach())
+    flags = [torch.isfinite(t).all() for t in wide]  # float64 itself could overflow: elementwise
+    if narrow:
+        norms = torch._foreach_norm(narrow, 1, dtype=torch.float64)
+        flags.append(torch.isfinite(torch.stack(norms)).all())
+    return not flags or bool(torch.stack(flags).all())
 
 
 class Diverged(RuntimeError):

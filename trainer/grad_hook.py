@@ -1,17 +1,30 @@
-"""DDP comm hook: gradient buckets through the link emulator, with the timing the profiler needs.
+"""DDP's gradient all-reduce, with the timing the profiler needs: through the link emulator (a
+comm hook), or DDP's own C++ all-reduce with nothing to emulate.
 
 Exposed gradient sync (DESIGN §3) is the wait between the end of backward compute and the
-completion of the last bucket. The hook is called when a bucket's gradients are all computed, so
-the latest call marks the end of backward compute; `loss.backward()` returns only once DDP has
-waited for every bucket's future. The difference is what the step spent blocked on the network.
+completion of the last bucket; `loss.backward()` returns only once DDP has waited for every
+bucket. The end of backward compute is the latest bucket-ready call of the comm hook or, on the
+built-in path, a callback that runs when every node of the backward graph has run, just before
+DDP's own end-of-backward wait (GradSyncState._on_grad). The difference is what the step spent
+blocked on the network.
+
+Why two paths (issue 17): any Python comm hook costs about 90 µs per synchronized step against
+DDP's built-in C++ one (the call into Python and its future's callback on the gloo thread,
+measured with torch's own Python `allreduce_hook` too). With no link to emulate, on the CPU,
+DDP keeps its C++ hook, and one gradient hook, held only while steps synchronize, marks the
+time. On a GPU the comm hook stays: the end of compute there is a CUDA event on the stream that
+computed the bucket, recorded as the bucket becomes ready.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.link import LinkClock, delayed
 
@@ -27,12 +40,46 @@ class GradSyncState:
     last_ready_event: torch.cuda.Event | None = None
     nbytes: int = 0  # payload all-reduced since the last reset
     buckets: int = 0  # collectives (one per DDP bucket) since the last reset
+    # The built-in path (install_grad_sync): DDP all-reduces in C++, so the counts above are
+    # filled in by exposed_wait from what a synchronized backward sends.
+    builtin: bool = False
+    armed: bool = False  # a forward ran with DDP's gradient sync on: its backward all-reduces
+    grad_nbytes: int = 0  # the gradients' bytes: one synchronized backward's payload
+    reducer: dist.Reducer | None = None
+    params: list[torch.Tensor] = field(default_factory=list)  # the built-in path's
+    _handle: Any = None  # its gradient hook, while held
+    _bucket_count: int = 0
+    _bucket_reads: int = 0
 
-    def reset(self) -> None:
+    def reset(self, local: bool = False) -> None:
+        """A new step; `local`: its backward will not all-reduce (no_sync), so the built-in
+        path's hook is dropped until a synchronized forward arms it again."""
         self.last_ready = None
         self.last_ready_event = None
         self.nbytes = 0
         self.buckets = 0
+        self.armed = False
+        if local and self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def arm(self) -> None:
+        """A forward ran with DDP's gradient sync on: its backward all-reduces. The built-in
+        path hooks one parameter's gradient (kept while step after step synchronizes, as on
+        ddp); see _on_grad."""
+        self.armed = True
+        if self.builtin and self._handle is None:
+            self._handle = self.params[0].register_hook(self._on_grad)
+
+    def _on_grad(self, _grad: torch.Tensor) -> None:
+        # Called in backward before this parameter's gradient is accumulated, so before the
+        # last bucket is ready, which is when DDP queues its own end-of-backward callback (that
+        # waits for the buckets). A callback queued here runs first, once every node of the
+        # graph has run: the end of backward compute, with one Python call per backward.
+        Variable._execution_engine.queue_callback(self._ready)
+
+    def _ready(self) -> None:
+        self.last_ready = time.perf_counter()
 
     def exposed_wait(self, backward_start: float, backward_end: float) -> float | None:
         """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
@@ -41,6 +88,10 @@ class GradSyncState:
         ready = self.last_ready
         if ready is None or ready <= backward_start:
             return None
+        if self.builtin:
+            if not self.armed:  # a local step: gradients accumulated, none all-reduced
+                return None
+            self.nbytes, self.buckets = self.grad_nbytes, self.bucket_count()
         if self.last_ready_event is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -48,6 +99,28 @@ class GradSyncState:
             wait = self.last_ready_event.elapsed_time(end) / 1e3
             return min(max(0.0, wait), backward_end - backward_start)
         return backward_end - ready
+
+    def bucket_count(self) -> int:
+        """DDP's buckets: one collective each. DDP rebuilds its buckets once, in the forward
+        after the first synchronized backward, so the count is read at the first two
+        synchronized steps (it allocates zeros like the buckets) and kept after that."""
+        if self._bucket_reads < 2 and self.reducer is not None:
+            self._bucket_count = len(self.reducer._get_zeros_like_grad_buckets())
+            self._bucket_reads += 1
+        return self._bucket_count
+
+
+def install_grad_sync(ddp: DistributedDataParallel, state: GradSyncState) -> None:
+    """The comm hook through the emulator, or with no link on the CPU the built-in path:
+    DDP's C++ all-reduce, and the end of backward compute from GradSyncState.arm's hook."""
+    device = next(ddp.module.parameters()).device
+    if state.clock is not None or device.type != "cpu":
+        ddp.register_comm_hook(state, emulated_allreduce_hook)
+        return
+    state.params = [p for p in ddp.module.parameters() if p.requires_grad]
+    state.builtin = True
+    state.reducer = ddp.reducer
+    state.grad_nbytes = sum(p.numel() * p.element_size() for p in state.params)
 
 
 def _first(values: list[torch.Tensor]) -> torch.Tensor:

@@ -25,8 +25,7 @@ interval and hands stats + decision to the observers (sinks, exporters, user cal
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -40,7 +39,7 @@ from controllers.base import BoundaryStats, SyncDecision
 from trainer.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
 from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finite
 from trainer.fragments import WHOLE, fragment_gap
-from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
+from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
@@ -131,13 +130,14 @@ class Sync:
         self.clock = None if plan.is_ideal else LinkClock(plan, self.world_size, opts.seed)
         # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
         # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
-        self.model = DistributedDataParallel(
+        self.model = _TimedDDP(
             model,
             forward_sync_buffers=False,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
         )
+        self.model._after_forward = self._after_forward
         self.grad_state = GradSyncState(self.world_size, self.clock)
-        self.model.register_comm_hook(self.grad_state, emulated_allreduce_hook)
+        install_grad_sync(self.model, self.grad_state)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.averager: ParameterAverager | None = None
         numel = sum(p.numel() for p in model.parameters())
@@ -194,7 +194,6 @@ class Sync:
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
         self._in_step: _StepState | None = None
-        model.register_forward_hook(self._after_forward)
         optimizer.register_step_pre_hook(self._before_optimizer_step)
         optimizer.register_step_post_hook(self._after_optimizer_step)
 
@@ -238,38 +237,35 @@ class Sync:
         if steps is not None:
             self.sync_period = min(self.sync_period, steps)
 
-    @contextmanager
-    def step(self, boundary: bool = False) -> Iterator[StepHandle]:
-        """One optimizer step of the loop. `boundary=True` makes it a boundary whatever K says
-        (the built-in loop does so at each epoch's last step, so epochs start identical)."""
+    def step(self, boundary: bool = False) -> _Step:
+        """One optimizer step of the loop, as `with sync.step() as s:`. `boundary=True` makes
+        it a boundary whatever K says (the built-in loop does so at each epoch's last step, so
+        epochs start identical)."""
+        return _Step(self, boundary)
+
+    def _open_step(self, boundary: bool) -> tuple[_StepState, AbstractContextManager]:
         if self._in_step is not None:
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
         gap, fragment = self._next_sync()
         is_boundary = boundary or self._interval.steps + 1 >= gap
-        handle = StepHandle(is_boundary)
         state = self._in_step = _StepState(
             is_boundary, last_of_epoch=boundary, fragment=WHOLE if boundary else fragment
         )
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
-        self.grad_state.reset()
+        self.grad_state.reset(local=not (is_boundary and self.strategy.grad_sync_at_boundary))
         ctx = self.strategy.backward_context(self.model, is_boundary)
         state.t0 = state.fwd_start = self.now()
-        try:
-            with ctx:
-                yield handle
-        except BaseException:
-            self._in_step = None
-            raise
-        self._in_step = None
-        self._close_step(state, handle)
+        return state, ctx
 
-    def _after_forward(self, module, args, output) -> None:
+    def _after_forward(self, args: tuple) -> None:
         state = self._in_step
         if state is not None and state.t2 is None:
             t = self.now()
             state.forward += t - state.fwd_start
             state.fwd_start = state.t1 = t  # a further forward (accumulation) starts here
+            if torch.is_grad_enabled() and self.model.require_backward_grad_sync:
+                self.grad_state.arm()  # DDP all-reduces this forward's backward
             if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
                 self._interval.samples += args[0].shape[0]  # for samples/s in the records
 
@@ -317,7 +313,7 @@ class Sync:
             if self._pending.age >= self._pending.delay or state.is_boundary:
                 interval.exposed_sync_seconds += self._finish_boundary(times)
         loss = handle.loss
-        if isinstance(loss, torch.Tensor) and loss.device.type == "cpu":
+        if isinstance(loss, torch.Tensor) and loss.is_cpu:
             self._loss_sum += loss.item() if loss.dim() == 0 else float(loss.detach().sum())
         elif isinstance(loss, torch.Tensor):
             # On an accelerator, summed in float64 on the device: no host sync per step. (On the
@@ -378,6 +374,9 @@ class Sync:
             self.grad_syncs += 1
             interval.grad_syncs += 1
         loss_sum = self._take_loss_sum()  # one host sync per boundary, not per step
+        if self.averager is None:
+            self._ddp_boundary(interval, k, lr, loss_sum, forced)
+            return 0.0
         common = dict(
             boundary=self.boundary,
             global_step=self.global_step,
@@ -394,25 +393,6 @@ class Sync:
             fragment=fragment,
         )
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        if self.averager is None:
-            # ddp: replicas never drift; there is no averaging collective to carry reduced
-            # scalars, so a ddp record holds this rank's own timing and loss. The guard judges
-            # the parameters, which the averaged gradients keep identical on every rank.
-            finite = True
-            if forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0:
-                finite = params_finite([p.detach() for p in self.module.parameters()])
-            stats = BoundaryStats(
-                **common,
-                compute_seconds=interval.compute_seconds,
-                exposed_sync_seconds=interval.exposed_sync_seconds,
-                drift_norm=0.0,
-                update_norm=0.0,
-                drift_ratio=0.0,
-                train_loss=loss_sum / interval.steps,
-                bytes_communicated=interval.grad_bytes,
-            )
-            self._close_boundary(stats, k, interval.steps, params_finite=finite)
-            return 0.0
         totals = IntervalTotals(
             loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds
         )
@@ -429,6 +409,41 @@ class Sync:
         if delay > 0:
             return pending.seconds
         return pending.seconds + self._finish_boundary(times)
+
+    def _ddp_boundary(
+        self, interval: Interval, k: int, lr: float, loss_sum: float, forced: bool
+    ) -> None:
+        """ddp's record, every step: written out rather than through the general path, whose
+        dictionaries and checks cost about 10 µs a step (issue 17). ddp's replicas never drift,
+        and no averaging collective carries reduced scalars, so the record holds this rank's own
+        timing and loss. The guard judges the parameters, which the averaged gradients keep
+        identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
+        its other checks (drift, update, a rank-local loss) cannot fire on ddp."""
+        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
+        stats = BoundaryStats(
+            boundary=self.boundary,
+            global_step=self.global_step,
+            epoch=self.epoch,
+            sync_period=k,
+            interval_steps=interval.steps,
+            compute_seconds=interval.compute_seconds,
+            exposed_sync_seconds=interval.exposed_sync_seconds,
+            drift_norm=0.0,
+            update_norm=0.0,
+            drift_ratio=0.0,
+            train_loss=loss_sum / interval.steps,
+            bytes_communicated=interval.grad_bytes,
+            lr=lr,
+            warmup=self.warmup,
+            link=self.link_name,
+            # DistributedSampler gives every rank equally many samples per step.
+            samples=interval.samples * self.world_size,
+            grad_syncs=interval.grad_syncs,
+            param_syncs=0,
+        )
+        judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
+        finite = not judge or params_finite(self.module.parameters())
+        self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
 
     def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
@@ -452,10 +467,16 @@ class Sync:
         return finish_seconds
 
     def _close_boundary(
-        self, stats: BoundaryStats, k: int, steps: int, params_finite: bool = True
+        self,
+        stats: BoundaryStats,
+        k: int,
+        steps: int,
+        params_finite: bool = True,
+        judge: bool = True,
     ) -> None:
-        """Judge, decide, report: the guard, the K path, the controller, the observers."""
-        if why := self.divergence.check(stats, params_finite):
+        """Judge, decide, report: the guard, the K path, the controller, the observers.
+        `judge`: False where the guard has nothing it could find (ddp between its checks)."""
+        if judge and (why := self.divergence.check(stats, params_finite)):
             if self.options.on_divergence == "rollback":
                 raise Rollback(why, self.sync_period)
             raise Diverged(
@@ -619,6 +640,19 @@ class Sync:
                 close()
 
 
+class _TimedDDP(DistributedDataParallel):
+    """`sync.model`: DDP that reports the end of each forward to the engine. A forward hook on
+    the module would do the same, but any module hook sends every call through nn.Module's slow
+    path, about 5 µs a step on the cnn1d (issue 17); this is one Python frame."""
+
+    _after_forward: Any = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(*args, **kwargs)
+        self._after_forward(args)
+        return out
+
+
 @dataclass
 class _InFlight:
     """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
@@ -632,7 +666,7 @@ class _InFlight:
     age: int = 0  # steps closed since it was launched
 
 
-@dataclass
+@dataclass(slots=True)
 class _StepState:
     is_boundary: bool
     last_of_epoch: bool
@@ -644,3 +678,33 @@ class _StepState:
     t2: float | None = None
     t3: float | None = None
     lr: float | None = None
+
+
+class _Step:
+    """`with sync.step() as s`: a class rather than a generator context manager, which costs
+    a generator and its frames on every step (issue 17: the per-step overhead)."""
+
+    __slots__ = ("sync", "boundary", "state", "handle", "ctx")
+
+    def __init__(self, sync: Sync, boundary: bool) -> None:
+        self.sync, self.boundary = sync, boundary
+
+    def __enter__(self) -> StepHandle:
+        self.state, self.ctx = self.sync._open_step(self.boundary)
+        self.handle = StepHandle(self.state.is_boundary)
+        try:
+            self.ctx.__enter__()
+        except BaseException:
+            self.sync._in_step = None
+            raise
+        return self.handle
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        sync = self.sync
+        try:
+            self.ctx.__exit__(exc_type, exc, tb)
+        finally:
+            sync._in_step = None
+        if exc_type is None:
+            sync._close_step(self.state, self.handle)
+        return False
