@@ -366,16 +366,22 @@ def _builtin_path_worker(rank, world, link):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sync = autok.Sync(model, opt, strategy="ddp", link=link)
-    steps = []
+    steps, records = [], []
     for x, y in _batches(rank, 4):
-        with sync.step():
+        with sync.step() as s:
             opt.zero_grad()
             loss = nn.functional.mse_loss(sync.model(x), y)
             if rank == 1:
                 time.sleep(0.2)
             loss.backward()
             opt.step()
+            s.loss = loss
         steps.append((sync.last_step.sync_seconds, sync.last_step.backward_seconds))
+        b = sync.last_boundary  # built on reading (no observer asked for it)
+        records.append(
+            (b.boundary, b.global_step, b.sync_period, b.interval_steps, b.samples, b.grad_syncs)
+            + (b.param_syncs, b.fragment, b.train_loss == loss.item(), b.lr == 0.05)
+        )
     ddp = (sync.grad_syncs, sync.collectives, sync.last_boundary.bytes_communicated)
     sync.close()
     model = _model()
@@ -393,6 +399,7 @@ def _builtin_path_worker(rank, world, link):
     return {
         "builtin": sync.grad_state.builtin,
         "steps": steps,
+        "records": records,
         "ddp": ddp,
         "cpdp": cpdp,
         "synced": synced,
@@ -416,6 +423,7 @@ def test_the_builtin_gradient_path_times_a_slow_ranks_wait_as_sync_and_counts_as
         assert max(computes) < min(waits), runs[0]["steps"]
     for a, b in zip(none, lan, strict=True):
         assert a["ddp"] == b["ddp"] == (4, 4, a["nbytes"])  # one bucket a step
+        assert a["records"] == [(i, i, 1, 1, 32, 1, 0, -1, True, True) for i in range(4)]
         assert a["cpdp"] == b["cpdp"] == (2, 2, 4)  # 2 boundaries: a bucket + an average each
         assert a["synced"] == b["synced"]
         assert [g for _, g in a["synced"]] == [b for b, _ in a["synced"]]

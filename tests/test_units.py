@@ -199,3 +199,22 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
     assert replica_digest([flat32[:100], flat32[100:]], bits) == replica_digest([flat32], bits)
     assert replica_digest([torch.zeros(2, dtype=torch.bfloat16), torch.ones(1)], bits) >= 0
     assert replica_digest([], bits) == replica_digest([torch.zeros(0)], bits)
+
+
+def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():
+    """One float64 L1 norm per tensor: NaN and ±inf anywhere in any floating dtype are found,
+    and the largest finite values (which a float32 norm or sum would overflow) still pass."""
+    from trainer.divergence import params_finite
+
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    tensors = [torch.randn(7, 3).to(d) for d in dtypes]
+    assert params_finite(tensors) and params_finite([])
+    for i in range(len(tensors)):
+        for bad in (math.nan, math.inf, -math.inf):
+            for where in (0, -1):
+                broken = [t.clone() for t in tensors]
+                broken[i].view(-1)[where] = bad
+                assert not params_finite(broken), (dtypes[i], bad, where)
+    huge = [torch.full((1000,), torch.finfo(d).max, dtype=d) for d in dtypes]
+    assert not torch.isfinite(huge[0].sum())  # a float32 sum overflows here
+    assert params_finite(huge)  # float64's own maximum: checked elementwise, not summed

@@ -181,7 +181,9 @@ class Sync:
         # buckets for one gradient sync.
         self.collectives = 0
         self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
-        self.last_boundary: BoundaryStats | None = None
+        self._last_boundary: BoundaryStats | None = None
+        # ddp with no observers: the last record's field values, built only if it is read
+        self._lazy_record: tuple | None = None
         self.last_decision: SyncDecision | None = None
         self.last_step = StepTimes()
         self._interval = Interval()
@@ -420,30 +422,38 @@ class Sync:
         identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
         its other checks (drift, update, a rank-local loss) cannot fire on ddp."""
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        stats = BoundaryStats(
-            boundary=self.boundary,
-            global_step=self.global_step,
-            epoch=self.epoch,
-            sync_period=k,
-            interval_steps=interval.steps,
-            compute_seconds=interval.compute_seconds,
-            exposed_sync_seconds=interval.exposed_sync_seconds,
-            drift_norm=0.0,
-            update_norm=0.0,
-            drift_ratio=0.0,
-            train_loss=loss_sum / interval.steps,
-            bytes_communicated=interval.grad_bytes,
-            lr=lr,
-            warmup=self.warmup,
-            link=self.link_name,
-            # DistributedSampler gives every rank equally many samples per step.
-            samples=interval.samples * self.world_size,
-            grad_syncs=interval.grad_syncs,
-            param_syncs=0,
+        record = (  # BoundaryStats' fields, in order
+            self.boundary,
+            self.global_step,
+            self.epoch,
+            k,
+            interval.steps,
+            interval.compute_seconds,
+            interval.exposed_sync_seconds,
+            0.0,  # drift
+            0.0,  # update
+            0.0,  # drift ratio
+            loss_sum / interval.steps,
+            interval.grad_bytes,
+            lr,
+            self.warmup,
+            interval.samples * self.world_size,  # DistributedSampler: equal samples per rank
+            interval.grad_syncs,
+            0,  # parameter syncs
+            self.link_name,
         )
         judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
-        finite = not judge or params_finite(self.module.parameters())
-        self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
+        if judge or self.observers or self.last_decision is None:
+            stats = BoundaryStats(*record)
+            finite = not judge or params_finite(self.module.parameters())
+            self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
+            return
+        # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
+        # `fixed` (the options allow no other), so its decision stands. The record is kept as
+        # its values and built if `last_boundary` is read.
+        self._lazy_record = record
+        self._count_k_path(k, interval.compute_seconds + interval.exposed_sync_seconds, 1)
+        self.boundary += 1
 
     def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
@@ -483,10 +493,7 @@ class Sync:
                 f"training diverged: {why}; lower --lr or --slowmo-beta, or use "
                 "--on-divergence rollback with --checkpoint-every"
             )
-        at_k = self.k_path.setdefault(k, {"seconds": 0.0, "boundaries": 0, "steps": 0})
-        at_k["seconds"] += stats.compute_seconds + stats.exposed_sync_seconds
-        at_k["boundaries"] += 1
-        at_k["steps"] += steps
+        self._count_k_path(k, stats.compute_seconds + stats.exposed_sync_seconds, steps)
         decision = self.controller.observe(stats)
         cap = self._period_cap
         if cap is not None and decision.next_sync_period > cap:
@@ -496,9 +503,25 @@ class Sync:
                 "between forced boundaries",
             )
         self.sync_period = decision.next_sync_period
-        self.last_boundary, self.last_decision = stats, decision
+        self._last_boundary, self._lazy_record = stats, None
+        self.last_decision = decision
         self._emit("on_boundary", stats, decision)
         self.boundary += 1
+
+    def _count_k_path(self, k: int, seconds: float, steps: int) -> None:
+        at_k = self.k_path.get(k)
+        if at_k is None:
+            at_k = self.k_path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
+        at_k["seconds"] += seconds
+        at_k["boundaries"] += 1
+        at_k["steps"] += steps
+
+    @property
+    def last_boundary(self) -> BoundaryStats | None:
+        """The record of the last boundary (None before the first)."""
+        if self._lazy_record is not None:
+            self._last_boundary, self._lazy_record = BoundaryStats(*self._lazy_record), None
+        return self._last_boundary
 
     def sync_now(self) -> float:
         """A boundary now, outside any step (epoch end, before evaluation or a checkpoint): on
