@@ -383,6 +383,13 @@ def _builtin_path_worker(rank, world, link):
             + (b.param_syncs, b.fragment, b.train_loss == loss.item(), b.lr == 0.05)
         )
     ddp = (sync.grad_syncs, sync.collectives, sync.last_boundary.bytes_communicated)
+    x, y = _batches(rank, 1)[0]
+    with sync.step():  # two micro-batches, both synchronized: DDP all-reduces twice
+        opt.zero_grad()
+        for xm, ym in zip(x.chunk(2), y.chunk(2), strict=True):
+            nn.functional.mse_loss(sync.model(xm), ym).backward()
+        opt.step()
+    twice = (sync.collectives, sync.last_boundary.bytes_communicated)
     sync.close()
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # two-phase: a gradient all-reduce
@@ -401,6 +408,7 @@ def _builtin_path_worker(rank, world, link):
         "steps": steps,
         "records": records,
         "ddp": ddp,
+        "twice": twice,
         "cpdp": cpdp,
         "synced": synced,
         "nbytes": sum(p.numel() * 4 for p in model.parameters()),
@@ -423,6 +431,7 @@ def test_the_builtin_gradient_path_times_a_slow_ranks_wait_as_sync_and_counts_as
         assert max(computes) < min(waits), runs[0]["steps"]
     for a, b in zip(none, lan, strict=True):
         assert a["ddp"] == b["ddp"] == (4, 4, a["nbytes"])  # one bucket a step
+        assert a["twice"] == b["twice"] == (6, 2 * a["nbytes"])
         assert a["records"] == [(i, i, 1, 1, 32, 1, 0, -1, True, True) for i in range(4)]
         assert a["cpdp"] == b["cpdp"] == (2, 2, 4)  # 2 boundaries: a bucket + an average each
         assert a["synced"] == b["synced"]

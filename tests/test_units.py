@@ -218,3 +218,7 @@ def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():
     huge = [torch.full((1000,), torch.finfo(d).max, dtype=d) for d in dtypes]
     assert not torch.isfinite(huge[0].sum())  # a float32 sum overflows here
     assert params_finite(huge)  # float64's own maximum: checked elementwise, not summed
+    c = torch.ones(4, dtype=torch.complex64)
+    assert params_finite([c, torch.arange(5), torch.ones(2, dtype=torch.bool)])
+    c[1] = complex(0.0, math.nan)
+    assert not params_finite([c, tensors[0]])

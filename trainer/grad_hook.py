@@ -13,7 +13,10 @@ DDP's built-in C++ one (the call into Python and its future's callback on the gl
 measured with torch's own Python `allreduce_hook` too). With no link to emulate, on the CPU,
 DDP keeps its C++ hook, and one gradient hook, held only while steps synchronize, marks the
 time. On a GPU the comm hook stays: the end of compute there is a CUDA event on the stream that
-computed the bucket, recorded as the bucket becomes ready.
+computed the bucket, recorded as the bucket becomes ready. The built-in path relies on every
+synchronized backward reaching the first trainable parameter, which DDP as `Sync` builds it
+requires (no unused parameters); a user who turns on DDP's private static-graph mode or runs
+backward through a reentrant checkpoint may see the wait counted as backward compute.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
@@ -44,6 +47,7 @@ class GradSyncState:
     # filled in by exposed_wait from what a synchronized backward sends.
     builtin: bool = False
     armed: bool = False  # a forward ran with DDP's gradient sync on: its backward all-reduces
+    synced_forwards: int = 0  # such forwards in this step: each backward sends the gradients
     grad_nbytes: int = 0  # the gradients' bytes: one synchronized backward's payload
     reducer: dist.Reducer | None = None
     params: list[torch.Tensor] = field(default_factory=list)  # the built-in path's
@@ -59,6 +63,7 @@ class GradSyncState:
         self.nbytes = 0
         self.buckets = 0
         self.armed = False
+        self.synced_forwards = 0
         if local and self._handle is not None:
             self._handle.remove()
             self._handle = None
@@ -68,6 +73,7 @@ class GradSyncState:
         path hooks one parameter's gradient (kept while step after step synchronizes, as on
         ddp); see _on_grad."""
         self.armed = True
+        self.synced_forwards += 1
         if self.builtin and self._handle is None:
             self._handle = self.params[0].register_hook(self._on_grad)
 
@@ -91,7 +97,8 @@ class GradSyncState:
         if self.builtin:
             if not self.armed:  # a local step: gradients accumulated, none all-reduced
                 return None
-            self.nbytes, self.buckets = self.grad_nbytes, self.bucket_count()
+            times = self.synced_forwards  # each synchronized forward's backward sends it all
+            self.nbytes, self.buckets = times * self.grad_nbytes, times * self.bucket_count()
         if self.last_ready_event is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()

@@ -13,9 +13,9 @@
 
 One `sync.step()` is one optimizer step for K, whatever happens inside it (GradScaler may skip
 the update): every rank counts the same steps, so ranks always agree on where boundaries are
-(pytorch#76282). The step's clock points come from hooks, so the loop stays the user's: a
-forward hook on the model (end of forward), an optimizer step pre-hook (end of backward: the
-exposed gradient wait is measured there, and a fused boundary captures g_i) and post-hook.
+(pytorch#76282). The step's clock points come from `sync.model`'s forward (its end) and hooks,
+so the loop stays the user's: an optimizer step pre-hook (end of backward: the exposed gradient
+wait is measured there, and a fused boundary captures g_i) and post-hook.
 
 Data flow is one way (DESIGN §2): at a boundary the strategy's collective returns the reduced
 statistics; the controller turns them into a SyncDecision; the engine applies it from the next
@@ -46,10 +46,11 @@ from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import Clock, Interval
 from trainer.strategies import STRATEGIES, fused
 
-# ddp has a boundary every step, and judging the parameters finite costs two small ops per
-# tensor (0.2 ms a step on the cnn1d, 3% of its step time): ddp judges them at every
-# DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a divergence is
-# caught at most that many steps late. Its other checks (drift, update) are zero by construction.
+# ddp has a boundary every step, and judging the parameters finite costs a foreach norm and a
+# host sync (33 µs on the cnn1d, against a 1.4 ms step; more on a large model): ddp judges them
+# at every DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a
+# divergence is caught at most that many steps late. Its other checks (drift, update) are zero
+# by construction.
 DDP_PARAM_CHECK_EVERY = 16
 
 
@@ -452,7 +453,9 @@ class Sync:
         # `fixed` (the options allow no other), so its decision stands. The record is kept as
         # its values and built if `last_boundary` is read.
         self._lazy_record = record
-        self._count_k_path(k, interval.compute_seconds + interval.exposed_sync_seconds, 1)
+        seconds = interval.compute_seconds + interval.exposed_sync_seconds
+        self._count_k_path(k, seconds, interval.steps)
+        self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
     def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
