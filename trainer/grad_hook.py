@@ -8,15 +8,17 @@ built-in path, a callback that runs when every node of the backward graph has ru
 DDP's own end-of-backward wait (GradSyncState._on_grad). The difference is what the step spent
 blocked on the network.
 
-Why two paths (issue 17): any Python comm hook costs about 90 µs per synchronized step against
-DDP's built-in C++ one (the call into Python and its future's callback on the gloo thread,
-measured with torch's own Python `allreduce_hook` too). With no link to emulate, on the CPU,
-DDP keeps its C++ hook, and one gradient hook, held only while steps synchronize, marks the
-time. On a GPU the comm hook stays: the end of compute there is a CUDA event on the stream that
-computed the bucket, recorded as the bucket becomes ready. The built-in path relies on every
-synchronized backward reaching the first trainable parameter, which DDP as `Sync` builds it
-requires (no unused parameters); a user who turns on DDP's private static-graph mode or runs
-backward through a reentrant checkpoint may see the wait counted as backward compute.
+Why two paths (issue 17): any Python comm hook costs about 115 µs per synchronized step against
+DDP's built-in C++ one (world 2, cnn1d, `python -m benchmarks.step_parts`): the call into Python
+and its future's callback on the gloo thread; torch's own Python `allreduce_hook` costs the
+same. With no link to emulate, on the CPU, DDP keeps its C++ hook, and one gradient hook, held
+only while steps synchronize, marks the time. On a GPU the comm hook stays: the end of compute
+there is a CUDA event on the stream that computed the bucket, recorded as it becomes ready.
+
+The built-in path relies on every synchronized backward reaching the first trainable parameter,
+which DDP as `Sync` builds it requires (no unused parameters); a user who turns on DDP's private
+static-graph mode or runs backward through a reentrant checkpoint may see the wait counted as
+backward compute.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.

@@ -417,7 +417,7 @@ class Sync:
         self, interval: Interval, k: int, lr: float, loss_sum: float, forced: bool
     ) -> None:
         """ddp's record, every step: written out rather than through the general path, whose
-        dictionaries and checks cost about 10 µs a step (issue 17). ddp's replicas never drift,
+        dictionaries and checks ddp would pay at every step (issue 17). ddp's replicas never drift,
         and no averaging collective carries reduced scalars, so the record holds this rank's own
         timing and loss. The guard judges the parameters, which the averaged gradients keep
         identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
@@ -669,7 +669,7 @@ class Sync:
 class _TimedDDP(DistributedDataParallel):
     """`sync.model`: DDP that reports the end of each forward to the engine. A forward hook on
     the module would do the same, but any module hook sends every call through nn.Module's slow
-    path, about 5 µs a step on the cnn1d (issue 17); this is one Python frame."""
+    path (about 5 µs a step on the cnn1d in a one-process test; issue 17); this is one frame."""
 
     _after_forward: Any = None
 
