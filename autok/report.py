@@ -408,11 +408,11 @@ def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
     base = [r for r in rows if r.label.split(" ", 1)[0] == BASELINE]
     what = "DDP"
     if not base:
+        if not rows:
+            return ""
         # No DDP row (a grid over one method's settings): its best row is the reference (the
         # steadiest would often be a setting that broke down and sits at chance).
         seeded = [r for r in rows if r.n >= 2 and math.isfinite(r.peak[0])]
-        if not rows:
-            return ""
         sign = 1.0 if q.higher_is_better else -1.0
         base = [max(seeded, key=lambda r: sign * r.peak[0])] if seeded else rows[:1]
         what = f"its best row ({base[0].label})"
@@ -428,8 +428,7 @@ def render_resolution(rows: list[Row], quality: Quality = Quality()) -> str:
             parts.append(f"{r.label}: {res:.{d}f} {q.delta_unit} (std {q.scale * r.peak[1]:.{d}f})")
     return (
         f"Resolution: between two methods as steady as {what}, {max(r.n for r in base)} seeds "
-        "each, "
-        f"a Welch test at p < 0.05 resolves differences of mean {q.best} {q.name} of about "
+        f"each, a Welch test at p < 0.05 resolves differences of mean {q.best} {q.name} of about "
         + "; ".join(parts)
         + ". Smaller ones are noise here, and a method with a wider spread (its row's std) "
         "needs a larger one.\n"

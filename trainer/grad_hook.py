@@ -48,8 +48,8 @@ class GradSyncState:
     # The built-in path (install_grad_sync): DDP all-reduces in C++, so the counts above are
     # filled in by exposed_wait from what a synchronized backward sends.
     builtin: bool = False
-    armed: bool = False  # a forward ran with DDP's gradient sync on: its backward all-reduces
-    synced_forwards: int = 0  # such forwards in this step: each backward sends the gradients
+    # forwards in this step with DDP's gradient sync on: each one's backward sends the gradients
+    synced_forwards: int = 0
     grad_nbytes: int = 0  # the gradients' bytes: one synchronized backward's payload
     reducer: dist.Reducer | None = None
     params: list[torch.Tensor] = field(default_factory=list)  # the built-in path's
@@ -64,7 +64,6 @@ class GradSyncState:
         self.last_ready_event = None
         self.nbytes = 0
         self.buckets = 0
-        self.armed = False
         self.synced_forwards = 0
         if local and self._handle is not None:
             self._handle.remove()
@@ -74,7 +73,6 @@ class GradSyncState:
         """A forward ran with DDP's gradient sync on: its backward all-reduces. The built-in
         path hooks one parameter's gradient (kept while step after step synchronizes, as on
         ddp); see _on_grad."""
-        self.armed = True
         self.synced_forwards += 1
         if self.builtin and self._handle is None:
             self._handle = self.params[0].register_hook(self._on_grad)
@@ -97,9 +95,9 @@ class GradSyncState:
         if ready is None or ready <= backward_start:
             return None
         if self.builtin:
-            if not self.armed:  # a local step: gradients accumulated, none all-reduced
-                return None
             times = self.synced_forwards  # each synchronized forward's backward sends it all
+            if not times:  # a local step: gradients accumulated, none all-reduced
+                return None
             self.nbytes, self.buckets = times * self.grad_nbytes, times * self.bucket_count()
         if self.last_ready_event is not None:
             end = torch.cuda.Event(enable_timing=True)

@@ -25,14 +25,16 @@ class SyncStrategy:
     # cpdp's gradient AllReduce rides inside the averaging collective (one latency, not two)
     fused_gradients: bool = False
 
+    def syncs_gradients(self, is_boundary: bool) -> bool:
+        """Whether this step's backward all-reduces its gradients through DDP."""
+        return is_boundary and self.grad_sync_at_boundary
+
     def backward_context(
         self, model: DistributedDataParallel, is_boundary: bool
     ) -> AbstractContextManager:
         # DDP all-reduces gradients inside backward unless no_sync() suppresses its hooks; local
         # steps keep their gradients local, so the optimizer step that follows is a local one.
-        if is_boundary and self.grad_sync_at_boundary:
-            return nullcontext()
-        return model.no_sync()
+        return nullcontext() if self.syncs_gradients(is_boundary) else model.no_sync()
 
 
 def fused(strategy: SyncStrategy) -> SyncStrategy:

@@ -256,7 +256,7 @@ class Sync:
         )
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
-        self.grad_state.reset(local=not (is_boundary and self.strategy.grad_sync_at_boundary))
+        self.grad_state.reset(local=not self.strategy.syncs_gradients(is_boundary))
         ctx = self.strategy.backward_context(self.model, is_boundary)
         state.t0 = state.fwd_start = self.now()
         return state, ctx
