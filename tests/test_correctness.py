@@ -168,11 +168,11 @@ def test_the_replica_check_catches_replicas_that_resumed_different(tmp_path):
     assert all(m and "replicas differ" in m for m in msgs), msgs
 
 
-def _zero_drift_worker(rank, world):
+def _zero_drift_worker(rank, world, beta):
     torch.manual_seed(0)
     ref0 = torch.randn(1000)
     params = [torch.nn.Parameter(ref0[:600].clone()), torch.nn.Parameter(ref0[600:].clone())]
-    averager = ParameterAverager(params, rank=rank, world_size=world, beta=0.0, lr_aware=False)
+    averager = ParameterAverager(params, rank=rank, world_size=world, beta=beta, lr_aware=False)
     torch.manual_seed(1)  # the same step on every rank: the replicas move but agree
     with torch.no_grad():
         for p in params:
@@ -180,9 +180,10 @@ def _zero_drift_worker(rank, world):
     return averager.reconcile(IntervalTotals(1.0, 1, 0.0, 0.0), lr=0.1, clock=None)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5])  # β > 0 sends θ_i − θ_ref, β = 0 sends θ_i
 @pytest.mark.parametrize("world", [2, 4])
-def test_zero_drift_reads_exactly_zero(world):
-    for rec in run_dist(_zero_drift_worker, world):
+def test_zero_drift_reads_exactly_zero(world, beta):
+    for rec in run_dist(_zero_drift_worker, world, beta):
         assert rec.update_norm > 1.0
         assert rec.drift_norm == 0.0
 

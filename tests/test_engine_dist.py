@@ -188,14 +188,14 @@ def test_replicas_bit_identical_after_every_boundary(strategy):
     assert len(set(digests)) == 1 and len(digests) == 4
 
 
-def _drift_worker(rank, world):
+def _drift_worker(rank, world, beta):
     torch.manual_seed(0)
     ref0 = torch.randn(1000)
     params = [
         torch.nn.Parameter(ref0[:600].clone().view(20, 30)),
         torch.nn.Parameter(ref0[600:].clone()),
     ]
-    averager = ParameterAverager(params, rank=rank, world_size=world, beta=0.0, lr_aware=False)
+    averager = ParameterAverager(params, rank=rank, world_size=world, beta=beta, lr_aware=False)
     torch.manual_seed(100 + rank)  # local steps: each replica drifts its own way
     with torch.no_grad():
         params[0].add_(0.1 * torch.randn(20, 30))
@@ -211,9 +211,10 @@ def _drift_worker(rank, world):
     return drift, update, rec
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.5])  # β > 0 sends θ_i − θ_ref, β = 0 sends θ_i
 @pytest.mark.parametrize("world", [2, 4])
-def test_drift_norm_matches_direct_computation_on_gathered_replicas(world):
-    for drift, update, rec in run_dist(_drift_worker, world):
+def test_drift_norm_matches_direct_computation_on_gathered_replicas(world, beta):
+    for drift, update, rec in run_dist(_drift_worker, world, beta):
         assert rec.drift_norm == pytest.approx(drift, rel=1e-5)
         assert rec.update_norm == pytest.approx(update, rel=1e-5)
         # piggybacked scalars: loss mean over ranks and steps, times as means over ranks

@@ -75,6 +75,7 @@ class _Pending:
     start: int = 0  # [start, end) of the flat parameter vector it moves
     end: int = 0
     n_pieces: int = 0  # parameter pieces at the head of avg_tensors
+    delta_form: bool = False  # the pieces travel as θ_i − θ_ref (see ParameterAverager.start)
     future: torch.futures.Future | None = None
     seconds: float = 0.0  # this rank's time spent in start()
     nbytes: int = 0  # what this rank put on the wire
@@ -166,8 +167,32 @@ def sq_norm_(x: torch.Tensor) -> float:
     relative error, against 1e-16 for a float64 norm at more than twice the cost (its
     conversion pass); drift's cancellation of two such sums keeps it within 1e-5 wherever the
     drift is more than a few thousandths of the update. Deterministic: replicas that agree
-    compute identical values, so zero drift still reads exactly 0."""
+    compute identical values, so zero drift still reads exactly 0. (A fused dot product or
+    float32 `vector_norm` reads x once, but sums sequentially per lane: 1e-5 to 1e-3 relative
+    error at 3M to 30M elements, which the drift's cancellation cannot afford.)"""
     return float(x.mul_(x).sum())
+
+
+def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
+    """||x||² as `sq_norm_`, leaving x as it is (its squares go to `scratch`)."""
+    return float(torch.mul(x, x, out=scratch).sum())
+
+
+# Mean elements per piece from which the parameters are packed as θ_i − θ_ref one piece at a
+# time (one pass, one op per piece) rather than copied and then shifted (two passes, two ops):
+# below it, the ops' dispatch costs more than the pass they save.
+_PIECEWISE_MIN = 1 << 16
+
+
+def _sub_into(pieces: list[torch.Tensor], ref: torch.Tensor, out: torch.Tensor) -> None:
+    """out = θ − ref, with θ the pieces laid end to end (bit for bit the same either way)."""
+    if len(pieces) == 1 or out.numel() >= _PIECEWISE_MIN * len(pieces):
+        views = ParameterAverager._views
+        for p, r, o in zip(pieces, views(ref, pieces), views(out, pieces), strict=True):
+            torch.sub(p, r, out=o)
+    else:
+        torch.cat([t.reshape(-1) for t in pieces], out=out)
+        out.sub_(ref)
 
 
 def digest_bits(world_size: int) -> int:
@@ -241,13 +266,11 @@ class ParameterAverager:
                         "fragments slice the parameters in place"
                     )
         self.fused_sgd = fused_sgd
-        self._grads: torch.Tensor | None = None  # g_i of the fused boundary step, captured
-        self._captured = False
+        self._captured = False  # g_i of the fused boundary step is in the buffer
         if fused_sgd is not None:
             group = fused_sgd.param_groups[0]
             if group.get("dampening", 0) != 0:
                 raise ValueError("the fused boundary needs SGD without dampening")
-            self._grads = torch.zeros_like(flat)
 
     def capture_boundary_grads(self) -> None:
         """Keep g_i as it enters the fused boundary's optimizer step. Called from an optimizer
@@ -257,21 +280,32 @@ class ParameterAverager:
         grads = [
             p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params
         ]
-        torch.cat([g.reshape(-1) for g in grads], out=self._grads)
+        torch.cat([g.reshape(-1) for g in grads], out=self._grads_segment())
         self._captured = True
 
+    def _grads_segment(self) -> torch.Tensor:
+        """Where the fused boundary's g_i sit in the collective's buffer, [θ | g_i | averaged
+        extras | broadcast extras | scalars]: captured there, they are not copied again."""
+        extras = self._averaged_extras() + self._broadcast_extras()
+        n = 2 * self.numel + sum(t.numel() for t in extras) + N_SCALARS
+        return self._buffer(n)[self.numel : 2 * self.numel]
+
     def _boundary_grads(self) -> list[torch.Tensor]:
-        """g_i as views of one flat tensor, captured as it entered the boundary's step. A step
-        that did not run on this rank (GradScaler skipped it: its gradient held an inf) carries
-        zeros: it applied no gradient, and an inf must not reach the other ranks."""
+        """g_i as views of the buffer's gradient segment, captured as it entered the boundary's
+        step. A step that did not run on this rank (GradScaler skipped it: its gradient held an
+        inf) carries zeros: it applied no gradient, and an inf must not reach the other ranks."""
+        seg = self._grads_segment()
         if not self._captured:
-            self._grads.zero_()
+            seg.zero_()
         self._captured = False
-        return self._views(self._grads, self.params)
+        return self._views(seg, self.params)
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._store is None or self._store.numel() < n:
-            self._store = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
+            store = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
+            if self._store is not None:  # keeps gradients captured into the old one
+                store[: self._store.numel()].copy_(self._store)
+            self._store = store
         if self._buf is None or self._buf.numel() != n:
             self._buf = self._store[:n]
         return self._buf
@@ -315,12 +349,18 @@ class ParameterAverager:
         the parameters to move (trainer/fragments.py), or the whole model. `boundary_step`:
         False for a boundary outside any step (sync_now): with no boundary step, no fused
         gradients ride along (every rank knows they would be zero: a smaller collective, and
-        no momentum correction)."""
+        no momentum correction).
+
+        Where the outer step is not a plain average (and the average is taken at once,
+        uncompressed), the parameters travel as Δ_i = θ_i − θ_ref: their mean is the outer
+        step's Δ and the update norm's vector, so finish() subtracts nothing, and packing them
+        is the subtraction that s_i needs anyway. A plain average sends θ_i, so that θ_new is
+        the mean of the θ_i bit for bit (cpdp K=1 reproduces ddp)."""
         t0 = time.perf_counter()
         if self.fused_sgd is not None and fragment != WHOLE:
             raise ValueError("the fused boundary moves the whole model, not a fragment")
         if self.fused_sgd is not None and boundary_step:
-            grads = self._boundary_grads()
+            grads = self._boundary_grads()  # already in place in the buffer
         else:
             grads, self._captured = [], False
         a, b, pieces, avg_tensors, bc_tensors = self._moved(fragment, grads)
@@ -329,13 +369,23 @@ class ParameterAverager:
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
         avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
+        delta_form = not overlap and self.compress == "none" and not self.outer.is_plain_average
 
-        torch.cat([t.reshape(-1) for t in avg_tensors], out=avg_seg)
+        head, ref, scratch = avg_seg[:n], self.ref[a:b], self._scratch[:n]
+        if delta_form:
+            _sub_into(pieces, ref, head)
+        else:
+            torch.cat([t.reshape(-1) for t in pieces], out=head)
+        extras = avg_tensors[len(pieces) + len(grads) :]
+        if extras:
+            torch.cat([t.reshape(-1) for t in extras], out=avg_seg[n * (2 if grads else 1) :])
         if n_bc:  # this rank's own values first: the overlap snapshot must hold what it has
             torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
 
         # s_i = ||θ_i − θ_ref||²; see drift in finish().
-        s = sq_norm_(torch.sub(avg_seg[:n], self.ref[a:b], out=self._scratch[:n]))
+        s = sq_norm(head, scratch) if delta_form else sq_norm_(torch.sub(head, ref, out=scratch))
+        if grads:  # m_i − g_i now, while g_i is here; finish() adds ḡ (see _add_to_momentum)
+            self._add_to_momentum(grads, -1.0)
         scalars.copy_(
             torch.tensor(
                 [
@@ -362,6 +412,7 @@ class ParameterAverager:
             a,
             b,
             len(pieces),
+            delta_form=delta_form,
         )
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
@@ -443,20 +494,27 @@ class ParameterAverager:
                 f"expected {n} x {red[DIGEST0]:.0f}"
             )
         self.boundaries += 1
-        avg_seg.div_(n)
-        theta_avg = avg_seg[:m]
-        if pending.compressed:
-            theta_avg.add_(ref)  # the mean Δ was sent: θ_avg = θ_ref + mean Δ
-        if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
-            theta_now = self._snapshot[:m]
+        if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
+            avg_seg[:m].div_(n)
+            avg_seg[2 * m :].div_(n)
+        else:
+            avg_seg.div_(n)
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
-        update_sq = sq_norm_(torch.sub(theta_avg, ref, out=scratch))
+        theta_avg = delta = None
+        if pending.delta_form or pending.compressed:  # the mean Δ = θ_avg − θ_ref was sent
+            delta = avg_seg[:m]
+            update_sq = sq_norm(delta, scratch)
+            if self.outer.is_plain_average:
+                theta_avg, delta = delta.add_(ref), None
+        else:
+            theta_avg = avg_seg[:m]
+            update_sq = sq_norm_(torch.sub(theta_avg, ref, out=scratch))
+            if not self.outer.is_plain_average:  # its squares took its place: Δ once more
+                delta = torch.sub(theta_avg, ref, out=scratch)
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
-
-        delta = None
-        if not self.outer.is_plain_average:  # its squares took its place: Δ once more
-            delta = torch.sub(theta_avg, ref, out=scratch)
+        if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
+            theta_now = self._snapshot[:m]
         theta_new = outer_step_(self.outer, ref, velocity, theta_avg, pending.lr, delta=delta)
         pieces = pending.avg_tensors[: pending.n_pieces]
         rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
@@ -475,10 +533,9 @@ class ParameterAverager:
         else:
             self._write_back(pieces, theta_new)
             if pending.n_grads:
-                self._correct_momentum(
-                    pending.avg_tensors[pending.n_pieces : pending.n_pieces + pending.n_grads],
-                    avg_seg[m : 2 * m],
-                )
+                # the gradient views packed in start(): Σ g now, in the buffer's segment
+                grads = pending.avg_tensors[pending.n_pieces : pending.n_pieces + pending.n_grads]
+                self._add_to_momentum(grads, 1.0 / n)
             if rest_tensors:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
@@ -562,18 +619,20 @@ class ParameterAverager:
                 [t.detach() for t in tensors], ParameterAverager._views(flat, tensors)
             )
 
-    def _correct_momentum(self, grads: list[torch.Tensor], gbar: torch.Tensor) -> None:
-        """m_i += ḡ − g_i: the buffer the synchronized step would have left (local ops)."""
+    def _add_to_momentum(self, grads: list[torch.Tensor], scale: float) -> None:
+        """m_i += scale · g for each momentum buffer. The fused boundary's correction
+        m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in
+        two halves: start() adds −g_i before the collective overwrites it, finish() adds
+        (1/N)·Σ g (local ops, one pass each)."""
         state = self.fused_sgd.state
         pairs = [
-            (state[p]["momentum_buffer"], g, v)
-            for p, g, v in zip(self.params, grads, self._views(gbar, grads), strict=True)
+            (state[p]["momentum_buffer"], g)
+            for p, g in zip(self.params, grads, strict=True)
             if state.get(p, {}).get("momentum_buffer") is not None
         ]
         if pairs:
-            bufs, gs, vs = (list(t) for t in zip(*pairs, strict=True))
-            torch._foreach_add_(bufs, vs)
-            torch._foreach_sub_(bufs, gs)
+            bufs, gs = (list(t) for t in zip(*pairs, strict=True))
+            torch._foreach_add_(bufs, gs, alpha=scale)
 
     @staticmethod
     def _views(flat: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -59,14 +59,15 @@ def outer_step_(
     spec: OuterOptimizer,
     ref: torch.Tensor,
     velocity: torch.Tensor | None,
-    avg: torch.Tensor,
+    avg: torch.Tensor | None,
     inner_lr: float,
     delta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from θ_avg; return θ_new (which is `ref`).
 
-    `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update norm);
-    it may be overwritten. `velocity` must exist when `spec.needs_velocity`."""
+    `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update norm,
+    or was sent it); it may be overwritten. Every step but a plain average reads only `delta`
+    when given, so `avg` may then be None. `velocity` must exist when `spec.needs_velocity`."""
     if spec.is_plain_average:
         ref.copy_(avg)
         return ref

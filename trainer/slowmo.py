@@ -14,7 +14,7 @@ import torch
 def slowmo_update_(
     ref: torch.Tensor,
     velocity: torch.Tensor | None,
-    avg: torch.Tensor,
+    avg: torch.Tensor | None,
     beta: float,
     lr: float,
     lr_aware: bool = False,
@@ -23,7 +23,8 @@ def slowmo_update_(
     """Advance (ref, velocity) in place from the averaged parameters; return the new θ (= ref).
 
     β = 0 returns θ_avg itself (copied into ref): SlowMo off must not round θ_avg through
-    θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit.
+    θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit. With β > 0
+    and `delta` given, `avg` is not read (it may be None).
     """
     if beta == 0.0 or velocity is None:
         ref.copy_(avg)
