@@ -4,8 +4,9 @@
 
 Per part: the median of 15 timed calls, in µs (a rough guide on a shared machine: the ratios in
 `autok bench` are the measurements that count). Parts: the replica check (CRC32 of every byte on
-the host against `replica_digest`), one norm (float64 `vector_norm` against `sq_norm_`) on a
-3M-parameter MLP; ddp's parameter check (`params_finite`) on the cnn1d; one gradient-bucket
+the host against `replica_digest`), one norm (float64 `vector_norm`, squaring in place and
+summing, `sq_norm`'s row norms) on a 3M-parameter MLP; ddp's parameter check (`params_finite`)
+on the cnn1d; one gradient-bucket
 allreduce through `dist.all_reduce` against the process group's own, on a gloo group of one.
 """
 
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.engine import mlp_3m
-from trainer.averaging import param_digest, replica_digest, sq_norm_
+from trainer.averaging import param_digest, replica_digest, sq_norm
 from trainer.divergence import params_finite
 from trainer.models import build_model
 
@@ -54,8 +55,12 @@ def main() -> None:
             ),
         ),
         (
-            "one norm, 3M params: sub + sq_norm_",
-            _us(lambda: sq_norm_(torch.sub(flat, ref, out=scratch))),
+            "one norm, 3M params: sub + square in place + sum",
+            _us(lambda: float(torch.sub(flat, ref, out=scratch).square_().sum())),
+        ),
+        (
+            "one norm, 3M params: sub + sq_norm (row norms)",
+            _us(lambda: sq_norm(torch.sub(flat, ref, out=scratch), scratch)),
         ),
         ("ddp parameter check, cnn1d: params_finite", _us(lambda: params_finite(small), 200)),
     ]
