@@ -229,10 +229,10 @@ def _mismatch_worker(rank, world):
     that boundary different, and the digest riding in boundary 3's buffer must say so."""
     cfg = tiny_cfg(strategy="cpdp", sync_period=2, workers=world)
     tr = Trainer(cfg, rank, world, None)
-    averager, write_back = tr.averager, tr.averager._write_back
+    averager, write_back = tr.averager, tr.averager._copy_into
 
-    def faulty(tensors, flat):
-        write_back(tensors, flat)
+    def faulty(tensors, values):
+        write_back(tensors, values)
         params = averager.params  # the write-back of the parameters (views of them, detached)
         is_params = len(tensors) == len(params) and all(
             t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params, strict=True)
@@ -241,7 +241,7 @@ def _mismatch_worker(rank, world):
             with torch.no_grad():
                 tensors[0].view(-1)[0] += 1e-3
 
-    averager._write_back = faulty
+    averager._copy_into = faulty
     try:
         tr.run()
     except ReplicaMismatch as exc:

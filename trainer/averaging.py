@@ -158,7 +158,8 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
         for t in tensors
         if t.numel()
     ]
-    total = sum(torch.stack(sums).tolist()) if sums else 0  # one transfer to the host
+    # one transfer to the host
+    total = sum(torch.stack(sums).tolist()) if len(sums) > 1 else sum(int(t) for t in sums)
     return ((total * _MIX) % (1 << 32)) >> (32 - bits)
 
 
@@ -257,6 +258,9 @@ class ParameterAverager:
         self.numel = sum(p.numel() for p in params)
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
+        # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
+        self._ref_views = self._views(self.ref, params)
+        self._grad_views: tuple[int, list[torch.Tensor]] | None = None  # (store, views)
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
         # The buffer is a prefix view of one allocation that only grows: fragment syncs and
@@ -310,7 +314,9 @@ class ParameterAverager:
         if not self._captured:
             seg.zero_()
         self._captured = False
-        return self._views(seg, self.params)
+        if self._grad_views is None or self._grad_views[0] != seg.data_ptr():
+            self._grad_views = (seg.data_ptr(), self._views(seg, self.params))
+        return self._grad_views[1]
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._store is None or self._store.numel() < n:
@@ -543,7 +549,10 @@ class ParameterAverager:
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
             self.last_digest = replica_digest([theta_new], self._bits)
         else:
-            self._write_back(pieces, theta_new)
+            if pending.fragment == WHOLE:  # θ_new is θ_ref, already cut to the parameters
+                self._copy_into(pieces, self._ref_views)
+            else:
+                self._write_back(pieces, theta_new)
             if pending.n_grads:
                 # the gradient views packed in start(): Σ g now, in the buffer's segment
                 grads = pending.avg_tensors[pending.n_pieces : pending.n_pieces + pending.n_grads]
@@ -552,6 +561,7 @@ class ParameterAverager:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
                 self._write_back(pending.bc_tensors, bc_seg)
+            # of the parameters as written, not of θ_new: a faulty write-back is caught too
             self.last_digest = replica_digest(pieces, self._bits)
 
         steps = max(1.0, red[STEPS])
@@ -653,9 +663,12 @@ class ParameterAverager:
 
     @staticmethod
     def _write_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
-        views = ParameterAverager._views(flat, tensors)
-        with torch.no_grad():
-            torch._foreach_copy_([t.detach() for t in tensors], views)
+        ParameterAverager._copy_into(tensors, ParameterAverager._views(flat, tensors))
+
+    @staticmethod
+    def _copy_into(tensors: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        with torch.no_grad():  # in place on parameters, outside autograd
+            torch._foreach_copy_(tensors, values)
 
     def state_dict(self) -> dict:
         return {

@@ -90,7 +90,7 @@ class GradSyncState:
     def exposed_wait(self, backward_start: float, backward_end: float) -> float | None:
         """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
         None when no bucket was all-reduced in this backward. `backward_end` must be taken after
-        the device has finished its queued work (trainer.profiler.Clock does that on a GPU)."""
+        the device has finished its queued work (trainer.profiler.clock does that on a GPU)."""
         ready = self.last_ready
         if ready is None or ready <= backward_start:
             return None

@@ -30,7 +30,7 @@ from trainer.checkpoint import (
 from trainer.divergence import Diverged, Rollback, params_finite
 from trainer.link import allreduce_sum_
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.profiler import Clock, EpochTimes
+from trainer.profiler import EpochTimes, clock
 from trainer.runlog import LOGGER, RunLog, run_logger
 from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
 from trainer.sync import Sync
@@ -65,7 +65,7 @@ class Trainer:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.out_dir = out_dir
         self.device = device or torch.device("cpu")
-        self.now = Clock(self.device)
+        self.now = clock(self.device)
         # What the run says goes to the terminal and OUT/train.log, from rank 0 only.
         self.log = run_logger(out_dir) if rank == 0 else logging.getLogger(LOGGER)
         # When the command started (the CLI sets it): the time a user waits includes start-up.

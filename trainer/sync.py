@@ -43,7 +43,7 @@ from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
-from trainer.profiler import Clock, Interval
+from trainer.profiler import Interval, clock
 from trainer.strategies import STRATEGIES, fused
 
 # ddp has a boundary every step, and judging the parameters finite costs a foreach norm and a
@@ -124,7 +124,7 @@ class Sync:
         )
         if use_fused:
             self.strategy = fused(self.strategy)
-        self.now = Clock(self.device)
+        self.now = clock(self.device)
 
         plan = opts.link_plan
         self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
