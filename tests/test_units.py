@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from trainer.averaging import digest_bits, drift_sq_from, replica_digest, split_exact
+from trainer.averaging import (
+    ParameterAverager,
+    digest_bits,
+    drift_sq_from,
+    replica_digest,
+    split_exact,
+)
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
 from trainer.slowmo import slowmo_update_
@@ -199,6 +205,31 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
     assert replica_digest([flat32[:100], flat32[100:]], bits) == replica_digest([flat32], bits)
     assert replica_digest([torch.zeros(2, dtype=torch.bfloat16), torch.ones(1)], bits) >= 0
     assert replica_digest([], bits) == replica_digest([torch.zeros(0)], bits)
+    # a non-contiguous tensor (read through a copy) holds the same words as its original
+    assert replica_digest([params[0].t()], bits) == replica_digest([params[0]], bits)
+
+
+def test_captured_gradients_survive_the_averaging_buffer_growing():
+    """The fused boundary captures g_i into the averaging buffer before the optimizer step; an
+    averaged extra that appears in between (a first step creates the optimizer state that
+    --sync-optimizer-state sends) grows the buffer, and g_i must come through."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    extras: list[torch.Tensor] = []
+    averager = ParameterAverager(
+        list(model.parameters()),
+        rank=0,
+        world_size=1,
+        fused_sgd=opt,
+        averaged_extras=lambda: extras,
+    )
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    averager.capture_boundary_grads()
+    extras.append(torch.zeros(10_000))  # larger than the buffer: a new allocation
+    got = averager._boundary_grads()
+    assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
 
 
 def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():

@@ -153,8 +153,10 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     tensors): replicas diverge through a faulty reduce or write-back, which changes values, not
     their order. Additive, so the same bytes give the same digest however they are split into
     tensors (the whole model, its fragments' pieces, one flat vector)."""
-    sums = [
-        t.detach().reshape(-1).view(_WORDS[t.element_size()]).sum(dtype=torch.int32)
+    sums = [  # two ops per tensor (a dtype view, a sum): a small model's boundary counts ops
+        (t if t.is_contiguous() else t.reshape(-1))
+        .view(_WORDS[t.element_size()])
+        .sum(dtype=torch.int32)
         for t in tensors
         if t.numel()
     ]
