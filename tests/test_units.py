@@ -205,8 +205,12 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
     assert replica_digest([flat32[:100], flat32[100:]], bits) == replica_digest([flat32], bits)
     assert replica_digest([torch.zeros(2, dtype=torch.bfloat16), torch.ones(1)], bits) >= 0
     assert replica_digest([], bits) == replica_digest([torch.zeros(0)], bits)
-    # a non-contiguous tensor (read through a copy) holds the same words as its original
+    # a non-contiguous tensor (read through a copy) holds the same words as its original; an
+    # 8-byte scalar, or a column of them, is two words per element like any float64 tensor
     assert replica_digest([params[0].t()], bits) == replica_digest([params[0]], bits)
+    col = torch.randn(1, 5, dtype=torch.float64)
+    assert replica_digest([col.t()], bits) == replica_digest([col], bits)
+    assert replica_digest([col[0, 0]], bits) == replica_digest([col[0, :1]], bits)
 
 
 def test_captured_gradients_survive_the_averaging_buffer_growing():

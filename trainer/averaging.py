@@ -4,7 +4,8 @@ Layout of the persistent buffer (float32, reused across boundaries):
 
     [ averaged: params | gradients** | optim state* | buffers* ][ broadcast: buffers* ][ scalars ]
 
-(** the fused cpdp boundary, below.)
+(** the fused cpdp boundary, below.) The params travel as θ_i − θ_ref where the outer step is not
+a plain average (see ParameterAverager.start).
 
 (* only when the options ask for it). Rank 0 writes the broadcast segment and the others write
 zeros, so a SUM all-reduce broadcasts it inside the same collective. The scalars carry what the
@@ -64,7 +65,8 @@ class ReplicaMismatch(RuntimeError):
 class _Pending:
     """A boundary whose collective has been launched."""
 
-    avg_tensors: list[torch.Tensor]  # [parameter pieces | gradients | averaged extras]
+    avg_tensors: list[torch.Tensor]  # [parameter pieces | gradients | averaged extras]; the
+    # pieces travel as θ_i − θ_ref with delta_form
     bc_tensors: list[torch.Tensor]
     n_grads: int
     n_avg: int
@@ -154,9 +156,7 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     their order. Additive, so the same bytes give the same digest however they are split into
     tensors (the whole model, its fragments' pieces, one flat vector)."""
     sums = [  # two ops per tensor (a dtype view, a sum): a small model's boundary counts ops
-        (t if t.is_contiguous() else t.reshape(-1))
-        .view(_WORDS[t.element_size()])
-        .sum(dtype=torch.int32)
+        _flat_for_words(t).view(_WORDS[t.element_size()]).sum(dtype=torch.int32)
         for t in tensors
         if t.numel()
     ]
@@ -171,18 +171,27 @@ _NORM_ROW = 512
 _NORM_ROWS_MIN = 1 << 16
 
 
-def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
-    """||x||² of a 1-D float tensor, for the drift, whose cancellation of two such sums needs
-    them accurate: it keeps drift within 1e-5 wherever it is more than a few thousandths of
-    the update. Deterministic: replicas that agree compute identical values, so zero drift
-    still reads exactly 0.
+def _flat_for_words(t: torch.Tensor) -> torch.Tensor:
+    """t itself where a view as integer words works on it (contiguous, and of the words' own
+    width); otherwise its elements in one dimension. An 8-byte element is two words, which
+    needs a last dimension of stride 1: a 0-dim tensor or a size-1 last dimension with another
+    stride would refuse the view."""
+    return t if t.is_contiguous() and t.element_size() != 8 else t.reshape(-1)
 
-    A large x is read once: the float32 norms of rows of 512 elements (a sum that short is
-    accurate per lane), squared and summed in float64. Measured on 3M and 30M elements: 4e-10
-    relative error and about half the time of squaring into `scratch` and taking float32's
-    cascade sum (6e-9 to 1e-7), the form used below _NORM_ROWS_MIN. (One float32 dot product or
-    `vector_norm` of the whole vector sums sequentially per lane: 1e-5 to 3e-3 relative error at
-    3M to 30M elements; a float64 norm pays a conversion pass.)"""
+
+def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
+    """||x||² of a contiguous 1-D float tensor, for the drift, whose cancellation of two such
+    sums needs them accurate: it keeps drift within 1e-5 wherever it is more than a few
+    thousandths of the update. Deterministic: replicas that agree compute identical values, so
+    zero drift still reads exactly 0.
+
+    A large x is read once: the norms of rows of 512 elements in x's dtype (float32 for a
+    float32 model; a sum that short is accurate per lane), squared and summed in float64.
+    Measured on 3M and 30M float32 elements: 4e-10 relative error and about half the time of
+    squaring into `scratch` and taking the cascade sum (6e-9 to 1e-7), the form used below
+    _NORM_ROWS_MIN. (One float32 dot product or `vector_norm` of the whole vector sums
+    sequentially per lane: 1e-5 to 3e-3 relative error at 3M to 30M elements; a float64 norm
+    pays a conversion pass.)"""
     n = x.numel()
     if n < _NORM_ROWS_MIN:
         return float(torch.mul(x, x, out=scratch[:n]).sum())
@@ -647,7 +656,8 @@ class ParameterAverager:
         """m_i += scale · g for each momentum buffer. The fused boundary's correction
         m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in
         two halves: start() adds −g_i before the collective overwrites it, finish() adds
-        (1/N)·Σ g (local ops, one pass each)."""
+        (1/N)·Σ g (local ops, one pass each). A boundary that raises in between
+        (ReplicaMismatch: the replicas already differ) leaves m_i − g_i."""
         state = self.fused_sgd.state
         pairs = [
             (state[p]["momentum_buffer"], g)
