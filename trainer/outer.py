@@ -65,9 +65,10 @@ def outer_step_(
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from θ_avg; return θ_new (which is `ref`).
 
-    `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update norm,
-    or receives it as the mean of the ranks' θ_i − θ_ref); it may be overwritten. Every step but a plain average reads only `delta`
-    when given, so `avg` may then be None. `velocity` must exist when `spec.needs_velocity`."""
+    `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update
+    norm, or receives it as the mean of the ranks' θ_i − θ_ref); it may be overwritten. Every
+    step but a plain average reads only `delta` when given, so `avg` may then be None.
+    `velocity` must exist when `spec.needs_velocity`."""
     if spec.is_plain_average:
         ref.copy_(avg)
         return ref
