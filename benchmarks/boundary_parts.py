@@ -7,7 +7,11 @@ Per part: the median of 15 timed calls, in µs (a rough guide on a shared machin
 the host against `replica_digest`), one norm (float64 `vector_norm`, squaring in place and
 summing, `sq_norm`'s row norms) on a 3M-parameter MLP; ddp's parameter check (`params_finite`)
 on the cnn1d; one gradient-bucket
-allreduce through `dist.all_reduce` against the process group's own, on a gloo group of one.
+allreduce through `dist.all_reduce` against the process group's own, on a gloo group of one; and
+a whole fused cpdp boundary (SlowMo β = 0.3, the default) on the cnn1d and the 3M-parameter MLP,
+on that group of one, where the collective costs almost nothing: its CPU cost, `autok bench`
+(h)'s excess without a second rank competing for memory. Compare two checkouts by running
+this file from each.
 """
 
 from __future__ import annotations
@@ -20,9 +24,17 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.engine import mlp_3m
-from trainer.averaging import param_digest, replica_digest, sq_norm
+from trainer.averaging import (
+    N_SCALARS,
+    IntervalTotals,
+    ParameterAverager,
+    param_digest,
+    replica_digest,
+    sq_norm,
+)
 from trainer.divergence import params_finite
 from trainer.models import build_model
+from trainer.outer import OuterOptimizer
 
 
 def _us(fn, reps: int = 15) -> float:
@@ -79,9 +91,36 @@ def main() -> None:
             _us(lambda: group.allreduce([bucket]).get_future().wait(), 2000),
         ),
     ]
+    for name, model in (("cnn1d", build_model("cnn1d", (40,), 10)), ("3M MLP", mlp_3m((40,), 10))):
+        capture, boundary, bare = _fused_boundary(model)
+        reps = 200 if name == "cnn1d" else 15
+        rows.append((f"fused boundary, {name}: capture g_i", _us(capture, reps)))
+        rows.append((f"fused boundary, {name}: capture g_i + boundary", _us(boundary, reps)))
+        rows.append((f"fused boundary, {name}: bare all_reduce", _us(bare, reps)))
     dist.destroy_process_group()
     for name, us in rows:
         print(f"{name:50s} {us:10.1f} µs")
+
+
+def _fused_boundary(model: torch.nn.Module):
+    """The capture of g_i (an optimizer pre-hook's work, not the boundary's), a fused boundary of
+    `model` (capture, start and finish), and a bare all_reduce of a buffer of its size."""
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    opt.step()  # creates the momentum buffers the correction updates
+    averager = ParameterAverager(
+        params, rank=0, world_size=1, outer=OuterOptimizer("slowmo", 1.0, 0.3), fused_sgd=opt
+    )
+    flat = torch.randn(2 * averager.numel + N_SCALARS)
+    totals = IntervalTotals(1.0, 1, 0.0, 0.0)
+
+    def boundary() -> None:
+        averager.capture_boundary_grads()
+        averager.reconcile(totals, 0.1, None)
+
+    return averager.capture_boundary_grads, boundary, lambda: dist.all_reduce(flat)
 
 
 if __name__ == "__main__":
