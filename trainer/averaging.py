@@ -78,6 +78,8 @@ class _Pending:
     end: int = 0
     n_pieces: int = 0  # parameter pieces at the head of avg_tensors
     delta_form: bool = False  # the pieces travel as θ_i − θ_ref (see ParameterAverager.start)
+    # fused: (momentum buffers, their gradient views in the buffer), paired in start()
+    momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     future: torch.futures.Future | None = None
     seconds: float = 0.0  # this rank's time spent in start()
     nbytes: int = 0  # what this rank put on the wire
@@ -142,6 +144,11 @@ def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
 _WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int32}
 _MIX = 0x9E3779B1  # odd: multiplying by it permutes Z/2^32 (Fibonacci hashing)
 
+# Mean elements per tensor below which a boundary treats a list of tensors as one copy laid end
+# to end (one op on the copy, as in the pack's θ_i − θ_ref and the digest) rather than one op
+# per tensor: below it the ops' dispatch costs more than the pass the copy adds.
+_PIECEWISE_MIN = 1 << 16
+
 
 def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     """The replica check's digest of the parameters, cut to `bits` so N of them sum exactly in
@@ -155,11 +162,14 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     tensors): replicas diverge through a faulty reduce or write-back, which changes values, not
     their order. Additive, so the same bytes give the same digest however they are split into
     tensors (the whole model, its fragments' pieces, one flat vector)."""
-    sums = [  # two ops per tensor (a dtype view, a sum): a small model's boundary counts ops
-        _flat_for_words(t).view(_WORDS[t.element_size()]).sum(dtype=torch.int32)
-        for t in tensors
-        if t.numel()
-    ]
+    # 1-D first: an 8-byte element is two words, and a 0-dim tensor, or a strided last
+    # dimension, refuses that view
+    words = [t.reshape(-1).view(_WORDS[t.element_size()]) for t in tensors if t.numel()]
+    numel = sum(w.numel() for w in words)
+    one_width = len({w.dtype for w in words}) == 1
+    if len(words) > 1 and numel < _PIECEWISE_MIN * len(words) and one_width:
+        words = [torch.cat(words)]  # small tensors: one copy, one sum
+    sums = [w.sum(dtype=torch.int32) for w in words]
     # one transfer to the host
     total = sum(torch.stack(sums).tolist()) if len(sums) > 1 else sum(int(t) for t in sums)
     return ((total * _MIX) % (1 << 32)) >> (32 - bits)
@@ -169,14 +179,6 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
 # than squaring into scratch and summing (below it, its extra ops cost more than the pass).
 _NORM_ROW = 512
 _NORM_ROWS_MIN = 1 << 16
-
-
-def _flat_for_words(t: torch.Tensor) -> torch.Tensor:
-    """t itself where a view as integer words works on it (contiguous, and of the words' own
-    width); otherwise its elements in one dimension. An 8-byte element is two words, which
-    needs a last dimension of stride 1: a 0-dim tensor or a size-1 last dimension with another
-    stride would refuse the view."""
-    return t if t.is_contiguous() and t.element_size() != 8 else t.reshape(-1)
 
 
 def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
@@ -202,12 +204,6 @@ def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
     return float(total)
 
 
-# Mean elements per piece from which the parameters are packed as θ_i − θ_ref one piece at a
-# time (one pass, one op per piece) rather than copied and then shifted (two passes, two ops):
-# below it, the ops' dispatch costs more than the pass they save.
-_PIECEWISE_MIN = 1 << 16
-
-
 def _sub_into(pieces: list[torch.Tensor], ref: torch.Tensor, out: torch.Tensor) -> None:
     """out = θ − ref, with θ the pieces laid end to end (bit for bit the same either way)."""
     if len(pieces) == 1 or out.numel() >= _PIECEWISE_MIN * len(pieces):
@@ -217,6 +213,16 @@ def _sub_into(pieces: list[torch.Tensor], ref: torch.Tensor, out: torch.Tensor) 
     else:
         torch.cat([t.reshape(-1) for t in pieces], out=out)
         out.sub_(ref)
+
+
+def _add_to_momentum(momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None, scale: float):
+    """m += scale · g over (momentum buffers, gradients). The fused boundary's correction
+    m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in two
+    halves: start() adds −g_i before the collective overwrites it, finish() adds (1/N)·Σ g
+    (local ops, one pass each). A boundary that raises in between (ReplicaMismatch: the
+    replicas already differ) leaves m_i − g_i."""
+    if momenta is not None:
+        torch._foreach_add_(momenta[0], momenta[1], alpha=scale)
 
 
 def digest_bits(world_size: int) -> int:
@@ -413,8 +419,10 @@ class ParameterAverager:
 
         # s_i = ||θ_i − θ_ref||²; see drift in finish().
         s = sq_norm(head if delta_form else torch.sub(head, ref, out=scratch), scratch)
+        momenta = None
         if grads:  # m_i − g_i now, while g_i is here; finish() adds ḡ (see _add_to_momentum)
-            self._add_to_momentum(grads, -1.0)
+            momenta = self._momenta(grads)
+            _add_to_momentum(momenta, -1.0)
         scalars.copy_(
             torch.tensor(
                 [
@@ -442,6 +450,7 @@ class ParameterAverager:
             b,
             len(pieces),
             delta_form=delta_form,
+            momenta=momenta,
         )
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
@@ -564,10 +573,8 @@ class ParameterAverager:
                 self._copy_into(pieces, self._ref_views)
             else:
                 self._write_back(pieces, theta_new)
-            if pending.n_grads:
-                # the gradient views packed in start(): Σ g now, in the buffer's segment
-                grads = pending.avg_tensors[pending.n_pieces : pending.n_pieces + pending.n_grads]
-                self._add_to_momentum(grads, 1.0 / n)
+            if pending.momenta is not None:  # the gradient views hold Σ g now
+                _add_to_momentum(pending.momenta, 1.0 / n)
             if rest_tensors:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
@@ -652,21 +659,19 @@ class ParameterAverager:
                 [t.detach() for t in tensors], ParameterAverager._views(flat, tensors)
             )
 
-    def _add_to_momentum(self, grads: list[torch.Tensor], scale: float) -> None:
-        """m_i += scale · g for each momentum buffer. The fused boundary's correction
-        m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in
-        two halves: start() adds −g_i before the collective overwrites it, finish() adds
-        (1/N)·Σ g (local ops, one pass each). A boundary that raises in between
-        (ReplicaMismatch: the replicas already differ) leaves m_i − g_i."""
+    def _momenta(
+        self, grads: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """The fused SGD's momentum buffers and, paired with them, the gradient views of their
+        parameters (a parameter without a buffer has no momentum to correct); None if none."""
         state = self.fused_sgd.state
-        pairs = [
-            (state[p]["momentum_buffer"], g)
-            for p, g in zip(self.params, grads, strict=True)
-            if state.get(p, {}).get("momentum_buffer") is not None
-        ]
-        if pairs:
-            bufs, gs = (list(t) for t in zip(*pairs, strict=True))
-            torch._foreach_add_(bufs, gs, alpha=scale)
+        bufs, gs = [], []
+        for p, g in zip(self.params, grads, strict=True):
+            buf = state[p].get("momentum_buffer") if p in state else None
+            if buf is not None:
+                bufs.append(buf)
+                gs.append(g)
+        return (bufs, gs) if bufs else None
 
     @staticmethod
     def _views(flat: torch.Tensor, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
