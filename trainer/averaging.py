@@ -215,7 +215,9 @@ def _sub_into(pieces: list[torch.Tensor], ref: torch.Tensor, out: torch.Tensor) 
         out.sub_(ref)
 
 
-def _add_to_momentum(momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None, scale: float):
+def _add_to_momentum(
+    momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None, scale: float
+) -> None:
     """m += scale · g over (momentum buffers, gradients). The fused boundary's correction
     m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in two
     halves: start() adds −g_i before the collective overwrites it, finish() adds (1/N)·Σ g
