@@ -4,7 +4,8 @@
 # It installs nothing beyond `make`'s set-up (.venv) and prints one line per check:
 # PASS/FAIL/SKIP, the job and what was checked. Exit status: the number of failed checks.
 # What it exercises that CPU tests cannot: collectives on the rank's device under NCCL, the link
-# emulator's CUDA-aware futures in DDP's comm hook, and CUDA-event timing of backward vs the wait.
+# emulator's CUDA-aware futures in DDP's comm hook, CUDA-event timing of a step's parts and of
+# backward vs the wait (trainer.profiler.DeviceMarks), and the loop's sums kept on the device.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/autok ] || make -s .venv/.installed-stamp >/dev/null || { echo "FAIL setup: make"; exit 1; }
@@ -39,6 +40,10 @@ for r in rows:
     if min(f, b, sy) < 0 or f + b + sy > e * 1.02 or b <= 0:
         bad.append(f"epoch {r['epoch']}: forward {f:.3f} + backward {b:.3f} + sync {sy:.3f} "
                    f"vs epoch {e:.3f}")
+    # summed on the device and read at the epoch's end (trainer/loop.py)
+    loss, acc = float(r["train_loss"]), float(r["train_accuracy"])
+    if not (0 < loss < 100 and 0 < acc <= 1):
+        bad.append(f"epoch {r['epoch']}: train loss {loss} or accuracy {acc} out of range")
 if s["compute_seconds"] + s["exposed_sync_seconds"] > s["wall_seconds"] * 1.02:
     bad.append("compute + exposed sync exceed the wall-clock")
 # on an emulated link every boundary waits at least the modelled latency

@@ -436,3 +436,80 @@ def test_the_builtin_gradient_path_times_a_slow_ranks_wait_as_sync_and_counts_as
         assert a["cpdp"] == b["cpdp"] == (2, 2, 4)  # 2 boundaries: a bucket + an average each
         assert a["synced"] == b["synced"]
         assert [g for _, g in a["synced"]] == [b for b, _ in a["synced"]]
+
+
+class _DeviceClock:
+    """Stands in for a GPU's clock: the test moves it by exact amounts of "device work"."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _device_marks_worker(rank, world):
+    """A user's loop under Sync with DeviceMarks' events (what a GPU uses), whose clock moves
+    only by the device work the loop declares: forward 1 s (plus 0.125 s of set-up before it,
+    which the step counts as forward), backward 2 s, the optimizer 0.5 s, 0.25 s after it."""
+    from trainer.profiler import DeviceMarks
+
+    device = _DeviceClock()
+
+    class Event:
+        def __init__(self) -> None:
+            self.at: float | None = None
+
+        def record(self, stream=None) -> None:
+            self.at = device.t
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1e3  # milliseconds, as torch.cuda.Event
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    records = []
+
+    class Keep:
+        def on_boundary(self, stats, decision):
+            records.append(stats.compute_seconds)
+
+    sync = autok.Sync(model, opt, sync_period=4, link="none", observers=[Keep()])
+    sync._marks = DeviceMarks(torch.device("cpu"), event=Event)
+    model.register_forward_hook(lambda *a: device.advance(1.0))
+    opt.register_step_pre_hook(lambda *a: device.advance(0.5))  # after Sync's: the step's work
+    steps = []
+    for i, (x, y) in enumerate(_batches(rank, 9)):
+        with sync.step() as s:
+            device.advance(0.125)
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            device.advance(2.0)
+            if i != 8:  # the last step skips its optimizer step (as GradScaler may)
+                opt.step()
+            device.advance(0.25)
+            s.loss = loss
+        t = sync.last_step
+        steps.append(
+            (t.forward_seconds, t.backward_seconds, t.optimizer_seconds, t.is_boundary)
+            + ((t.sync_seconds,) if not t.is_boundary else ())
+        )
+    sync.close()
+    return steps, records
+
+
+def test_on_a_device_clock_a_step_is_timed_by_its_events_read_once_at_its_close():
+    """On a GPU, Sync times a step by events at its points (trainer.profiler.DeviceMarks) and
+    waits for the device once, at the close. With a stand-in device clock the spans are exact:
+    a skipped optimizer step ends backward at the close, and each boundary's compute is the
+    sum of its four steps, on both ranks."""
+    for steps, records in run_dist(_device_marks_worker, 2):
+        local = (1.125, 2.0, 0.5, False, 0.0)
+        boundary = (1.125, 2.0, 0.5, True)
+        assert steps[:8] == [local, local, local, boundary] * 2
+        assert steps[8] == (1.125, 2.25, 0.0, False, 0.0)
+        assert records[:2] == [4 * 3.625, 4 * 3.625]

@@ -257,3 +257,37 @@ def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():
     assert params_finite([c, torch.arange(5), torch.ones(2, dtype=torch.bool)])
     c[1] = complex(0.0, math.nan)
     assert not params_finite([c, tensors[0]])
+
+
+class _At:
+    """A stand-in timing event at a fixed device time (seconds)."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def elapsed_time(self, end: _At) -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwards_end():
+    """On a GPU the host only queues work, so its times bound nothing: the wait is the span on
+    the device from the last bucket's event to the event that ends backward, uncut by the
+    host's (shorter) span; the caller caps it at backward's span on the device."""
+    from trainer.grad_hook import GradSyncState
+
+    state = GradSyncState(world_size=2, clock=None)
+    state.last_ready, state.last_ready_event = 1.0, _At(10.0)
+    assert state.exposed_wait(0.5, 1.1, _At(10.75)) == 0.75
+    assert state.exposed_wait(0.5, 1.1, _At(9.0)) == 0.0  # never negative
+    state.last_ready = 0.25  # a bucket from before this backward: no wait of this step's
+    assert state.exposed_wait(0.5, 1.1, _At(10.75)) is None
+
+
+def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():
+    from trainer.loop import _add_on_device
+
+    slot = torch.zeros((), dtype=torch.float64)
+    _add_on_device(slot, torch.tensor([3, 4]))  # a tensor on the slot's device: summed there
+    _add_on_device(slot, 2.5)
+    _add_on_device(slot, torch.tensor(0.5, dtype=torch.float16))
+    assert slot.item() == 10.0 and slot.dtype == torch.float64

@@ -87,10 +87,13 @@ class GradSyncState:
     def _ready(self) -> None:
         self.last_ready = time.perf_counter()
 
-    def exposed_wait(self, backward_start: float, backward_end: float) -> float | None:
+    def exposed_wait(
+        self, backward_start: float, backward_end: float, end_event: Any = None
+    ) -> float | None:
         """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
-        None when no bucket was all-reduced in this backward. `backward_end` must be taken after
-        the device has finished its queued work (trainer.profiler.clock does that on a GPU)."""
+        None when no bucket was all-reduced in this backward. Host times (perf_counter) on the
+        CPU; on a GPU the wait runs from the last bucket's event to `end_event`, the recorded
+        (and already reached) event that ends backward (trainer.profiler.DeviceMarks)."""
         ready = self.last_ready
         if ready is None or ready <= backward_start:
             return None
@@ -100,7 +103,9 @@ class GradSyncState:
                 return None
             self.nbytes, self.buckets = times * self.grad_nbytes, times * self.bucket_count()
         if self.last_ready_event is not None:
-            end = torch.cuda.Event(enable_timing=True)
+            if end_event is not None:  # the caller caps it at backward's span on the device
+                return max(0.0, self.last_ready_event.elapsed_time(end_event) / 1e3)
+            end = torch.cuda.Event(enable_timing=True)  # no clock points: wait here
             end.record()
             end.synchronize()
             wait = self.last_ready_event.elapsed_time(end) / 1e3

@@ -225,7 +225,15 @@ class Trainer:
         sync.warmup, sync.epoch = epoch < self.cfg.warmup_epochs, epoch
         times = EpochTimes()
         counts0 = (sync.grad_syncs, sync.param_syncs, sync.collectives)
-        epoch_start = step_end = self.now()
+        epoch_start = self.now()
+        # The training loss and metric sums: read per step on the CPU (a read is cheaper than an
+        # op there); summed on the accelerator otherwise, and read once, at the epoch's end, so
+        # that no step waits for the device (issue 17).
+        acc = (
+            None
+            if self.device.type == "cpu"
+            else torch.zeros(3, dtype=torch.float64, device=self.device)
+        )
         last = self.steps_per_epoch - 1
         for i, (x, y) in enumerate(self.train_loader):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -244,16 +252,27 @@ class Trainer:
             times.backward_seconds += step.backward_seconds
             times.optimizer_seconds += step.optimizer_seconds
             times.sync_seconds += step.sync_seconds
-            times.train_loss_sum += loss.item() * len(y)
             if classifies:  # another metric is judged on the test set only
                 total, count = self.task.metric.batch(out.detach(), y)
-                times.train_correct += float(total)
-                times.train_counted += float(count)
+            if acc is None:
+                times.train_loss_sum += loss.item() * len(y)
+                if classifies:
+                    times.train_correct += float(total)
+                    times.train_counted += float(count)
+            else:
+                acc[0].add_(loss.detach(), alpha=len(y))
+                if classifies:
+                    _add_on_device(acc[1], total)
+                    _add_on_device(acc[2], count)
             times.train_seen += len(y)
             times.steps += 1
             self._emit("on_step", self, step.is_boundary)
-            step_end = self.now()
-        times.epoch_seconds = step_end - epoch_start
+        times.epoch_seconds = self.now() - epoch_start
+        if acc is not None:
+            loss_sum, correct, counted = acc.tolist()
+            times.train_loss_sum += loss_sum
+            times.train_correct += correct
+            times.train_counted += counted
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self._end_epoch(epoch, times, counts0, lr)
@@ -505,3 +524,12 @@ def set_rng_state(rng: dict[str, Any]) -> None:
 def print_summary(summary: dict[str, Any]) -> None:
     """The closing table, to the terminal and train.log (the run's logger, rank 0)."""
     logging.getLogger(LOGGER).info("autok summary\n" + summary_table(summary))
+
+
+def _add_on_device(slot: torch.Tensor, x: Any) -> None:
+    """slot += x with no host sync: a tensor on slot's device is added there; a number, or a
+    tensor elsewhere (a metric computed on the CPU), is read on the host first."""
+    if isinstance(x, torch.Tensor) and x.device == slot.device:
+        slot.add_(x.detach().sum())
+    else:
+        slot.add_(float(x))

@@ -43,7 +43,7 @@ from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
-from trainer.profiler import Interval, clock
+from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
 from trainer.strategies import STRATEGIES, fused
 
 # ddp has a boundary every step, and judging the parameters finite costs a foreach norm and a
@@ -124,7 +124,10 @@ class Sync:
         )
         if use_fused:
             self.strategy = fused(self.strategy)
-        self.now = clock(self.device)
+        # The host clock, read without a device sync; on a GPU the step's spans come from
+        # DeviceMarks' events, read once at the step's close.
+        self.now = time.perf_counter
+        self._marks = DeviceMarks(self.device) if self.device.type == "cuda" else None
 
         plan = opts.link_plan
         self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
@@ -259,6 +262,8 @@ class Sync:
         self.grad_state.reset(local=not self.strategy.syncs_gradients(is_boundary))
         ctx = self.strategy.backward_context(self.model, is_boundary)
         state.t0 = state.fwd_start = self.now()
+        if self._marks is not None:
+            self._marks.start()
         return state, ctx
 
     def _after_forward(self, args: tuple) -> None:
@@ -267,6 +272,8 @@ class Sync:
             t = self.now()
             state.forward += t - state.fwd_start
             state.fwd_start = state.t1 = t  # a further forward (accumulation) starts here
+            if self._marks is not None:
+                self._marks.mark(T1)
             if torch.is_grad_enabled() and self.model.require_backward_grad_sync:
                 self.grad_state.arm()  # DDP all-reduces this forward's backward
             if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
@@ -277,6 +284,8 @@ class Sync:
         if state is None or state.t2 is not None:
             return
         state.t2 = self.now()
+        if self._marks is not None:
+            self._marks.mark(T2)
         state.lr = optimizer.param_groups[0]["lr"]
         if state.is_boundary and self.strategy.fused_gradients:
             self.averager.capture_boundary_grads()  # g_i as it enters the step
@@ -285,6 +294,8 @@ class Sync:
         state = self._in_step
         if state is not None and state.t3 is None and state.t2 is not None:
             state.t3 = self.now()
+            if self._marks is not None:
+                self._marks.mark(T3)
 
     def _close_step(self, state: _StepState, handle: StepHandle) -> None:
         end = self.now()
@@ -293,16 +304,23 @@ class Sync:
         t3 = state.t3 if state.t3 is not None else t2
         if state.lr is None:
             state.lr = self.optimizer.param_groups[0]["lr"]
-        wait = self.grad_state.exposed_wait(t1, t2)
+        if self._marks is None:
+            forward, span, optimizer = state.forward, t2 - t1, t3 - t2
+            wait = self.grad_state.exposed_wait(t1, t2)
+        else:  # on the device's clock; the one host sync of the step
+            forward, span, optimizer, backward_end = self._marks.close()
+            wait = self.grad_state.exposed_wait(t1, t2, backward_end)
+            if wait is not None:
+                wait = min(wait, span)
         grad_synced = wait is not None
-        backward = t2 - t1 - (wait or 0.0)
+        backward = span - (wait or 0.0)
         wait = wait or 0.0
         if grad_synced:
             self.grad_syncs += 1
         times = StepTimes(
-            forward_seconds=state.forward,
+            forward_seconds=forward,
             backward_seconds=backward,
-            optimizer_seconds=t3 - t2,
+            optimizer_seconds=optimizer,
             sync_seconds=wait,
             is_boundary=state.is_boundary,
             grad_synced=grad_synced,
@@ -330,7 +348,7 @@ class Sync:
         elif loss is not None:
             self._loss_sum += float(loss)
         interval.steps += 1
-        interval.compute_seconds += state.forward + backward + (t3 - t2)
+        interval.compute_seconds += forward + backward + optimizer
         interval.exposed_sync_seconds += wait
         interval.grad_bytes += self.grad_state.nbytes
         self.collectives += self.grad_state.buckets
