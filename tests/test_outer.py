@@ -215,3 +215,33 @@ def _resume_worker(rank, world, options):
 def test_state_dict_resume_with_outer_state_is_bit_for_bit(options):
     for whole, resumed in run_dist(_resume_worker, 2, options):
         assert torch.equal(whole, resumed)
+
+
+@pytest.mark.parametrize("lr_aware", [False, True])
+@pytest.mark.parametrize("alpha", [1.0, 0.7])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_slowmo_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_on_their_mean(
+    lr_aware, alpha, n
+):
+    """The averager hands SlowMo Σ_i Δ_i and 1/N instead of dividing (one pass fewer, issue 17):
+    for N a power of two the result is bit-identical to the step on the mean, velocity too."""
+    g = torch.Generator().manual_seed(n)
+    spec = OuterOptimizer("slowmo", alpha, 0.6, lr_aware)
+    ref0, vel0 = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
+    total = torch.randn(3000, generator=g) * 1e-3 * n
+    mean = total / n
+    a_ref, a_vel = ref0.clone(), vel0.clone()
+    outer_step_(spec, a_ref, a_vel, None, 0.05, delta=mean.clone())
+    b_ref, b_vel = ref0.clone(), vel0.clone()
+    outer_step_(spec, b_ref, b_vel, None, 0.05, delta=total.clone(), scale=1.0 / n)
+    assert torch.equal(a_ref, b_ref) and torch.equal(a_vel, b_vel)
+    with pytest.raises(ValueError, match="only SlowMo"):
+        outer_step_(
+            OuterOptimizer("sgd", 1.0, 0.6),
+            ref0.clone(),
+            vel0.clone(),
+            None,
+            0.05,
+            delta=total.clone(),
+            scale=0.5,
+        )

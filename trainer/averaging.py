@@ -534,17 +534,24 @@ class ParameterAverager:
                 f"expected {n} x {red[DIGEST0]:.0f}"
             )
         self.boundaries += 1
+        # The mean Δ's 1/n rides in SlowMo's factors where that is exact: with n a power of two
+        # every product with it is exact, so the step is bit-identical to one on Σ/n and the
+        # division's pass over the parameters is saved (issue 17). (Δ̄ below 1.2e-38, subnormal
+        # in float32, may round differently where the add is a fused multiply-add.)
+        fold = pending.delta_form and n & (n - 1) == 0 and self.outer.kind == "slowmo"
+        scale = 1.0 / n if fold else 1.0
         if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
-            avg_seg[:m].div_(n)
+            if not fold:
+                avg_seg[:m].div_(n)
             avg_seg[2 * m :].div_(n)
         else:
-            avg_seg.div_(n)
+            (avg_seg[m:] if fold else avg_seg).div_(n)
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         theta_avg = delta = None
         if pending.delta_form or pending.compressed:  # the mean Δ = θ_avg − θ_ref was sent
-            delta = avg_seg[:m]
-            update_sq = sq_norm(delta, scratch)
+            delta = avg_seg[:m]  # scale·Δ̄
+            update_sq = sq_norm(delta, scratch) * scale * scale
             if self.outer.is_plain_average:
                 theta_avg, delta = delta.add_(ref), None
         else:
@@ -555,7 +562,9 @@ class ParameterAverager:
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
             theta_now = self._snapshot[:m]
-        theta_new = outer_step_(self.outer, ref, velocity, theta_avg, pending.lr, delta=delta)
+        theta_new = outer_step_(
+            self.outer, ref, velocity, theta_avg, pending.lr, delta=delta, scale=scale
+        )
         pieces = pending.avg_tensors[: pending.n_pieces]
         rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
         rest = m * (2 if pending.n_grads else 1)

@@ -62,13 +62,17 @@ def outer_step_(
     avg: torch.Tensor | None,
     inner_lr: float,
     delta: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from θ_avg; return θ_new (which is `ref`).
 
     `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update
     norm, or receives it as the mean of the ranks' θ_i − θ_ref); it may be overwritten. Every
     step but a plain average reads only `delta` when given, so `avg` may then be None.
-    `velocity` must exist when `spec.needs_velocity`."""
+    `velocity` must exist when `spec.needs_velocity`. `scale` (SlowMo only): θ_avg − θ_ref is
+    scale·`delta`, with scale a power of two (the averager passes the ranks' sum of Δ_i and
+    1/N), so that every product with it is exact and the step is bit-identical to one on the
+    mean."""
     if spec.is_plain_average:
         ref.copy_(avg)
         return ref
@@ -78,17 +82,21 @@ def outer_step_(
         if spec.lr == 1.0:  # today's SlowMo, exactly its arithmetic
             from trainer.slowmo import slowmo_update_
 
-            return slowmo_update_(ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta)
+            return slowmo_update_(
+                ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale
+            )
         # θ_ref + α·(u or η·u): the update slowmo_update_ would add, scaled by α
         if velocity is None:
-            ref.add_(delta, alpha=spec.lr)
+            ref.add_(delta, alpha=spec.lr * scale)
         elif spec.lr_aware:
-            velocity.mul_(spec.momentum).add_(delta, alpha=1.0 / inner_lr)
+            velocity.mul_(spec.momentum).add_(delta, alpha=1.0 / inner_lr * scale)
             ref.add_(velocity, alpha=spec.lr * inner_lr)
         else:
-            velocity.mul_(spec.momentum).add_(delta)
+            velocity.mul_(spec.momentum).add_(delta, alpha=scale)
             ref.add_(velocity, alpha=spec.lr)
         return ref
+    if scale != 1.0:
+        raise ValueError("outer_step_: only SlowMo takes a scaled delta")
     pseudo = delta.neg_()  # Δ = θ_ref − θ_avg: the pseudo-gradient
     if velocity is None:  # μ = 0: sgd and nesterov are both θ_ref − α·Δ
         ref.add_(pseudo, alpha=-spec.lr)

@@ -19,12 +19,14 @@ def slowmo_update_(
     lr: float,
     lr_aware: bool = False,
     delta: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from the averaged parameters; return the new θ (= ref).
 
     β = 0 returns θ_avg itself (copied into ref): SlowMo off must not round θ_avg through
     θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit. With β > 0
-    and `delta` given, `avg` is not read (it may be None).
+    and `delta` given, `avg` is not read (it may be None). `scale`: θ_avg − θ_ref is
+    scale·`delta`, scale a power of two (see trainer.outer.outer_step_).
     """
     if beta == 0.0 or velocity is None:
         ref.copy_(avg)
@@ -33,9 +35,9 @@ def slowmo_update_(
     if delta is None:
         delta = avg.sub(ref)
     if lr_aware:
-        velocity.mul_(beta).add_(delta, alpha=1.0 / lr)
+        velocity.mul_(beta).add_(delta, alpha=1.0 / lr * scale)
         ref.add_(velocity, alpha=lr)
     else:
-        velocity.mul_(beta).add_(delta)
+        velocity.mul_(beta).add_(delta, alpha=scale)
         ref.add_(velocity)
     return ref
