@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from torch.nn.parallel import DistributedDataParallel
 
+_NO_CONTEXT = nullcontext()  # reusable: enters and exits any number of times
+
 
 @dataclass(frozen=True)
 class SyncStrategy:
@@ -29,12 +31,12 @@ class SyncStrategy:
         """Whether this step's backward all-reduces its gradients through DDP."""
         return is_boundary and self.grad_sync_at_boundary
 
-    def backward_context(
-        self, model: DistributedDataParallel, is_boundary: bool
-    ) -> AbstractContextManager:
-        # DDP all-reduces gradients inside backward unless no_sync() suppresses its hooks; local
-        # steps keep their gradients local, so the optimizer step that follows is a local one.
-        return nullcontext() if self.syncs_gradients(is_boundary) else model.no_sync()
+    @staticmethod
+    def backward_context(model: DistributedDataParallel, syncs: bool) -> AbstractContextManager:
+        """The context of a step's backward, given `syncs_gradients` for it: DDP all-reduces
+        gradients inside backward unless no_sync() suppresses its hooks; local steps keep their
+        gradients local, so the optimizer step that follows is a local one."""
+        return _NO_CONTEXT if syncs else model.no_sync()
 
 
 def fused(strategy: SyncStrategy) -> SyncStrategy:

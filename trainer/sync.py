@@ -199,6 +199,7 @@ class Sync:
         # Fragments (trainer/fragments.py): the position 1..F in the round of the next
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
+        self._fragments = opts.fragments
         self._in_step: _StepState | None = None
         optimizer.register_step_pre_hook(self._before_optimizer_step)
         optimizer.register_step_post_hook(self._after_optimizer_step)
@@ -252,15 +253,17 @@ class Sync:
     def _open_step(self, boundary: bool) -> tuple[_StepState, AbstractContextManager]:
         if self._in_step is not None:
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
-        gap, fragment = self._next_sync()
+        if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
+            gap, fragment = 1 if self.warmup else self.sync_period, WHOLE
+        else:
+            gap, fragment = self._next_sync()
         is_boundary = boundary or self._interval.steps + 1 >= gap
-        state = self._in_step = _StepState(
-            is_boundary, last_of_epoch=boundary, fragment=WHOLE if boundary else fragment
-        )
+        state = self._in_step = _StepState(is_boundary, boundary, WHOLE if boundary else fragment)
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
-        self.grad_state.reset(local=not self.strategy.syncs_gradients(is_boundary))
-        ctx = self.strategy.backward_context(self.model, is_boundary)
+        syncs = self.strategy.syncs_gradients(is_boundary)
+        self.grad_state.reset(local=not syncs)
+        ctx = self.strategy.backward_context(self.model, syncs)
         state.t0 = state.fwd_start = self.now()
         if self._marks is not None:
             self._marks.start()
@@ -317,14 +320,7 @@ class Sync:
         wait = wait or 0.0
         if grad_synced:
             self.grad_syncs += 1
-        times = StepTimes(
-            forward_seconds=forward,
-            backward_seconds=backward,
-            optimizer_seconds=optimizer,
-            sync_seconds=wait,
-            is_boundary=state.is_boundary,
-            grad_synced=grad_synced,
-        )
+        times = StepTimes(forward, backward, optimizer, wait, state.is_boundary, grad_synced)
         self.last_step = times
         interval = self._interval
         if self._pending is not None:
@@ -440,7 +436,8 @@ class Sync:
         timing and loss. The guard judges the parameters, which the averaged gradients keep
         identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
         its other checks (drift, update, a rank-local loss) cannot fire on ddp."""
-        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
+        if self.observers:
+            self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
         record = (  # BoundaryStats' fields, in order
             self.boundary,
             self.global_step,
