@@ -265,6 +265,9 @@ class _At:
     def __init__(self, at: float) -> None:
         self.at = at
 
+    def synchronize(self) -> None:
+        pass
+
     def elapsed_time(self, end: _At) -> float:
         return (end.at - self.at) * 1e3
 
@@ -284,10 +287,11 @@ def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwa
 
 
 def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():
-    from trainer.loop import _add_on_device
+    from trainer.loop import _on_device_or_read
 
     slot = torch.zeros((), dtype=torch.float64)
-    _add_on_device(slot, torch.tensor([3, 4]))  # a tensor on the slot's device: summed there
-    _add_on_device(slot, 2.5)
-    _add_on_device(slot, torch.tensor(0.5, dtype=torch.float16))
-    assert slot.item() == 10.0 and slot.dtype == torch.float64
+    # tensors on the slot's device are summed there; numbers come back for the host's sum
+    assert _on_device_or_read(slot, torch.tensor([3, 4])) == 0.0
+    assert _on_device_or_read(slot, torch.tensor(0.5, dtype=torch.float16)) == 0.0
+    assert _on_device_or_read(slot, 2.5) == 2.5
+    assert slot.item() == 7.5 and slot.dtype == torch.float64

@@ -227,6 +227,9 @@ def _add_to_momentum(
         torch._foreach_add_(momenta[0], momenta[1], alpha=scale)
 
 
+_FOLDABLE = (torch.float32, torch.float64, torch.bfloat16)
+
+
 def digest_bits(world_size: int) -> int:
     # float32 holds integers exactly up to 2^24; N digests must sum below it.
     return max(1, 24 - max(1, (world_size - 1).bit_length()))
@@ -536,9 +539,16 @@ class ParameterAverager:
         self.boundaries += 1
         # The mean Δ's 1/n rides in SlowMo's factors where that is exact: with n a power of two
         # every product with it is exact, so the step is bit-identical to one on Σ/n and the
-        # division's pass over the parameters is saved (issue 17). (Δ̄ below 1.2e-38, subnormal
-        # in float32, may round differently where the add is a fused multiply-add.)
-        fold = pending.delta_form and n & (n - 1) == 0 and self.outer.kind == "slowmo"
+        # division's pass over the parameters is saved (issue 17). Only a subnormal Σ/n could
+        # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32
+        # and bfloat16, but below 6.1e-5 in float16, whose update norm (squares summed in float16
+        # under 65,536 elements) would also see Σ² overflow or underflow where Δ̄² does not.
+        fold = (
+            pending.delta_form
+            and n & (n - 1) == 0
+            and self.outer.kind == "slowmo"
+            and self.ref.dtype in _FOLDABLE
+        )
         scale = 1.0 / n if fold else 1.0
         if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
             if not fold:

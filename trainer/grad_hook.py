@@ -104,6 +104,7 @@ class GradSyncState:
             self.nbytes, self.buckets = times * self.grad_nbytes, times * self.bucket_count()
         if self.last_ready_event is not None:
             if end_event is not None:  # the caller caps it at backward's span on the device
+                self.last_ready_event.synchronize()  # reached already if on end_event's stream
                 return max(0.0, self.last_ready_event.elapsed_time(end_event) / 1e3)
             end = torch.cuda.Event(enable_timing=True)  # no clock points: wait here
             end.record()

@@ -225,10 +225,10 @@ class Trainer:
         sync.warmup, sync.epoch = epoch < self.cfg.warmup_epochs, epoch
         times = EpochTimes()
         counts0 = (sync.grad_syncs, sync.param_syncs, sync.collectives)
-        epoch_start = self.now()
+        epoch_start = step_end = self.now()
         # The training loss and metric sums: read per step on the CPU (a read is cheaper than an
-        # op there); summed on the accelerator otherwise, and read once, at the epoch's end, so
-        # that no step waits for the device (issue 17).
+        # op there); tensors on an accelerator are summed there and read once, at the epoch's
+        # end, so that the loop adds no host sync per step (issue 17; Sync's close has its one).
         acc = (
             None
             if self.device.type == "cpu"
@@ -260,14 +260,18 @@ class Trainer:
                     times.train_correct += float(total)
                     times.train_counted += float(count)
             else:
-                acc[0].add_(loss.detach(), alpha=len(y))
+                acc[0].add_(loss.detach().sum(), alpha=len(y))  # a loss of shape [1] too
                 if classifies:
-                    _add_on_device(acc[1], total)
-                    _add_on_device(acc[2], count)
+                    times.train_correct += _on_device_or_read(acc[1], total)
+                    times.train_counted += _on_device_or_read(acc[2], count)
             times.train_seen += len(y)
             times.steps += 1
             self._emit("on_step", self, step.is_boundary)
-        times.epoch_seconds = self.now() - epoch_start
+            if acc is None:  # on an accelerator the end is read once, below, with a device sync
+                step_end = self.now()
+        if acc is not None:
+            step_end = self.now()
+        times.epoch_seconds = step_end - epoch_start
         if acc is not None:
             loss_sum, correct, counted = acc.tolist()
             times.train_loss_sum += loss_sum
@@ -526,10 +530,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     logging.getLogger(LOGGER).info("autok summary\n" + summary_table(summary))
 
 
-def _add_on_device(slot: torch.Tensor, x: Any) -> None:
-    """slot += x with no host sync: a tensor on slot's device is added there; a number, or a
-    tensor elsewhere (a metric computed on the CPU), is read on the host first."""
+def _on_device_or_read(slot: torch.Tensor, x: Any) -> float:
+    """A metric's per-batch value with no host sync: a tensor on slot's device is added to slot
+    there (0.0 returned); a number, or a tensor elsewhere (a metric computed on the CPU), is
+    returned as a float for the host's sum (a kernel launch would cost more than the add)."""
     if isinstance(x, torch.Tensor) and x.device == slot.device:
         slot.add_(x.detach().sum())
-    else:
-        slot.add_(float(x))
+        return 0.0
+    return float(x)
