@@ -162,9 +162,18 @@ def replica_digest(tensors: list[torch.Tensor], bits: int) -> int:
     tensors): replicas diverge through a faulty reduce or write-back, which changes values, not
     their order. Additive, so the same bytes give the same digest however they are split into
     tensors (the whole model, its fragments' pieces, one flat vector)."""
+    return digest_of_words(digest_words(tensors), bits)
+
+
+def digest_words(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """replica_digest's word views of `tensors` (a copy where a tensor is not contiguous)."""
     # 1-D first: an 8-byte element is two words, and a 0-dim tensor, or a strided last
     # dimension, refuses that view
-    words = [t.reshape(-1).view(_WORDS[t.element_size()]) for t in tensors if t.numel()]
+    return [t.reshape(-1).view(_WORDS[t.element_size()]) for t in tensors if t.numel()]
+
+
+def digest_of_words(words: list[torch.Tensor], bits: int) -> int:
+    """replica_digest of the tensors whose `digest_words` these are."""
     numel = sum(w.numel() for w in words)
     one_width = len({w.dtype for w in words}) == 1
     if len(words) > 1 and numel < _PIECEWISE_MIN * len(words) and one_width:
@@ -283,6 +292,7 @@ class ParameterAverager:
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
         self._ref_views = self._views(self.ref, params)
         self._grad_views: tuple[int, list[torch.Tensor]] | None = None  # (store, views)
+        self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
         # The buffer is a prefix view of one allocation that only grows: fragment syncs and
@@ -355,7 +365,7 @@ class ParameterAverager:
         pieces that hold it, in order: the parameters themselves for the whole model, 1-D views
         into them for a fragment (a cut may fall inside a tensor)."""
         if fragment == WHOLE:
-            return 0, self.numel, [p.detach() for p in self.params]
+            return 0, self.numel, self._whole()[0]
         a, b = self.bounds[fragment]
         pieces, offset = [], 0
         for p in self.params:
@@ -364,6 +374,19 @@ class ParameterAverager:
                 pieces.append(p.detach().view(-1)[lo - offset : hi - offset])
             offset += p.numel()
         return a, b, pieces
+
+    def _whole(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The parameters detached, and their digest words where those are views (every
+        parameter contiguous): cut once, not at every boundary (for a small model the cutting
+        cost more than the sums). Cut again if a parameter's storage has moved, which DDP's own
+        contract forbids once the model is wrapped."""
+        ptrs = [p.data_ptr() for p in self.params]
+        if ptrs != self._ptrs:
+            self._ptrs = ptrs
+            self._detached = [p.detach() for p in self.params]
+            contiguous = all(p.is_contiguous() for p in self._detached)
+            self._words = digest_words(self._detached) if contiguous else None
+        return self._detached, self._words
 
     def _moved(self, fragment: int, grads: list[torch.Tensor]):
         """What a boundary moving `fragment` packs: its [start, end), the parameter pieces, the
@@ -553,9 +576,12 @@ class ParameterAverager:
         if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
             if not fold:
                 avg_seg[:m].div_(n)
-            avg_seg[2 * m :].div_(n)
-        else:
-            (avg_seg[m:] if fold else avg_seg).div_(n)
+            if n_avg > 2 * m:  # averaged extras (buffers, optimizer state)
+                avg_seg[2 * m :].div_(n)
+        elif not fold:
+            avg_seg.div_(n)
+        elif n_avg > m:
+            avg_seg[m:].div_(n)
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         theta_avg = delta = None
@@ -601,7 +627,10 @@ class ParameterAverager:
             if n_bc:
                 self._write_back(pending.bc_tensors, bc_seg)
             # of the parameters as written, not of θ_new: a faulty write-back is caught too
-            self.last_digest = replica_digest(pieces, self._bits)
+            words = self._whole()[1] if pending.fragment == WHOLE else None
+            if words is None:
+                words = digest_words(pieces)
+            self.last_digest = digest_of_words(words, self._bits)
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
