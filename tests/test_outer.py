@@ -217,31 +217,37 @@ def test_state_dict_resume_with_outer_state_is_bit_for_bit(options):
         assert torch.equal(whole, resumed)
 
 
-@pytest.mark.parametrize("lr_aware", [False, True])
-@pytest.mark.parametrize("alpha", [1.0, 0.7])
+SCALED = [
+    ("slowmo", 1.0, 0.6, False),
+    ("slowmo", 1.0, 0.6, True),
+    ("slowmo", 0.7, 0.6, False),
+    ("slowmo", 0.7, 0.6, True),
+    ("slowmo", 0.7, 0.0, False),  # no velocity: θ_ref + α·Δ
+    ("sgd", 0.7, 0.6, False),
+    ("sgd", 0.7, 0.0, False),
+    ("nesterov", 0.7, 0.9, False),
+    ("nesterov", 0.7, 0.0, False),
+]
+
+
+@pytest.mark.parametrize("spec", SCALED, ids=lambda s: "-".join(map(str, s)))
 @pytest.mark.parametrize("n", [2, 4, 8])
-def test_slowmo_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_on_their_mean(
-    lr_aware, alpha, n
+def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_on_their_mean(
+    spec, n
 ):
-    """The averager hands SlowMo Σ_i Δ_i and 1/N instead of dividing (one pass fewer, issue 17):
-    for N a power of two the result is bit-identical to the step on the mean, velocity too."""
+    """The averager hands the outer step Σ_i Δ_i and 1/N instead of dividing (a pass fewer,
+    issue 17; for sgd and nesterov the negation folds in too): for N a power of two the result
+    is bit-identical to the step on the mean, velocity included."""
     g = torch.Generator().manual_seed(n)
-    spec = OuterOptimizer("slowmo", alpha, 0.6, lr_aware)
+    spec = OuterOptimizer(*spec)
     ref0, vel0 = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
     total = torch.randn(3000, generator=g) * 1e-3 * n
     mean = total / n
-    a_ref, a_vel = ref0.clone(), vel0.clone()
+    velocity = (lambda: vel0.clone()) if spec.needs_velocity else (lambda: None)
+    a_ref, a_vel = ref0.clone(), velocity()
     outer_step_(spec, a_ref, a_vel, None, 0.05, delta=mean.clone())
-    b_ref, b_vel = ref0.clone(), vel0.clone()
+    b_ref, b_vel = ref0.clone(), velocity()
     outer_step_(spec, b_ref, b_vel, None, 0.05, delta=total.clone(), scale=1.0 / n)
-    assert torch.equal(a_ref, b_ref) and torch.equal(a_vel, b_vel)
-    with pytest.raises(ValueError, match="only SlowMo"):
-        outer_step_(
-            OuterOptimizer("sgd", 1.0, 0.6),
-            ref0.clone(),
-            vel0.clone(),
-            None,
-            0.05,
-            delta=total.clone(),
-            scale=0.5,
-        )
+    assert torch.equal(a_ref, b_ref)
+    assert (a_vel is None and b_vel is None) or torch.equal(a_vel, b_vel)
+    assert not torch.equal(a_ref, ref0)  # the step moved θ_ref

@@ -560,18 +560,13 @@ class ParameterAverager:
                 f"expected {n} x {red[DIGEST0]:.0f}"
             )
         self.boundaries += 1
-        # The mean Δ's 1/n rides in SlowMo's factors where that is exact: with n a power of two
-        # every product with it is exact, so the step is bit-identical to one on Σ/n and the
-        # division's pass over the parameters is saved (issue 17). Only a subnormal Σ/n could
+        # The mean Δ's 1/n rides in the outer step's factors where that is exact: with n a power
+        # of two every product with it is exact, so the step is bit-identical to one on Σ/n and
+        # the division's pass over the parameters is saved (issue 17). Only a subnormal Σ/n could
         # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32
         # and bfloat16, but below 6.1e-5 in float16, whose update norm (squares summed in float16
         # under 65,536 elements) would also see Σ² overflow or underflow where Δ̄² does not.
-        fold = (
-            pending.delta_form
-            and n & (n - 1) == 0
-            and self.outer.kind == "slowmo"
-            and self.ref.dtype in _FOLDABLE
-        )
+        fold = pending.delta_form and n & (n - 1) == 0 and self.ref.dtype in _FOLDABLE
         scale = 1.0 / n if fold else 1.0
         if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
             if not fold:

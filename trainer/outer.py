@@ -69,10 +69,9 @@ def outer_step_(
     `delta` is θ_avg − θ_ref if the caller has it (the averager computes it for the update
     norm, or receives it as the mean of the ranks' θ_i − θ_ref); it may be overwritten. Every
     step but a plain average reads only `delta` when given, so `avg` may then be None.
-    `velocity` must exist when `spec.needs_velocity`. `scale` (SlowMo only): θ_avg − θ_ref is
-    scale·`delta`, with scale a power of two (the averager passes the ranks' sum of Δ_i and
-    1/N), so that every product with it is exact and the step is bit-identical to one on the
-    mean."""
+    `velocity` must exist when `spec.needs_velocity`. `scale`: θ_avg − θ_ref is scale·`delta`,
+    with scale a power of two (the averager passes the ranks' sum of Δ_i and 1/N), so that
+    every product with it is exact and the step is bit-identical to one on the mean."""
     if spec.is_plain_average:
         ref.copy_(avg)
         return ref
@@ -95,14 +94,19 @@ def outer_step_(
             velocity.mul_(spec.momentum).add_(delta, alpha=scale)
             ref.add_(velocity, alpha=spec.lr)
         return ref
-    if scale != 1.0:
-        raise ValueError("outer_step_: only SlowMo takes a scaled delta")
-    pseudo = delta.neg_()  # Δ = θ_ref − θ_avg: the pseudo-gradient
+    # The pseudo-gradient Δ = θ_ref − θ_avg = −scale·delta. Its negation (and the scale) ride in
+    # the factors where one add uses it; each product is exact (a sign, a power of two), so
+    # this is bit-identical to negating first, a pass fewer.
     if velocity is None:  # μ = 0: sgd and nesterov are both θ_ref − α·Δ
-        ref.add_(pseudo, alpha=-spec.lr)
+        ref.add_(delta, alpha=spec.lr * scale)
         return ref
+    if spec.kind == "sgd":
+        velocity.mul_(spec.momentum).add_(delta, alpha=-scale)
+        ref.add_(velocity, alpha=-spec.lr)
+        return ref
+    pseudo = delta.neg_() if scale == 1.0 else delta.mul_(-scale)
     velocity.mul_(spec.momentum).add_(pseudo)
     # nesterov looks ahead along the velocity: step = Δ + μ·v
-    step = pseudo.add_(velocity, alpha=spec.momentum) if spec.kind == "nesterov" else velocity
+    step = pseudo.add_(velocity, alpha=spec.momentum)
     ref.add_(step, alpha=-spec.lr)
     return ref
