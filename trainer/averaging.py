@@ -293,6 +293,7 @@ class ParameterAverager:
         self._ref_views = self._views(self.ref, params)
         self._grad_views: tuple[int, list[torch.Tensor]] | None = None  # (store, views)
         self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
+        self._cuts: dict[tuple[int, int, int, int], tuple] = {}  # _cut()'s views, per layout
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
         # The buffer is a prefix view of one allocation that only grows: fragment syncs and
@@ -356,9 +357,34 @@ class ParameterAverager:
             if self._store is not None:  # keeps gradients captured into the old one
                 store[: self._store.numel()].copy_(self._store)
             self._store = store
+            self._cuts.clear()  # views of the old store
         if self._buf is None or self._buf.numel() != n:
             self._buf = self._store[:n]
         return self._buf
+
+    def _cut(self, a: int, b: int, n_avg: int, n_bc: int) -> tuple:
+        """The views a boundary moving [a, b) with this buffer layout works on: the buffer's
+        averaged, broadcast and scalar segments, its head (the moved slice's place), and the
+        slice of θ_ref, of the velocity (or None) and of scratch. Cut once per layout (each
+        cut is a call; a small model's boundary is mostly calls), for the buffer as
+        `_buffer` last sized it; dropped when the buffer is reallocated."""
+        key = (a, b, n_avg, n_bc)
+        cut = self._cuts.get(key)
+        if cut is None:
+            if len(self._cuts) >= 8:  # fragments: F slices, each with its own layout
+                self._cuts.clear()
+            buf, n, end = self._store, b - a, n_avg + n_bc
+            velocity = self.velocity[a:b] if self.velocity is not None else None
+            cut = self._cuts[key] = (
+                buf[:n_avg],
+                buf[n_avg:end],
+                buf[end : end + N_SCALARS],
+                buf[:n],
+                self.ref[a:b],
+                velocity,
+                self._scratch[:n],
+            )
+        return cut
 
     def region(self, fragment: int = WHOLE) -> tuple[int, int, list[torch.Tensor]]:
         """[start, end) of the flat parameter vector that `fragment` moves, and the parameter
@@ -431,10 +457,9 @@ class ParameterAverager:
         n_avg = sum(t.numel() for t in avg_tensors)
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
-        avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
+        avg_seg, bc_seg, scalars, head, ref, _, scratch = self._cut(a, b, n_avg, n_bc)
         delta_form = not overlap and self.compress == "none" and not self.outer.is_plain_average
 
-        head, ref, scratch = avg_seg[:n], self.ref[a:b], self._scratch[:n]
         if delta_form:
             _sub_into(pieces, ref, head)
         else:
@@ -546,12 +571,9 @@ class ParameterAverager:
         buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
         a, b = pending.start, pending.end
         m = b - a  # parameter elements moved
-        ref = self.ref[a:b]
-        velocity = self.velocity[a:b] if self.velocity is not None else None
-        scratch = self._scratch[:m]
+        avg_seg, bc_seg, scalars, head, ref, velocity, scratch = self._cut(a, b, n_avg, n_bc)
         if pending.codec is not None:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM
             pending.codec.decode_sum(list(pending.gathered.unbind(0)), buf)
-        avg_seg, bc_seg, scalars = buf[:n_avg], buf[n_avg : n_avg + n_bc], buf[n_avg + n_bc :]
         red = scalars.tolist()
         if red[DIGEST] != n * red[DIGEST0]:
             when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
@@ -581,7 +603,7 @@ class ParameterAverager:
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         theta_avg = delta = None
         if pending.delta_form or pending.compressed:  # the mean Δ = θ_avg − θ_ref was sent
-            delta = avg_seg[:m]  # scale·Δ̄
+            delta = head  # scale·Δ̄
             update_sq = sq_norm(delta, scratch) * scale * scale
             if self.outer.is_plain_average:
                 theta_avg, delta = delta.add_(ref), None
