@@ -513,3 +513,26 @@ def test_on_a_device_clock_a_step_is_timed_by_its_events_read_once_at_its_close(
         assert steps[:8] == [local, local, local, boundary] * 2
         assert steps[8] == (1.125, 2.25, 0.0, False, 0.0)
         assert records[:2] == [4 * 3.625, 4 * 3.625]
+
+
+def _layouts_worker(rank, world):
+    """sync_now (no gradients ride along), then a fused boundary, whose larger buffer takes a
+    new allocation, then sync_now again: its views must be cut from the new allocation."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sync = autok.Sync(model, opt, sync_period=2, slowmo_beta=0.0, link="none")
+    batches = _batches(rank, 4)
+    _train(sync, opt, batches[:1])
+    sync.sync_now()  # the first buffer: parameters and scalars
+    _train(sync, opt, batches[1:3])  # a local step, then a fused boundary: a larger buffer
+    _train(sync, opt, batches[3:])
+    before = _flat(model)
+    gathered = [torch.empty_like(before) for _ in range(world)]
+    dist.all_gather(gathered, before)  # test-only collective
+    sync.sync_now()  # the first layout again, on the new buffer
+    return _flat(model), torch.stack(gathered).sum(0) / world
+
+
+def test_a_layout_seen_before_the_buffer_grew_is_cut_again_from_the_new_buffer():
+    for after, mean in run_dist(_layouts_worker, 2):
+        assert torch.equal(after, mean)  # a plain average at world 2: the sum, halved
