@@ -367,6 +367,7 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     assert flat.numel() == numel
 
     def bare() -> float:
+        assert flat.data_ptr() == sync.averager._buf.data_ptr()  # still the boundary's buffer
         flat.zero_()
         dist.barrier()
         t0 = time.perf_counter()

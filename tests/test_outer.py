@@ -251,3 +251,5 @@ def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_o
     assert torch.equal(a_ref, b_ref)
     assert (a_vel is None and b_vel is None) or torch.equal(a_vel, b_vel)
     assert not torch.equal(a_ref, ref0)  # the step moved θ_ref
+    with pytest.raises(ValueError, match="not a power of two"):
+        outer_step_(spec, ref0.clone(), velocity(), None, 0.05, delta=total.clone(), scale=1 / 3)

@@ -371,7 +371,7 @@ class ParameterAverager:
         key = (a, b, n_avg, n_bc)
         cut = self._cuts.get(key)
         if cut is None:
-            if len(self._cuts) >= 8:  # fragments: F slices, each with its own layout
+            if len(self._cuts) >= len(self.bounds) + 4:  # F fragments' layouts, a few more
                 self._cuts.clear()
             buf, n, end = self._store, b - a, n_avg + n_bc
             velocity = self.velocity[a:b] if self.velocity is not None else None
@@ -391,7 +391,7 @@ class ParameterAverager:
         pieces that hold it, in order: the parameters themselves for the whole model, 1-D views
         into them for a fragment (a cut may fall inside a tensor)."""
         if fragment == WHOLE:
-            return 0, self.numel, self._whole()[0]
+            return 0, self.numel, list(self._whole()[0])  # a copy: the cached list stays as is
         a, b = self.bounds[fragment]
         pieces, offset = [], 0
         for p in self.params:

@@ -23,6 +23,7 @@ for bit (DESIGN §8).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -72,6 +73,8 @@ def outer_step_(
     `velocity` must exist when `spec.needs_velocity`. `scale`: θ_avg − θ_ref is scale·`delta`,
     with scale a power of two (the averager passes the ranks' sum of Δ_i and 1/N), so that
     every product with it is exact and the step is bit-identical to one on the mean."""
+    if scale != 1.0 and math.frexp(scale)[0] != 0.5:
+        raise ValueError(f"outer_step_: scale {scale} is not a power of two")
     if spec.is_plain_average:
         ref.copy_(avg)
         return ref
