@@ -232,16 +232,21 @@ SCALED = [
 
 @pytest.mark.parametrize("spec", SCALED, ids=lambda s: "-".join(map(str, s)))
 @pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_on_their_mean(
-    spec, n
+    spec, n, dtype
 ):
     """The averager hands the outer step Σ_i Δ_i and 1/N instead of dividing (a pass fewer,
     issue 17; for sgd and nesterov the negation folds in too): for N a power of two the result
-    is bit-identical to the step on the mean, velocity included."""
+    is bit-identical to the step on the mean, velocity included, in every dtype it folds
+    (float16 is not folded), signed zeros too."""
     g = torch.Generator().manual_seed(n)
     spec = OuterOptimizer(*spec)
-    ref0, vel0 = torch.randn(3000, generator=g), torch.randn(3000, generator=g)
-    total = torch.randn(3000, generator=g) * 1e-3 * n
+    ref0 = torch.randn(3000, generator=g).to(dtype)
+    vel0 = torch.randn(3000, generator=g).to(dtype)
+    total = (torch.randn(3000, generator=g) * 1e-3 * n).to(dtype)
+    total[:4] = torch.tensor([0.0, -0.0, 0.0, -0.0])
+    ref0[:4] = torch.tensor([0.0, 0.0, -0.0, -0.0])
     mean = total / n
     velocity = (lambda: vel0.clone()) if spec.needs_velocity else (lambda: None)
     a_ref, a_vel = ref0.clone(), velocity()
@@ -249,6 +254,7 @@ def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_o
     b_ref, b_vel = ref0.clone(), velocity()
     outer_step_(spec, b_ref, b_vel, None, 0.05, delta=total.clone(), scale=1.0 / n)
     assert torch.equal(a_ref, b_ref)
+    assert torch.equal(a_ref.signbit(), b_ref.signbit())  # equal treats -0.0 as 0.0
     assert (a_vel is None and b_vel is None) or torch.equal(a_vel, b_vel)
     assert not torch.equal(a_ref, ref0)  # the step moved θ_ref
     with pytest.raises(ValueError, match="not a power of two"):
