@@ -590,15 +590,13 @@ class ParameterAverager:
         # under 65,536 elements) would also see Σ² overflow or underflow where Δ̄² does not.
         fold = pending.delta_form and n & (n - 1) == 0 and self.ref.dtype in _FOLDABLE
         scale = 1.0 / n if fold else 1.0
-        if pending.n_grads:  # the gradients' 1/n rides in the momentum correction's add
-            if not fold:
-                avg_seg[:m].div_(n)
-            if n_avg > 2 * m:  # averaged extras (buffers, optimizer state)
-                avg_seg[2 * m :].div_(n)
-        elif not fold:
-            avg_seg.div_(n)
-        elif n_avg > m:
-            avg_seg[m:].div_(n)
+        if not fold:
+            head.div_(n)
+        # the averaged extras (buffers, optimizer state) after the parameters and any gradients,
+        # whose 1/n rides in the momentum correction's add
+        extras_at = 2 * m if pending.n_grads else m
+        if n_avg > extras_at:
+            avg_seg[extras_at:].div_(n)
         # mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||²: no extra collective, and
         # shifting by θ_ref keeps both terms small (no catastrophic cancellation).
         theta_avg = delta = None

@@ -269,14 +269,13 @@ class Trainer:
             self._emit("on_step", self, step.is_boundary)
             if acc is None:  # on an accelerator the end is read once, below, with a device sync
                 step_end = self.now()
-        if acc is not None:
+        if acc is not None:  # the epoch's one device sync: its end, and its sums
             step_end = self.now()
-        times.epoch_seconds = step_end - epoch_start
-        if acc is not None:
             loss_sum, correct, counted = acc.tolist()
             times.train_loss_sum += loss_sum
             times.train_correct += correct
             times.train_counted += counted
+        times.epoch_seconds = step_end - epoch_start
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self._end_epoch(epoch, times, counts0, lr)
