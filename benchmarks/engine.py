@@ -20,7 +20,9 @@ cores (--cpus, default: every core this process may use).
 (h) boundary fixed cost: a boundary step's sync time (cpdp K=1, fused, link `none`: pack, replica
     check, norms, the collective, outer step, unpack, momentum correction) / one bare
     `all_reduce` of the same flat buffer, world 2, on cnn1d and a ~3M-parameter MLP;
-    goal <= 1.2;
+    goal <= 1.2. Beside it, as references without a goal, what averaging the parameters alone
+    costs over a bare all_reduce of their size: the floor (pack, all_reduce, unpack) and
+    torch's own `average_parameters`;
 (i) emulated link: median exposed sync per cpdp K=4 boundary on `wan` / the modelled
     T(S, N) for its bytes, world 2 and 4; goal <= 1.05;
 (b) boundary cost: median exposed sync per `cpdp` K=4 boundary / per `ddp` step on a
@@ -324,7 +326,8 @@ def mlp_3m(input_shape: tuple[int, ...], num_classes: int, hidden: int = 1700) -
 
 def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: int, reps: int):
     """Per round, `reps` autok boundaries and `reps` timed bare all_reduces of the boundary's own
-    flat buffer, taking turns call by call. A boundary is a real
+    flat buffer, taking turns call by call with the references of _averaging_references. A
+    boundary is a real
     boundary step (cpdp, K = 1, the fused boundary with its gradients riding along); its cost is
     the step's sync time, all of the averaging: pack, norms, replica check, the collective, the
     outer step, unpack and the momentum correction (the copy of g_i taken in the optimizer's
@@ -374,13 +377,14 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
         dist.all_reduce(flat)
         return time.perf_counter() - t0
 
-    for _ in range(3):  # warm both paths
-        boundary(), bare()
-    per_round: dict[str, list[float]] = {"autok": [], "bare": []}
-    sides = [("autok", boundary), ("bare", bare)]
+    sides = [("autok", boundary), ("bare", bare), *_averaging_references(model, world)]
+    for _ in range(3):  # warm every path
+        for _, fn in sides:
+            fn()
+    per_round: dict[str, list[float]] = {name: [] for name, _ in sides}
     for _ in range(rounds):
-        times: dict[str, list[float]] = {"autok": [], "bare": []}
-        for i in range(reps):  # call by call, the two take turns (which goes first alternates)
+        times: dict[str, list[float]] = {name: [] for name, _ in sides}
+        for i in range(reps):  # call by call, the sides take turns (the order reverses each call)
             for name, fn in sides[:: 1 if i % 2 == 0 else -1]:
                 times[name].append(fn())
         for name in per_round:
@@ -388,6 +392,48 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     sync.close()
     params = sum(p.numel() for p in model.parameters())
     return per_round | {"params": params, "buffer_numel": numel}
+
+
+def _averaging_references(model: nn.Module, world: int) -> list[tuple[str, object]]:
+    """What any averaging of these parameters costs here, to read (h)'s goal against: on a
+    copy of the parameters (the model's own stay autok's), (1) the floor: the parameters
+    packed into a preallocated flat buffer, all-reduced, and written back times 1/N (a pack
+    and an unpack, nothing else); (2) torch's own `average_parameters` (what its
+    PostLocalSGD's averager runs), as shipped: it allocates its flat buffer at each call;
+    (3) a bare all_reduce of a buffer of the parameters' size, their denominator. World a power
+    of two, so averaging identical replicas leaves them exactly as they were."""
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+    mine = [p.detach().clone() for p in model.parameters()]
+    theirs = [nn.Parameter(t.clone()) for t in mine]
+    packed = torch.empty(sum(t.numel() for t in mine))
+    chunks = packed.split([t.numel() for t in mine])
+    views = [c.view_as(t) for c, t in zip(chunks, mine, strict=True)]
+    bare_params = torch.zeros_like(packed)
+
+    def floor() -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        torch.cat([t.reshape(-1) for t in mine], out=packed)
+        dist.all_reduce(packed)
+        for t, v in zip(mine, views, strict=True):
+            torch.mul(v, 1.0 / world, out=t)
+        return time.perf_counter() - t0
+
+    def torch_average() -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        average_parameters(iter(theirs), dist.group.WORLD)
+        return time.perf_counter() - t0
+
+    def bare() -> float:
+        bare_params.zero_()
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(bare_params)
+        return time.perf_counter() - t0
+
+    return [("floor", floor), ("torch_average", torch_average), ("bare_params", bare)]
 
 
 def boundary_fixed(
@@ -406,6 +452,12 @@ def boundary_fixed(
             "ratio": summarize(ratios(res["autok"], res["bare"]), BOUNDARY_GOAL),
             "autok_rounds": res["autok"],
             "bare_rounds": res["bare"],
+            # what any averaging of the parameters alone costs here (no goal: a reference)
+            "bare_params_s": statistics.median(res["bare_params"]),
+            "floor_s": statistics.median(res["floor"]),
+            "floor_ratio": summarize(ratios(res["floor"], res["bare_params"])),
+            "torch_average_s": statistics.median(res["torch_average"]),
+            "torch_average_ratio": summarize(ratios(res["torch_average"], res["bare_params"])),
         }
     return out
 
@@ -711,6 +763,17 @@ def render(res: dict) -> str:
                 f"{m['bare_allreduce_s'] * 1e3:.2f} ms |",
                 f"| (h) **boundary fixed-cost ratio**, {model} | **{_ratio(m['ratio'])}** |",
             ]
+            if "floor_ratio" in m:
+                n = m["params"]
+                lines += [
+                    f"| (h) {model}, reference: the floor of any averaging, the parameters "
+                    f"packed, all-reduced and written back ×1/N ({m['floor_s'] * 1e3:.2f} ms) / "
+                    f"bare all_reduce of their {n:,} floats ({m['bare_params_s'] * 1e3:.2f} ms) "
+                    f"| {_ratio(m['floor_ratio'])} |",
+                    f"| (h) {model}, reference: torch's `average_parameters` "
+                    f"({m['torch_average_s'] * 1e3:.2f} ms) / the same bare all_reduce "
+                    f"| {_ratio(m['torch_average_ratio'])} |",
+                ]
     if "link_fidelity" in res:
         lf = res["link_fidelity"]
         for world in ("2", "4"):

@@ -157,6 +157,15 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
             "bare_allreduce_s": 1e-3,
             "ratio": summarize([1.1, 1.3] * 4, goal=engine.BOUNDARY_GOAL),
         }
+    # the references: the floor of any averaging and torch's own, on the mlp only (results
+    # saved before they existed lack them)
+    res["boundary_fixed"]["mlp-3m"] |= {
+        "bare_params_s": 7e-3,
+        "floor_s": 8.75e-3,
+        "floor_ratio": summarize([1.25] * 7),
+        "torch_average_s": 1e-2,
+        "torch_average_ratio": summarize([1.43] * 7),
+    }
     res["link_fidelity"] = {"link": "wan", "strategy": "cpdp K=4 fused"} | {
         w: {
             "modelled_s": 0.0174,
@@ -176,6 +185,13 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
     assert "**1.100× (1.100–1.100, 7 rounds; goal ≤ 1.02×): not met**" in text
     assert text.count("goal ≤ 1.2×): not resolved") == 2
     assert "mlp-3m (3.00M parameters" in text and "6,000,008 floats" in text
+    assert (
+        "(h) mlp-3m, reference: the floor of any averaging, the parameters packed, all-reduced "
+        "and written back ×1/N (8.75 ms) / bare all_reduce of their 3,000,000 floats (7.00 ms) "
+        "| 1.250× (1.250–1.250, 7 rounds) |"
+    ) in text
+    assert "torch's `average_parameters` (10.00 ms) / the same bare all_reduce | 1.430×" in text
+    assert text.count("reference:") == 2  # none for the cnn1d, whose record lacks them
 
 
 def test_render_reads_results_saved_before_rounds():
