@@ -64,6 +64,7 @@ class Sync(_Engine):
         **options: Any,
     ) -> None:
         settings = sync_options(SyncSettings, **options)
+        _check_service(settings, out_dir, peak_lr)
         super().__init__(
             model,
             optimizer,
@@ -80,3 +81,41 @@ class Sync(_Engine):
         exporter = start_exporter(settings, self.rank, str(self.out_dir or "run"))
         if exporter is not None:
             self.observers.append(exporter)
+
+
+def _check_service(settings: SyncSettings, out_dir: str | Path | None, peak_lr) -> None:
+    """The arguments `Sync` adds to the options, checked before DDP is built (whose set-up is
+    collective): an OptionError naming the argument, as the options' own errors do."""
+    import math
+
+    import torch.distributed as dist
+
+    if peak_lr is not None and (
+        isinstance(peak_lr, bool)
+        or not isinstance(peak_lr, int | float)
+        or not math.isfinite(peak_lr)
+        or peak_lr <= 0
+    ):
+        raise OptionError(f"peak_lr: {peak_lr!r} is not a finite learning rate > 0 (or None)")
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # the engine says so, naming the process group
+    rank = dist.get_rank()
+    if out_dir is not None:
+        if str(out_dir).strip() == "":
+            raise OptionError("out_dir: empty; give a directory, or None to write no records")
+        path = Path(out_dir)
+        if rank == 0:  # the rank that writes boundaries.jsonl there
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OptionError(f"out_dir: cannot make {path} ({exc.strerror})") from None
+    if settings.metrics_port:
+        from autok.metrics_http import port_taken
+
+        if rank == 0 or settings.metrics_per_rank:
+            port = settings.metrics_port + rank
+            if why := port_taken(settings.metrics_host, port):
+                raise OptionError(
+                    f"--metrics-port: {port} cannot be served on {settings.metrics_host}: {why}; "
+                    "choose another port, or 0 to turn metrics off"
+                )

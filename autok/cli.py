@@ -121,7 +121,7 @@ HELP = {
     "tensorboard": "also write the per-boundary and per-epoch scalars as TensorBoard event "
     "files into this directory (default: unset)",
     "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
-    "progress": "show the progress bar and the closing summary",
+    "progress": "show the progress bar (the closing summary is printed either way)",
     "checkpoint_every": "checkpoint every E epochs (0: only the final one); each keeps the "
     "previous good one",
     "stop_after_epochs": "stop cleanly after this many epochs, with a checkpoint; continue with "
@@ -277,9 +277,9 @@ def build_parser() -> Parser:
         type=path_arg,
         metavar="DIR",
         default=None,
-        help="continue the run in DIR from its last good checkpoint (same "
-        "settings; only --epochs, --stop-after-epochs, --max-restarts, "
-        "--metrics-port, --metrics-host, --progress may change)",
+        help="continue the run in DIR from its last good checkpoint (same settings; only "
+        + ", ".join(flag(k) for k in sorted(RESUME_MAY_CHANGE))
+        + " may change)",
     )
     sweep = sub.add_parser(
         "sweep",
@@ -302,7 +302,9 @@ def build_parser() -> Parser:
         default=None,
         help="YAML search space (default: experiments/spaces/default.yaml)",
     )
-    s.add_argument("--resume", action="store_true", help="continue the study in --out")
+    s.add_argument(
+        "--resume", action="store_true", help="continue the study in --out (--backend optuna)"
+    )
     s.add_argument(
         "--storage",
         default=None,
@@ -555,6 +557,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
             check_resumable(out, cfg)
         check_task(cfg)
         check_metrics_ports(cfg)
+        if rank0 and cfg.tensorboard is not None:  # the last check, as on a fresh run
+            make_out_dir(cfg.tensorboard, "--tensorboard")
         if rank0:
             write_config(cfg, out)
         from autok.launch import launch  # torch: only once the settings are known good
@@ -598,6 +602,8 @@ SWEEP_KEYS = (
 
 
 MAX_TRIALS, MAX_JOBS = 10_000, 64
+# what a sweep writes in its --out (autok/sweep.py, autok/sweep_ray.py)
+SWEEP_FILES = ("study.db", "trials.csv", "pareto.csv", "best.yaml", "trials", "ray")
 
 
 def check_sweep_flags(ns: argparse.Namespace) -> None:
@@ -653,6 +659,21 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         **sweep_args,
     )
     check_out_path(opts.out)
+    if opts.resume and opts.backend == "ray":
+        # Ray's Tuner.restore unpickles what it finds under --out: whoever wrote there could
+        # run code in this process. Optuna's study.db is data.
+        raise ConfigError(
+            "--resume: a Ray sweep cannot be continued safely (Ray's restore unpickles the files "
+            "in --out); start it again with a new --out, or sweep with --backend optuna"
+        )
+    # A new study must not write its trials.csv, best.yaml and trial directories over another
+    # sweep's (under another --study-name, nothing else would stop it).
+    held = [f for f in SWEEP_FILES if (opts.out / f).exists()] if not opts.resume else []
+    if held:
+        raise ConfigError(
+            f"--out: {opts.out} already holds a sweep ({held[0]}); continue it with --resume "
+            "(and its --study-name), or choose a new --out"
+        )
     if opts.backend == "ray":
         from autok.sweep_ray import check_local_ray
 
@@ -788,6 +809,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `autok experiment list | head`: the reader has what it wanted
+        # stdout's buffer would fail again at exit: point it at /dev/null, and exit as a shell
+        # reports a process that SIGPIPE ended (128 + 13), without a word
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # e.g. a worker failed: its own traceback is already on stderr
         from autok.sweep import redact  # no URL's password reaches the terminal, whatever failed
 

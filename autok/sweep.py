@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from autok.config import ConfigError, TrainConfig, load_config
+from autok.config import SEED_MAX, ConfigError, TrainConfig, load_config
 from autok.pareto import pareto_front, plot_front
 from autok.space import Dim
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
@@ -65,10 +65,22 @@ class TrialFailed(Exception):
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
+# A query parameter that carries a secret (libpq takes `?password=`; drivers take tokens, keys)
+_SECRET_PARAM = re.compile(
+    r"([?&;][^=&;#?]*(?:pass|pwd|secret|token|key)[^=&;#?]*=)([^&;#]*)", re.IGNORECASE
+)
+# where a parser may cut a password it misreads: each piece may surface alone in its message
+_CUTS = re.compile(r"[@:/?#&;=]")
+
+
 def redact_url(url: str) -> str:
     """`url` with its password shown as *** (`postgresql://user:***@host/db`), as sqlalchemy's
     make_url(url).render_as_string(hide_password=True) does, but for any text: a URL that no
-    parser accepts is the one most likely to end up in an error message."""
+    parser accepts is the one most likely to end up in an error message. Secret query
+    parameters (`?password=...`) are hidden too."""
+    url = _SECRET_PARAM.sub(
+        lambda m: m[0] if m[2].startswith("***") else m[1] + ("***" if m[2] else ""), url
+    )
     scheme, sep, rest = url.partition("://")
     userinfo, at, hostpart = rest.rpartition("@")  # the last @: a raw @ in a password stays in
     user, colon, password = userinfo.partition(":")
@@ -77,9 +89,12 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user}:***@{hostpart}"
 
 
-def _password(url: str) -> str:
+def _passwords(url: str) -> list[str]:
+    """The secrets `url` holds: its userinfo password and its secret query parameters."""
     rest = url.partition("://")[2]
-    return rest.rpartition("@")[0].partition(":")[2]
+    found = [rest.rpartition("@")[0].partition(":")[2]]
+    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
+    return [pw for pw in found if pw and pw != "***"]
 
 
 def redact(text: str, *urls: str | None) -> str:
@@ -88,11 +103,13 @@ def redact(text: str, *urls: str | None) -> str:
     driver's message may quote one without its URL."""
     secrets: set[str] = set()
     for url in urls:
-        if url and (pw := _password(url)) and pw != "***":
+        for pw in _passwords(url) if url else []:
             text = text.replace(url, redact_url(url))
-            # A raw @ in the password makes parsers disagree on where the host starts, and a
-            # message quoting the "host" would show the rest: hide each piece too.
-            secrets |= {pw, unquote(pw), *pw.split("@"), *unquote(pw).split("@")}
+            # A raw @ or : in the password makes parsers disagree on where the host or port
+            # starts, and a message quoting that "host" or "port" would show the rest: hide
+            # each piece too (as whole tokens, below).
+            pieces = {p for whole in (pw, unquote(pw)) for p in _CUTS.split(whole)}
+            secrets |= {pw, unquote(pw), *pieces}
     text = _URL.sub(lambda m: redact_url(m.group()), text)
     for secret in sorted(secrets - {""}, key=len, reverse=True):
         # whole tokens only: a short password must not garble the words that contain it
@@ -241,7 +258,8 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = _storage(opts)
-    existing = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    summaries = optuna.get_all_study_summaries(storage)
+    existing = [s.study_name for s in summaries]
     if opts.study_name in existing and not opts.resume:
         raise ConfigError(
             f"--out: study {opts.study_name!r} exists in {opts.out}; pass --resume "
@@ -257,11 +275,15 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             if opts.pruner == "hyperband"
             else optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
         )
+    # A resumed study's sampler starts from the seed moved on by the trials it already holds:
+    # the same seed would replay its first draws, and its random start-up trials would repeat
+    # the parameters already tried. A fresh study keeps --sampler-seed as given.
+    done = sum(s.n_trials for s in summaries if s.study_name == opts.study_name)
     study = optuna.create_study(
         storage=storage,
         study_name=opts.study_name,
         directions=directions(opts),
-        sampler=optuna.samplers.TPESampler(seed=opts.seed),
+        sampler=optuna.samplers.TPESampler(seed=(opts.seed + done) % (SEED_MAX + 1)),
         pruner=pruner,
         load_if_exists=opts.resume,
     )

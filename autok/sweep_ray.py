@@ -202,24 +202,17 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
         {"cpu": workers},
     )
     storage = str(out / "ray")
-    if opts.resume and tune.Tuner.can_restore(os.path.join(storage, opts.study_name)):
-        tuner = tune.Tuner.restore(
-            os.path.join(storage, opts.study_name),
-            trainable,
-            resume_errored=False,
-            restart_errored=False,
-        )
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            tune_config=tune.TuneConfig(
-                search_alg=search,
-                scheduler=scheduler,
-                num_samples=opts.trials,
-                max_concurrent_trials=opts.jobs,
-            ),
-            run_config=tune.RunConfig(storage_path=storage, name=opts.study_name, verbose=0),
-        )
+    # never Tuner.restore: it unpickles what it finds there (the CLI refuses --resume with Ray)
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=search,
+            scheduler=scheduler,
+            num_samples=opts.trials,
+            max_concurrent_trials=opts.jobs,
+        ),
+        run_config=tune.RunConfig(storage_path=storage, name=opts.study_name, verbose=0),
+    )
     grid = tuner.fit()
     rows = []
     for i, result in enumerate(grid):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,6 +279,11 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"metrics_per_rank": True}, "--metrics-per-rank"),
         ({"metrics_host": "example.com"}, "--metrics-host"),
         ({"boundary": "fused", "_adamw": True}, "--boundary"),
+        ({"sync_period": True}, "--sync-period"),  # a boolean is not the number 1
+        ({"metrics_port": True}, "--metrics-port"),
+        ({"peak_lr": math.nan}, "peak_lr"),
+        ({"peak_lr": -1.0}, "peak_lr"),
+        ({"peak_lr": True}, "peak_lr"),
     ],
 )
 def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
@@ -289,6 +295,47 @@ def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
     assert isinstance(info.value, ValueError)
     msg = str(info.value)
     assert msg.startswith(flag) and "\n" not in msg, msg
+    if "perod" in flag:  # an unknown name: the hint speaks of the API, not of a config file
+        assert "not an option of autok.Sync" in msg, msg
+
+
+def _service_args_worker(rank, world, tmp, names):
+    """Sync's own arguments, refused (OptionError) before DDP is built: `names` are refused on
+    every rank (a rank that went on would wait in DDP's set-up for the others)."""
+    import socket
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (Path(tmp) / "afile").write_text("")
+    said = {}
+    with socket.socket() as taken:  # a port some other server holds
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = {
+            "empty": {"out_dir": ""},
+            "file": {"out_dir": Path(tmp) / "afile"},
+            "under a file": {"out_dir": Path(tmp) / "afile" / "run"},
+            "port": {"metrics_port": port - rank, "metrics_per_rank": True},
+        }
+        for name in names:
+            kwargs = cases[name]
+            try:
+                autok.Sync(model, opt, **kwargs)
+            except autok.OptionError as exc:
+                said[name] = str(exc)
+    return said
+
+
+def test_sync_own_arguments_are_refused_naming_them_before_ddp_is_built(tmp_path):
+    for said in run_dist(_service_args_worker, 2, str(tmp_path), ["empty", "port"]):
+        assert said["empty"].startswith("out_dir: empty")
+        assert said["port"].startswith("--metrics-port: ")
+        assert "choose another port" in said["port"]
+    # rank 0 alone makes out_dir (it writes there): one process
+    rank0 = run_dist(_service_args_worker, 1, str(tmp_path), ["file", "under a file"])[0]
+    assert rank0["file"].startswith("out_dir: cannot make ")
+    assert rank0["under a file"].startswith("out_dir: cannot make ")
 
 
 def test_without_a_process_group_the_error_says_so():
@@ -297,9 +344,12 @@ def test_without_a_process_group_the_error_says_so():
         autok.Sync(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
-def test_the_own_loop_example_runs_under_torchrun_and_resumes(tmp_path):
+def test_the_own_loop_example_runs_under_torchrun_and_resumes_bit_for_bit(tmp_path):
     """examples/own_loop.py, as the README runs it: 2 processes, AdamW, GradScaler, cosine LR,
-    its own checkpoint with sync.state_dict(); replicas agree at the end and after a resume."""
+    its own checkpoints with sync.state_dict(); replicas agree at the end. Stopped mid-run (in
+    the middle of an interval: K = 2, stopped after step 21) and resumed, it ends bit for bit
+    where the same run without a stop ends (with the fixed policy: exposed-sync picks K from
+    measured times)."""
     import os
     import subprocess
     import sys
@@ -308,23 +358,40 @@ def test_the_own_loop_example_runs_under_torchrun_and_resumes(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += [str(root / "examples" / "own_loop.py"), "--out", str(tmp_path)]
+    cmd += [str(root / "examples" / "own_loop.py")]
+
+    def run(*args):
+        return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=300)
 
     def sums(res):
         assert res.returncode == 0, res.stderr[-3000:]
         lines = [ln for ln in res.stdout.splitlines() if "parameter sum" in ln]
         return {ln.split(":")[0]: ln.rsplit(" ", 1)[1] for ln in lines}
 
-    first = sums(
-        subprocess.run(
-            [*cmd, "--steps", "30"], capture_output=True, text=True, env=env, timeout=300
+    readme = sums(run("--steps", "30", "--out", str(tmp_path / "readme")))
+    assert set(readme) == {"rank 0", "rank 1"} and len(set(readme.values())) == 1
+    assert (tmp_path / "readme" / "boundaries.jsonl").stat().st_size > 0
+
+    fixed = ["--steps", "40", "--policy", "fixed", "--save-every", "7"]
+    straight = sums(run(*fixed, "--out", str(tmp_path / "straight")))
+    assert len(set(straight.values())) == 1
+    stopped = run(*fixed, "--stop-after", "21", "--out", str(tmp_path / "stopped"))
+    assert stopped.returncode == 0 and "stopped after step 21" in stopped.stdout
+    assert sums(stopped) == {}
+    saved = (tmp_path / "stopped" / "rank0.pt").read_bytes()
+    refused = run(*fixed[2:], "--steps", "41", "--resume", "--out", str(tmp_path / "stopped"))
+    # each rank exits 2 with that line; torchrun itself then exits 1
+    assert refused.returncode != 0
+    assert "error: --steps: the checkpoint is of a 40-step run" in refused.stderr
+    assert (tmp_path / "stopped" / "rank0.pt").read_bytes() == saved  # nothing overwritten
+    resumed = sums(run(*fixed, "--resume", "--out", str(tmp_path / "stopped")))
+    assert resumed == straight  # the parameter sums, every digit
+    for rank in (0, 1):
+        a, b = (
+            torch.load(tmp_path / d / f"rank{rank}.pt", weights_only=True)["model"]
+            for d in ("straight", "stopped")
         )
-    )
-    assert set(first) == {"rank 0", "rank 1"} and len(set(first.values())) == 1
-    assert (tmp_path / "boundaries.jsonl").stat().st_size > 0
-    again = [*cmd, "--steps", "50", "--resume"]
-    second = sums(subprocess.run(again, capture_output=True, text=True, env=env, timeout=300))
-    assert len(set(second.values())) == 1 and second != first
+        assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _sync_now_bytes_worker(rank, world):

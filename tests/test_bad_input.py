@@ -547,6 +547,21 @@ SWEEP = [
     R(["sweep", "--out", ""], "--out", id="sweep-out=empty"),
     R(["sweep", "--out", "/proc/autok-sweep"], "--out", id="sweep-out=/proc"),
     R(["sweep", "--resume", "--out", "{out}"], "--resume", id="sweep-resume-nothing"),
+    R(  # Ray's restore would unpickle what --out holds: never resumed
+        ["sweep", "--backend", "ray", "--resume", "--out", "{tmp}/sw"],
+        ("--resume", "Ray's restore unpickles", "--backend optuna"),
+        file("sw/ray/autok/tuner.pkl", b"\x80\x04N."),
+        id="sweep-ray-resume",
+    ),
+    *[  # a new study (any --study-name) over another sweep's results
+        R(
+            ["sweep", "--study-name", "other", "--out", "{tmp}/sw"],
+            ("--out", f"already holds a sweep ({name})", "--resume"),
+            file(f"sw/{name}" if name != "trials" else "sw/trials/trial-0000/config.json", "{}"),
+            id=f"sweep-over-{name}",
+        )
+        for name in ("trials.csv", "best.yaml", "trials", "study.db")
+    ],
     R(["sweep", "--lr", "inf", "--out", "{out}"], "--lr", id="sweep-fixed-lr-inf"),
     *[
         R(SWEEP_SPACE, "--space", file("s.yaml", text), id=f"space-{name}")

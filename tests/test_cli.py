@@ -271,3 +271,24 @@ def test_every_train_flag_is_documented_in_the_readme():
         if f"--{n.replace('_', '-')}" not in readme
     ]
     assert not missing, missing
+
+
+def test_a_reader_that_stops_early_ends_a_listing_quietly():
+    """`autok experiment list | head -1`: the reader gone, the listing ends with 141 (as SIGPIPE
+    would end it in a shell) and says nothing, not "experiment failed: Broken pipe"."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has already gone: the first write breaks the pipe
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "autok.cli", "experiment", "list"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert res.returncode == 141, res.stderr
+    assert res.stderr == ""

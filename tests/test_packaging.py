@@ -431,3 +431,10 @@ def test_ray_job_submit_runs_a_sweep_on_a_local_head(tmp_path):
     assert len(rows) == 2 and "COMPLETE" in rows[1], rows
     assert (out / "best.yaml").is_file()
     assert (shared.read_text() if shared.exists() else None) == shared_before
+
+
+def test_the_readme_shows_the_own_loop_example_as_it_is():
+    """The README prints examples/own_loop.py whole: the tested file and the page stay one."""
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "own_loop.py").read_text()
+    assert f"```python\n{example}```\n" in readme

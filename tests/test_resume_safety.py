@@ -57,13 +57,22 @@ def _rewrite_manifest(ckpt: Path, edit) -> None:
     path.write_text(json.dumps(edit(json.loads(path.read_text()))))
 
 
-def _craft_pickles(run: Path, marker: Path) -> None:
-    """Replace every rank file by a code-running pickle with a matching manifest."""
-    for ckpt in (run / "checkpoints").iterdir():
-        for f in ckpt.glob("rank*.pt"):
-            torch.save({"model": Evil(marker)}, f)
-        files = {f.name: sha256(f) for f in ckpt.glob("rank*.pt")}
-        _rewrite_manifest(ckpt, lambda m, files=files: {**m, "files": files})
+def _replace_rank_files(state) -> callable:
+    """Replace every rank file by torch.save(state(marker)), with a matching manifest."""
+
+    def apply(run: Path, marker: Path) -> None:
+        for ckpt in (run / "checkpoints").iterdir():
+            for f in ckpt.glob("rank*.pt"):
+                torch.save(state(marker), f)
+            files = {f.name: sha256(f) for f in ckpt.glob("rank*.pt")}
+            _rewrite_manifest(ckpt, lambda m, files=files: {**m, "files": files})
+
+    return apply
+
+
+# a code-running pickle; plain tensors that are not the trainer's state
+_craft_pickles = _replace_rank_files(lambda marker: {"model": Evil(marker)})
+_foreign_tensors = _replace_rank_files(lambda marker: {"x": torch.zeros(3)})
 
 
 def _all_manifests(edit):
@@ -98,6 +107,7 @@ def _drop_rank1(run: Path, marker: Path) -> None:
 
 CASES = {
     "crafted pickle with a matching manifest": (_craft_pickles, "not a plain-tensor checkpoint"),
+    "plain tensors, not autok's state": (_foreign_tensors, "not an autok checkpoint (no 'epoch')"),
     "manifest with no files listed": (_all_manifests(lambda m: {**m, "files": {}}), "expected one"),
     "a rank file missing from the manifest": (_drop_rank1, "expected one file per rank"),
     "manifest is a list": (_all_manifests(lambda m: []), "malformed manifest"),
@@ -123,6 +133,20 @@ def test_an_unusable_checkpoint_is_refused_before_anything_is_written(
     assert why in err, err
     assert tree(run) == before  # not a row, checkpoint or summary changed or deleted
     assert not marker.exists()  # nothing in the files ran
+
+
+def test_a_resume_with_an_unwritable_tensorboard_is_refused_before_anything_is_written(
+    stopped_run, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    (tmp_path / "afile").write_text("")
+    before = tree(run)
+    argv = ["train", "--resume", str(run), "--tensorboard", str(tmp_path / "afile" / "tb")]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autok: error: --tensorboard: "), err
+    assert tree(run) == before  # config.json not rewritten, no row rewound
 
 
 def test_a_resume_under_torchrun_with_another_world_size_is_refused(

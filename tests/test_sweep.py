@@ -181,7 +181,10 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert len(trials(out)) == 3  # the same study, one more trial
+    rows = trials(out)
+    assert len(rows) == 3  # the same study, one more trial
+    # at new parameters: a sampler seeded as before would replay trial 0's draw
+    assert rows[2]["lr"] not in {rows[0]["lr"], rows[1]["lr"]}
     # Optuna would keep the study's directions (maximize, minimize) under another objective
     other = ["--objective", "time-to-target", "--space", str(small_space), "--out", str(out)]
     res = autok("sweep", "--trials", "1", "--resume", *other, *FIXED)
@@ -532,6 +535,13 @@ def test_redact_hides_passwords_in_urls_and_in_library_text():
     with pytest.raises(RuntimeError) as e, hiding_passwords(raw):
         raise OSError(f"cannot reach {raw}")
     assert "ss" not in str(e.value).replace("***", "")
+    # a password in the query string (libpq's ?password=), and one a parser cuts at its ':'
+    query = "postgresql://alice@127.0.0.1:1/db?sslmode=off&password=hunter2secret"
+    assert redact_url(query) == "postgresql://alice@127.0.0.1:1/db?sslmode=off&password=***"
+    assert "hunter2secret" not in redact(f"cannot connect to {query}", query)
+    colon = "postgresql://alice:p@ss:w0rdX@127.0.0.1:1/db"
+    said = "invalid literal for int() with base 10: 'w0rdX@127.0.0.1:1'"
+    assert redact(said, colon) == "invalid literal for int() with base 10: '***@127.0.0.1:1'"
 
 
 @pytest.mark.parametrize(
@@ -540,6 +550,8 @@ def test_redact_hides_passwords_in_urls_and_in_library_text():
         f"postgresql://autok:{SECRET}@/autok?host=/nonexistent-autok-dir",  # no server there
         f"postgresql://autok:{SECRET}@127.0.0.1:notaport/autok",  # no parser takes it
         f"mysql+nosuchdriver://autok:{SECRET}@127.0.0.1/autok",  # no such driver
+        f"postgresql://autok@127.0.0.1:1/autok?password={SECRET}",  # libpq's query form
+        f"postgresql://autok:p@ss:{SECRET}@127.0.0.1:1/autok",  # cut at the wrong ':'
     ],
 )
 def test_storage_password_is_never_printed_or_written(tmp_path, small_space, url):
@@ -549,7 +561,7 @@ def test_storage_password_is_never_printed_or_written(tmp_path, small_space, url
     )
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.startswith("autok: error: --storage: ") and res.stderr.count("\n") == 1
-    assert "autok:***@" in res.stderr
+    assert "autok:***@" in res.stderr or "password=***: " in res.stderr
     assert SECRET not in res.stdout + res.stderr
     for f in tmp_path.rglob("*"):
         assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f

@@ -23,6 +23,8 @@ import torch
 
 KEEP = 2
 FORMAT = 2  # 2: the engine's state under "sync" (autok.Sync.state_dict()), plain tensors
+# what every rank file holds at its top level (trainer.loop.Trainer.state_dict)
+STATE_KEYS = ("epoch", "model", "optimizer", "scheduler", "sync", "rng", "trainer")
 
 
 class CheckpointError(RuntimeError):
@@ -99,10 +101,15 @@ def _loads_safely(path: Path) -> str | None:
     """Why the rank file cannot be loaded as plain tensors and containers, or None. The
     restricted unpickler runs no code from the file (a crafted pickle is refused here)."""
     try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # UnpicklingError, RuntimeError: what the file is does not matter
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
         return f"{path.name} is not a plain-tensor checkpoint ({type(exc).__name__}: {first})"
+    # plain tensors, but the trainer's (Trainer.state_dict): a resume must not launch workers
+    # to find a KeyError in each
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        return f"{path.name} is not an autok checkpoint (no {missing[0]!r})"
     return None
 
 

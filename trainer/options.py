@@ -8,6 +8,7 @@ Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (DESIGN Â
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -57,8 +58,9 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def describe(exc: ValidationError) -> str:
-    """The first error as one line that starts with the flag to change (and, for a bound, why)."""
+def describe(exc: ValidationError, unknown: str = "check the name in your --config file") -> str:
+    """The first error as one line that starts with the flag to change (and, for a bound, why);
+    `unknown`: the hint for a setting no field has (where the name came from)."""
     err = exc.errors()[0]
     loc = [str(x) for x in err.get("loc", ())]
     msg = " ".join(str(err.get("msg", "invalid")).split())
@@ -67,7 +69,7 @@ def describe(exc: ValidationError) -> str:
     if msg.startswith("--"):
         return msg
     if err.get("type") == "extra_forbidden":
-        return f"{flag(loc[0])[:60]}: unknown setting (check the name in your --config file)"
+        return f"{flag(loc[0])[:60]}: unknown setting ({unknown})"
     field = loc[0] if loc else "config"
     got = repr(err.get("input"))
     got = got if len(got) <= 60 else got[:57] + "..."
@@ -81,6 +83,12 @@ def describe(exc: ValidationError) -> str:
     if reason := LIMIT_REASONS.get((field, side or "")):
         line += f": {reason}"
     return line
+
+
+def _takes_bool(info) -> bool:
+    """Whether a field's type admits a boolean (bool, bool | None, or an untyped value)."""
+    ann = info.annotation
+    return ann is bool or bool in typing.get_args(ann) or ann in (typing.Any, object)
 
 
 class SyncOptions(BaseModel):
@@ -144,6 +152,18 @@ class SyncOptions(BaseModel):
     # --- divergence guard
     on_divergence: Literal["stop", "rollback"] = "stop"
     divergence_factor: float = Field(4.0, gt=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data):
+        """True is an int to pydantic (and YAML's `true` to a config file): a boolean given
+        for a number (sync_period=True, metrics_port=True: port 1) is refused, not read as 1."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                info = cls.model_fields.get(name)
+                if isinstance(value, bool) and info is not None and not _takes_bool(info):
+                    raise ValueError(f"{flag(name)}: {value} is a boolean; give a number")
+        return data
 
     @model_validator(mode="after")
     def _sync_cross_field(self) -> SyncOptions:
@@ -325,4 +345,5 @@ def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions
     try:
         return cls(**options)
     except ValidationError as exc:
-        raise OptionError(describe(exc)) from None
+        hint = "not an option of autok.Sync: its options are the `autok train` flags' names"
+        raise OptionError(describe(exc, hint)) from None
