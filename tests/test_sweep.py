@@ -181,17 +181,22 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-2000:]
+    assert len(trials(out)) == 3  # the same study, one more trial
+    more = ["--trials", "1", "--resume", "--space", str(small_space), "--out", str(out)]
+    res = autok("sweep", *more, *FIXED, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
     rows = trials(out)
-    assert len(rows) == 3  # the same study, one more trial
-    # at new parameters: a sampler seeded as before would replay trial 0's draw
-    assert rows[2]["lr"] not in {rows[0]["lr"], rows[1]["lr"]}
+    assert len(rows) == 4
+    # each resume draws new points: a sampler seeded as the first was would replay its draws
+    # (two resumes of one trial each would try the same parameters)
+    assert len({r["lr"] for r in rows}) == 4, [r["lr"] for r in rows]
     # Optuna would keep the study's directions (maximize, minimize) under another objective
     other = ["--objective", "time-to-target", "--space", str(small_space), "--out", str(out)]
     res = autok("sweep", "--trials", "1", "--resume", *other, *FIXED)
     assert res.returncode == 2 and res.stderr.startswith(
         "autok: error: --resume: the study 'autok' was made to maximize and minimize"
     )
-    assert len(trials(out)) == 3
+    assert len(trials(out)) == 4
 
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["workers"] == 2 and "sync_period" in best and "lr" in best
