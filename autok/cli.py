@@ -714,11 +714,13 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
         raise ConfigError(
             f"--jobs: {ns.jobs} is outside 1..{MAX_JOBS} (each run at a time spawns its workers)"
         )
+    seen: set[int] = set()
     for seed in ns.seeds or []:
         if not 0 <= seed <= SEED_MAX:
             raise ConfigError(f"--seeds: {seed} is outside 0..{SEED_MAX} (seeds are 32-bit)")
-        if ns.seeds.count(seed) > 1:
+        if seed in seen:
             raise ConfigError(f"--seeds: {seed} is given twice (one run directory per seed)")
+        seen.add(seed)
     check_out_path(ns.out)
     exp = load_experiment(ns.name)
     extra = {"data_dir": str(ns.data_dir)} if ns.data_dir else None

@@ -31,6 +31,8 @@ from autok.config import ConfigError, TrainConfig, check_task, load_config, read
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 
+MAX_RUNS = 10_000  # an experiment's runs (runs x vary x seeds), as --trials caps a sweep
+
 
 @dataclass(frozen=True)
 class Run:
@@ -130,6 +132,17 @@ def expand(
         raise ConfigError(f"experiment {exp['name']}: has no --{form} form")
     spec = exp[form]
     vary = spec.get("vary", {})
+    # counted before anything is built: a short file can multiply out to 10^8 runs
+    n_seeds = len(seeds or exp.get("seeds", [42]))
+    total = n_seeds * sum(
+        math.prod(len(vary[k]) for k in vary if k not in run) for run in exp["runs"]
+    )
+    if total > MAX_RUNS:
+        head = "--seeds: " if seeds and total // n_seeds <= MAX_RUNS else ""
+        raise ConfigError(
+            f"{head}experiment {exp['name']} ({form}) has {total:,} runs (runs x vary x "
+            f"seeds); at most {MAX_RUNS:,}, each a full multi-worker job"
+        )
     out = []
     dirs: dict[str, str] = {}
     tasks_checked: set[str] = set()

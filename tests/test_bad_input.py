@@ -620,6 +620,24 @@ EXPERIMENT = [
     R(["experiment", "run", "k-sweep", "--seeds", "-1", "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--seeds", str(2**40), "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--seeds", "1", "1", "--out", "{out}"], "--seeds"),
+    R(  # counted, not expanded: 20,000 seeds are refused at once
+        ["experiment", "run", "k-sweep", "--seeds", *map(str, range(20_000)), "--out", "{out}"],
+        ("--seeds: experiment k-sweep", "at most 10,000"),
+        id="experiment-seeds-20000",
+    ),
+    R(  # 10^8 runs from a few lines: refused before one is built
+        EXP,
+        ("experiment huge", "100,000,000 runs", "at most 10,000"),
+        experiment(
+            "name: huge\nquick:\n  base: {workers: 2, epochs: 1}\n  vary:\n"
+            + "".join(
+                f"    {k}: [{', '.join(str(i) for i in range(100))}]\n"
+                for k in ("seed", "epochs", "sync_period", "mnist1d_samples")
+            )
+            + "runs:\n  - {name: a, strategy: cpdp}\n"
+        ),
+        id="experiment-grid-1e8",
+    ),  # fmt: skip
     R(["experiment", "run", "k-sweep", "--seeds", "x", "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--jobs", "0", "--out", "{out}"], "--jobs"),
     R(["experiment", "run", "k-sweep", "--jobs", "100000", "--out", "{out}"], "--jobs"),
