@@ -639,7 +639,17 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
     # beta on a searched strategy, stay free); it must be a valid run by itself.
     fixed = given_values(train_args)
-    metric = check_task(load_config({}, fixed))
+    fixed_cfg = load_config({}, fixed)
+    metric = check_task(fixed_cfg)
+    if fixed_cfg.metrics_port:
+        from autok.metrics import check_metrics_ports
+
+        if ns.jobs > 1:
+            raise ConfigError(
+                f"--metrics-port: {ns.jobs} trials at a time (--jobs) would each serve on "
+                f"{fixed_cfg.metrics_port}; give --jobs 1, or no --metrics-port"
+            )
+        check_metrics_ports(fixed_cfg)  # taken: every trial would fail on it
     sweep_args["target"] = check_target(metric, sweep_args["target"], sweep_args["objective"])
     sweep_args["objective"] = OBJECTIVE_ALIASES.get(sweep_args["objective"], ns.objective)
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}

@@ -547,6 +547,11 @@ SWEEP = [
     R(["sweep", "--out", ""], "--out", id="sweep-out=empty"),
     R(["sweep", "--out", "/proc/autok-sweep"], "--out", id="sweep-out=/proc"),
     R(["sweep", "--resume", "--out", "{out}"], "--resume", id="sweep-resume-nothing"),
+    R(
+        ["sweep", "--metrics-port", "9471", "--jobs", "2", "--out", "{out}"],
+        ("--metrics-port", "--jobs 1"),
+        id="sweep-metrics-port-jobs",
+    ),
     R(  # Ray's restore would unpickle what --out holds: never resumed
         ["sweep", "--backend", "ray", "--resume", "--out", "{tmp}/sw"],
         ("--resume", "Ray's restore unpickles", "--backend optuna"),

@@ -445,6 +445,19 @@ def test_taken_metrics_port_is_refused_before_anything_is_written(tmp_path, caps
     assert "--metrics-port" in err and str(port) in err
 
 
+def test_a_sweep_refuses_a_taken_metrics_port_before_any_trial(tmp_path, capsys, monkeypatch):
+    """Every trial would fail on it: refused up front, no study written."""
+    import autok.sweep
+
+    monkeypatch.setattr(autok.sweep, "sweep_optuna", lambda *a: pytest.fail("a trial started"))
+    out = tmp_path / "sweep"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        argv = ["sweep", "--workers", "2", "--metrics-port", str(port), "--out", str(out)]
+        err = refused(capsys, argv, out)
+    assert err.startswith(f"autok: error: --metrics-port: {port} cannot be served"), err
+
+
 def test_taken_per_rank_port_is_refused_before_anything_is_written(tmp_path, capsys, no_launch):
     out = tmp_path / "run"
     port, taken = adjacent_free_and_taken()
