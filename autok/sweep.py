@@ -294,8 +294,24 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             f"--resume: the study {opts.study_name!r} was made to {' and '.join(was)} "
             f"(its objective and metric); resume it with the same --objective and --task"
         )
+    given = {k: _plain(v) for k, v in fixed.items()}
     if not opts.resume:
-        study.set_user_attr("fixed", {k: _plain(v) for k, v in fixed.items()})
+        study.set_user_attr("fixed", given)
+    elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
+        # Trials under another fixed part would sit in one table, front and best.yaml as if
+        # comparable. Only what does not touch a trial's result may change.
+        changed = sorted(
+            k
+            for k in set(was_fixed) | set(given)
+            if k not in SWEEP_RESUME_MAY_CHANGE and was_fixed.get(k) != given.get(k)
+        )
+        if changed:
+            k = changed[0]
+            raise ConfigError(
+                f"--resume: the study {opts.study_name!r} was made with {_setting(k, was_fixed)}"
+                f", this sweep gives {_setting(k, given)}; resume it with the same settings, "
+                "or choose a new --out"
+            )
     for params in opts.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
 
@@ -355,6 +371,15 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         rows = optuna_rows(study, space)
         write_outputs(opts, fixed, space, rows)
     return rows
+
+
+# fixed settings a resumed sweep may change: none touches a trial's result
+SWEEP_RESUME_MAY_CHANGE = {"progress", "metrics_port", "metrics_host", "metrics_per_rank"}
+
+
+def _setting(key: str, fixed: dict[str, Any]) -> str:
+    flag = "--" + key.replace("_", "-")
+    return f"{flag} {fixed[key]}" if key in fixed else f"no {flag}"
 
 
 def _plain(v: Any) -> Any:

@@ -197,6 +197,13 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
         "autok: error: --resume: the study 'autok' was made to maximize and minimize"
     )
     assert len(trials(out)) == 4
+    # nor under another fixed part: its trials would read as comparable in one table
+    res = autok("sweep", *more, *FIXED, "--momentum", "0.5")
+    assert res.returncode == 2 and res.stderr.startswith(
+        "autok: error: --resume: the study 'autok' was made with no --momentum, this sweep "
+        "gives --momentum 0.5"
+    ), res.stderr
+    assert len(trials(out)) == 4
 
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["workers"] == 2 and "sync_period" in best and "lr" in best
@@ -346,18 +353,9 @@ def test_ctrl_c_leaves_a_study_that_resume_continues(tmp_path, small_space):
     before = trials(out)
     assert len(before) == 1 and before[0]["state"] == "FAIL", before
     assert before[0]["reason"].startswith("interrupted"), before
-    res = autok(
-        "sweep",
-        "--trials",
-        "1",
-        "--resume",
-        "--space",
-        str(small_space),
-        "--out",
-        str(out),
-        *FIXED,
-        timeout=600,
-    )
+    # with the same fixed part (its --epochs 30 too: another would be refused)
+    more = ["--trials", "1", "--resume", "--space", str(small_space), "--out", str(out)]
+    res = autok("sweep", *more, *FIXED, "--epochs", "30", timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     assert [r["state"] for r in trials(out)] == ["FAIL", "COMPLETE"]
 
