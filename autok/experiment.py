@@ -321,12 +321,45 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
     for run in runs:
         run_dir = out / run.dir
         if (run_dir / "summary.json").exists() or has_checkpoint(run_dir, _workers(run)):
-            continue  # skipped or resumed: nothing is cleared
+            # skipped or resumed: nothing is cleared; but a run made with other settings would
+            # stand in the report for this one
+            if key := _changed_setting(run, run_dir):
+                was, now = _setting_of(run_dir, key), run.settings.get(key)
+                raise ConfigError(
+                    f"--out: {run_dir} holds a run made with {key} {was!r}, this experiment "
+                    f"gives {now!r}; choose a new --out (a run there is kept, never redone)"
+                )
+            continue
         if foreign := foreign_files(run_dir):
             raise ConfigError(
                 f"--out: {foreign[0]} was not written by autok; a run that starts over clears "
                 "its directory, so move it away (autok never deletes what it did not write)"
             )
+
+
+def _recorded(run_dir: Path) -> dict[str, Any] | None:
+    """The settings a run was started with (its run.yaml), or None if it has none readable."""
+    try:
+        was = yaml.safe_load((run_dir / "run.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return was if isinstance(was, dict) else None
+
+
+def _changed_setting(run: Run, run_dir: Path) -> str | None:
+    """The first setting in which the run in `run_dir` differs from `run`, or None. A mean K
+    taken from another run is set when the run starts, so it is not compared."""
+    was = _recorded(run_dir)
+    if was is None:
+        return None
+    now = run.settings
+    skip = {"random_mean"} if run.mean_k_of else set()
+    changed = sorted(k for k in set(was) | set(now) if k not in skip and was.get(k) != now.get(k))
+    return changed[0] if changed else None
+
+
+def _setting_of(run_dir: Path, key: str) -> Any:
+    return (_recorded(run_dir) or {}).get(key)
 
 
 def clear_unstarted(run_dir: Path) -> None:

@@ -241,6 +241,15 @@ def test_a_tiny_experiment_end_to_end(tmp_path):
     assert "[2/2]" in res.stdout
     again = autok("experiment", "run", str(exp), "--out", str(out), timeout=600)
     assert again.returncode == 0 and again.stdout.count("skipped") == 2
+    # the same grid with another setting: refused, the finished runs kept (not "skipped" and
+    # reported as if they were this grid's)
+    other = tmp_path / "other.yaml"
+    other.write_text(exp.read_text().replace("epochs: 2", "epochs: 3"))
+    before = (out / "cpdp-k3" / "seed-1" / "summary.json").read_bytes()
+    changed = autok("experiment", "run", str(other), "--out", str(out), timeout=600)
+    assert changed.returncode == 2, changed.stdout[-2000:] + changed.stderr[-2000:]
+    assert "holds a run made with epochs 2, this experiment gives 3" in changed.stderr
+    assert (out / "cpdp-k3" / "seed-1" / "summary.json").read_bytes() == before
     res = autok("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "| cpdp-k3 | 1 |" in (out / "report.md").read_text()
