@@ -25,6 +25,7 @@ from autok.config import (
     TASK_OWNS,
     ConfigError,
     TrainConfig,
+    check_backend,
     check_task,
     flag,
     load_config,
@@ -230,7 +231,9 @@ def add_train_flags(
             text += f" (default: {'unset' if field.default is None else field.default})"
         conv, choices = _arg_type(field.annotation)
         conv = path_arg if conv is Path else conv
-        names = dict(dest=name, default=argparse.SUPPRESS, help=text)
+        # a renamed flag keeps its own dest: the sweep's --backend would otherwise share it
+        dest = renamed[name].lstrip("-").replace("-", "_") if name in renamed else name
+        names = dict(dest=dest, default=argparse.SUPPRESS, help=text)
         if conv is bool:
             g.add_argument(
                 renamed.get(name, flag(name)), action=argparse.BooleanOptionalAction, **names
@@ -556,6 +559,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         if ns.resume is not None:
             check_resumable(out, cfg)
         check_task(cfg)
+        check_backend(cfg)
         check_metrics_ports(cfg)
         if rank0 and cfg.tensorboard is not None:  # the last check, as on a fresh run
             make_out_dir(cfg.tensorboard, "--tensorboard")
@@ -567,6 +571,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return 0
     cfg = config_from_args(ns)
     check_task(cfg)
+    check_backend(cfg)
     check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json
     tb_created = []
     if rank0 and cfg.tensorboard is not None:  # writable, before anything else is written
@@ -631,9 +636,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     from autok.sweep import SweepOptions, sweep_optuna, table
 
     sweep_args = {k: getattr(ns, k) for k in SWEEP_KEYS}
-    train_args = argparse.Namespace(
-        **{k: v for k, v in vars(ns).items() if k not in SWEEP_KEYS and k != "out"}
-    )
+    given = {k: v for k, v in vars(ns).items() if k not in SWEEP_KEYS and k != "out"}
+    if "dist_backend" in given:  # the trials' --backend, renamed beside the sweep's own
+        given["backend"] = given.pop("dist_backend")
+    train_args = argparse.Namespace(**given)
     out = getattr(ns, "out", None) or Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     check_sweep_flags(ns)
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
@@ -641,6 +647,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     fixed = given_values(train_args)
     fixed_cfg = load_config({}, fixed)
     metric = check_task(fixed_cfg)
+    check_backend(fixed_cfg, "--dist-backend")  # --backend picks the sweep's own
     if fixed_cfg.metrics_port:
         from autok.metrics import check_metrics_ports
 

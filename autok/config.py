@@ -298,12 +298,14 @@ def check_task(cfg: TrainConfig) -> Metric:
     autok.Task (built once here, in the launching process); its metric. One line naming --task
     otherwise, or --fragments when the model has fewer parameters than fragments (every
     built-in model has more than FRAGMENTS_MAX: `tests/test_fragments.py`)."""
-    if cfg.task is None:
-        return ACCURACY  # the built-in classification, already checked with the config
-    try:
+    if cfg.task is None and cfg.data_dir is None:
+        return ACCURACY  # the built-in classification on embedded data, checked with the config
+    try:  # a --task, or files under --data-dir: built and probed on two samples here
         task = load_task(cfg)
     except TaskError as exc:
         raise ConfigError(str(exc)) from None
+    if cfg.task is None:
+        return task.metric
     numel = sum(p.numel() for p in task.model.parameters())
     if cfg.fragments > numel:
         raise ConfigError(
@@ -311,6 +313,25 @@ def check_task(cfg: TrainConfig) -> Metric:
             f"parameters; give at most {numel}"
         )
     return task.metric
+
+
+def check_backend(cfg: TrainConfig, flag_name: str = "--backend") -> None:
+    """Before anything is launched or written: an explicit --backend nccl has a GPU for every
+    worker here (the workers would each fail on it). `auto` picks what the machine has."""
+    if cfg.backend != "nccl":
+        return
+    import torch  # only for this check: the CLI stays torch-free otherwise
+
+    from autok.procs import under_torchrun
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        raise ConfigError(f"{flag_name}: nccl needs NVIDIA GPUs; this machine has none (give gloo)")
+    if not under_torchrun() and cfg.workers > gpus:
+        raise ConfigError(
+            f"--workers: {cfg.workers} workers with nccl need a GPU each and this machine has "
+            f"{gpus}; give --workers {gpus} or fewer, or {flag_name} gloo"
+        )
 
 
 def load_config(file_values: dict, cli_values: dict) -> TrainConfig:

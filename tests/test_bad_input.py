@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 
 from autok.config import TrainConfig, flag
 from tests.test_data import write_cifar100, write_imagefolder, write_tinyimagenet
@@ -459,6 +460,8 @@ TRAIN = [
             ("text-only", lambda r: (r / "train" / "cat" / "0.png").rename(r / "train/cat/a.txt")),
             ("no-classes", lambda r: [_rm_tree(r / s) for s in ("train", "val")] and None),
             ("train-is-file", lambda r: (_rm_tree(r / "train"), (r / "train").write_text("x"))),
+            # found by the probe of two samples, before launch (the workers would find it)
+            ("not-images", lambda r: [p.write_bytes(b"junk") for p in r.rglob("*.png")] and None),
         ]
     ],
     # --resume: what it would rewind and append to must be autok's rows
@@ -547,6 +550,17 @@ SWEEP = [
     R(["sweep", "--out", ""], "--out", id="sweep-out=empty"),
     R(["sweep", "--out", "/proc/autok-sweep"], "--out", id="sweep-out=/proc"),
     R(["sweep", "--resume", "--out", "{out}"], "--resume", id="sweep-resume-nothing"),
+    *[  # nccl where there is no GPU (on a machine with one, these would start: not run there)
+        pytest.param(
+            *R(argv, expect, id=f"{argv[0]}-nccl-without-gpu").values,
+            id=f"{argv[0]}-nccl-without-gpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here"),
+        )
+        for argv, expect in [
+            (["train", "--backend", "nccl", "--out", "{out}"], "--backend: nccl needs NVIDIA"),
+            (["sweep", "--dist-backend", "nccl", "--out", "{out}"], "--dist-backend: nccl"),
+        ]
+    ],
     R(
         ["sweep", "--metrics-port", "9471", "--jobs", "2", "--out", "{out}"],
         ("--metrics-port", "--jobs 1"),

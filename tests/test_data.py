@@ -163,6 +163,28 @@ def test_embedded_datasets():
 
 
 @pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.write_bytes(p.read_bytes()[:100]),  # a crash mid-write on another machine
+        lambda p: np.savez(p, x=np.zeros((3, 40))),  # an array missing
+        lambda p: np.savez(p, x=np.zeros(5), y=np.zeros(5), x_test=np.zeros(1), y_test=[0]),
+    ],
+    ids=["truncated", "missing-array", "other-size"],
+)
+def test_a_damaged_mnist1d_cache_is_made_again(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("AUTOK_CACHE", str(tmp_path))
+    path = data.prepare_mnist1d(500, 0)
+    good = np.load(path)["x"].copy()
+    damage(path)
+    assert data.prepare_mnist1d(500, 0) == path
+    with np.load(path) as d:
+        assert np.array_equal(d["x"], good) and len(d["x"]) + len(d["x_test"]) == 500
+    mtime = path.stat().st_mtime_ns
+    data.prepare_mnist1d(500, 0)  # a whole cache is kept as it is
+    assert path.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize(
     "name, shape, classes",
     [
         ("cnn1d", (1, 40), 10),

@@ -619,3 +619,21 @@ def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
     assert (out / "pareto.png").exists()
     best = min(done, key=lambda r: float(r["peak_test_metric"]))  # lower is better
     assert (out / "best.yaml").read_text().startswith(f"# best trial {best['number']} of ")
+
+
+def test_dist_backend_reaches_the_trials_and_backend_stays_the_sweeps(tmp_path, monkeypatch):
+    """`--dist-backend` is the trials' --backend; the sweep's own --backend is another flag
+    (they once shared one argparse dest: the one overwrote the other)."""
+    import autok.sweep
+    from autok.cli import main
+
+    seen = {}
+
+    def capture(opts, fixed, space):
+        seen.update(backend=opts.backend, fixed=fixed)
+        raise KeyboardInterrupt  # stop here: nothing to run
+
+    monkeypatch.setattr(autok.sweep, "sweep_optuna", capture)
+    argv = ["sweep", "--dist-backend", "gloo", "--workers", "2", "--out", str(tmp_path / "s")]
+    assert main(argv) == 130
+    assert seen["backend"] == "optuna" and seen["fixed"]["backend"] == "gloo"

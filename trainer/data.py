@@ -194,8 +194,8 @@ def _mnist1d_cache(num_samples: int, seed: int) -> Path:
 def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     """Generate the data set once (deterministic in num_samples and seed) and cache it."""
     path = _mnist1d_cache(num_samples, seed)
-    if path.exists():
-        return path
+    if path.exists() and _cache_holds(path, num_samples):
+        return path  # else truncated or foreign: a cache, so made again
     import numpy as np
     from mnist1d.data import get_dataset_args, make_dataset
 
@@ -211,6 +211,19 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     np.savez(tmp, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
     os.replace(tmp, path)
     return path
+
+
+def _cache_holds(path: Path, num_samples: int) -> bool:
+    """Whether the cached file is a whole data set of num_samples (arrays only: np.load
+    unpickles nothing by default)."""
+    import numpy as np
+
+    try:
+        with np.load(path) as d:
+            x, y, xt, yt = d["x"], d["y"], d["x_test"], d["y_test"]
+    except Exception:  # BadZipFile, a missing array, a truncated member: not the data set
+        return False
+    return len(x) == len(y) and len(xt) == len(yt) and len(x) + len(xt) == num_samples
 
 
 def _mnist1d(num_samples: int, seed: int) -> Splits:

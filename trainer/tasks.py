@@ -148,10 +148,19 @@ def load_task(cfg: Any) -> Task:
     except TaskError:
         raise
     except (Exception, SystemExit) as exc:
-        raise TaskError(f"--task: {spec} failed: {_brief(exc)}") from None
+        raise TaskError(f"{_who(cfg, spec)} failed: {_brief(exc)}") from None
     if why := _unusable(task) or _probe(task):
-        raise TaskError(f"--task: {spec} returned {why}")
+        raise TaskError(f"{_who(cfg, spec)} returned {why}")
     return task
+
+
+def _who(cfg: Any, spec: str) -> str:
+    """What to blame: the --task given, or with none the built-in task's data (a damaged file
+    under --data-dir, say): the flag to change."""
+    if getattr(cfg, "task", None) is not None:
+        return f"--task: {spec}"
+    flag = "--data-dir" if getattr(cfg, "data_dir", None) else "--dataset"
+    return f"{flag}: the {cfg.dataset} data set"
 
 
 def _unusable(task: Any) -> str | None:
