@@ -178,6 +178,44 @@ def test_state_dict_resume_is_bit_for_bit_the_uninterrupted_run():
         assert torch.equal(whole, resumed)
 
 
+def _foreign_state_worker(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    cpdp = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
+    _train(cpdp, opt, _batches(rank, 3))
+    saved = cpdp.state_dict()
+    cpdp.close()
+    said = {}
+    others = {
+        "ddp": dict(strategy="ddp", link="none"),
+        "policy": dict(strategy="cpdp", policy="exposed-sync", link="none"),
+        "empty": dict(strategy="cpdp", link="none"),
+        "none": dict(strategy="cpdp", link="none"),
+    }
+    for name, kwargs in others.items():
+        sync = autok.Sync(model, opt, **kwargs)
+        state = {"empty": {}, "none": None}.get(name, saved)
+        try:
+            sync.load_state_dict(state)
+        except ValueError as exc:
+            said[name] = str(exc)
+        sync.close()
+    same = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
+    same.load_state_dict(saved)  # its own kind loads
+    same.close()
+    return said
+
+
+def test_a_state_of_another_kind_of_sync_is_refused_naming_what_differs():
+    (said,) = run_dist(_foreign_state_worker, 1)
+    assert said["ddp"] == "load_state_dict: saved by averaging; this Sync's strategy is ddp"
+    assert said["policy"] == (
+        "load_state_dict: saved with policy 'fixed'; this Sync has 'exposed-sync'"
+    )
+    assert said["empty"] == "load_state_dict: not an autok.Sync state (no 'counters')"
+    assert said["none"].startswith("load_state_dict: expected the dict sync.state_dict()")
+
+
 def _exposed_sync_worker(rank, world):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -615,6 +615,7 @@ class Sync:
                 "age": flight.age,
             }
         return {
+            "kind": self._kind(),
             "pending": in_flight,
             "averager": self.averager.state_dict() if self.averager else None,
             "controller": self.controller.state_dict(),
@@ -639,7 +640,11 @@ class Sync:
         """Call after the model's own state is loaded. Saved at a boundary (an empty interval),
         the replica check's digest is taken from the loaded weights, so replicas resumed from
         differing files are caught at the first boundary; saved mid-interval, the replicas
-        rightly differ, and the digest of the last boundary is restored instead."""
+        rightly differ, and the digest of the last boundary is restored instead. A state that
+        is not this kind of engine's (another strategy, policy or world size) raises a
+        ValueError naming what differs: it would load partly, or fail on a missing key."""
+        if why := self._foreign(state):
+            raise ValueError(f"load_state_dict: {why}")
         c = state["counters"]
         in_flight = state.get("pending")
         if self.averager is not None:
@@ -671,6 +676,32 @@ class Sync:
         self._loss_sum = float(c["loss_sum"])
         if self._loss_acc is not None:
             self._loss_acc.zero_()
+
+    def _kind(self) -> dict[str, Any]:
+        """What a saved state must match to load here (checked by load_state_dict)."""
+        return {
+            "strategy": self.options.strategy,
+            "policy": self.options.policy,
+            "world_size": self.world_size,
+            "numel": self.averager.numel if self.averager is not None else None,
+        }
+
+    def _foreign(self, state: Any) -> str | None:
+        if not isinstance(state, dict):
+            return f"expected the dict sync.state_dict() returns, got {type(state).__name__}"
+        keys = ("counters", "averager", "controller", "divergence", "link")
+        if missing := [k for k in keys if k not in state]:
+            return f"not an autok.Sync state (no {missing[0]!r})"
+        if (state["averager"] is None) != (self.averager is None):
+            saved = "ddp (no parameter averaging)" if state["averager"] is None else "averaging"
+            return f"saved by {saved}; this Sync's strategy is {self.options.strategy}"
+        kind = state.get("kind")  # absent from states saved before it was recorded
+        if isinstance(kind, dict):
+            mine = self._kind()
+            for k, v in mine.items():
+                if k in kind and kind[k] != v:
+                    return f"saved with {k} {kind[k]!r}; this Sync has {v!r}"
+        return None
 
     def close(self) -> None:
         """End with a boundary (identical replicas), then stop what the engine runs."""
