@@ -151,6 +151,9 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(re.sub(r"^argument ([^:]+): ", r"\1: ", message))
 
 
+NAME_MAX = 255  # bytes in one file name, on Linux and macOS file systems
+
+
 def path_arg(text: str) -> Path:
     """A path flag's value. Path("") is ".", so an empty value would quietly mean the current
     directory: refuse it (and NUL bytes, which no file name holds)."""
@@ -158,6 +161,11 @@ def path_arg(text: str) -> Path:
         raise argparse.ArgumentTypeError("empty path; give a directory or file name")
     if "\0" in text:
         raise argparse.ArgumentTypeError("the path contains a NUL byte")
+    # a name over NAME_MAX makes every later stat() raise ENAMETOOLONG, far from this flag
+    if long := [part for part in Path(text).parts if len(os.fsencode(part)) > NAME_MAX]:
+        raise argparse.ArgumentTypeError(
+            f"a name in the path is {len(os.fsencode(long[0]))} bytes long; at most {NAME_MAX}"
+        )
     return Path(text)
 
 

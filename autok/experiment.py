@@ -176,6 +176,12 @@ def expand(
                 settings["lr"] = scale["base_lr"] * workers / scale["base_workers"]
             suffix = "".join(f" {k}={v}" for k, v in chosen.items())
             label = run["name"] + suffix
+            name = Run(label, 0, {}).dir.split("/")[0]  # the run's directory under --out
+            if len(name.encode()) > 255:  # NAME_MAX: the run could never be written
+                raise ConfigError(
+                    f"experiment {exp['name']}: run {label[:40]!r}... names a directory of "
+                    f"{len(name.encode())} bytes; at most 255 (shorten its name or values)"
+                )
             for seed in seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
                 try:

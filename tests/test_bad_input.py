@@ -644,6 +644,16 @@ EXPERIMENT = [
         ("--seeds: experiment k-sweep", "at most 10,000"),
         id="experiment-seeds-20000",
     ),
+    R(
+        EXP,
+        ("experiment long", "at most 255"),
+        experiment(f"name: long\nquick:\n  base: {{}}\nruns:\n  - {{name: {'a' * 300}}}\n"),
+        id="experiment-run-name-too-long",
+    ),
+    R(["train", "--out", "{tmp}/" + "x" * 300], ("--out", "300 bytes long; at most 255")),
+    R(["train", "--resume", "{tmp}/" + "x" * 300], ("--resume", "300 bytes")),
+    R(["train", "--config", "{tmp}/" + "x" * 300 + ".yaml"], ("--config", "bytes long")),
+    R(["report", "{tmp}/" + "x" * 300], ("300 bytes long",)),
     R(  # 10^8 runs from a few lines: refused before one is built
         EXP,
         ("experiment huge", "100,000,000 runs", "at most 10,000"),
