@@ -529,9 +529,15 @@ def check_resumable(out: Path, cfg: TrainConfig) -> None:
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.workers
     try:
-        resume_point(out, world)
+        found = resume_point(out, world)
     except CheckpointError as exc:
         raise ConfigError(f"--resume: {exc}") from None
+    done = found.epoch + 1  # epochs 0..found.epoch; equal to --epochs: only the run's end
+    if cfg.epochs < done:
+        raise ConfigError(
+            f"--epochs: {cfg.epochs}, but the checkpoint has {done} epochs done; give {done} "
+            "or more (the run is left as it was)"
+        )
 
 
 def check_target(metric: Metric, target: float | None, objective: str) -> float:
@@ -639,6 +645,14 @@ def check_sweep_flags(ns: argparse.Namespace) -> None:
         raise ConfigError("--study-name: empty; give a name")
 
 
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
     from autok.space import load_enqueue, load_space
     from autok.sweep import SweepOptions, sweep_optuna, table
@@ -706,6 +720,12 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     on_sqlite = opts.backend == "optuna" and opts.storage is None
     if opts.resume and on_sqlite and not (opts.out / "study.db").is_file():
         raise ConfigError(f"--resume: no study to continue in {opts.out} (no study.db)")
+    if opts.resume and on_sqlite and not _is_sqlite(opts.out / "study.db"):
+        # opened as is, an empty file would get Optuna's tables before any refusal
+        raise ConfigError(
+            f"--resume: {opts.out / 'study.db'} is not a SQLite database (empty or damaged); "
+            "move it away, or choose a new --out"
+        )
     created = make_out_dir(opts.out)
     try:
         if opts.backend == "ray":

@@ -566,6 +566,15 @@ SWEEP = [
         ("--metrics-port", "--jobs 1"),
         id="sweep-metrics-port-jobs",
     ),
+    *[
+        R(
+            ["sweep", "--resume", "--out", "{tmp}/sw"],
+            ("--resume", "is not a SQLite database"),
+            file("sw/study.db", content),
+            id=f"sweep-resume-{name}-db",
+        )
+        for name, content in [("empty", b""), ("text", b"not a database\n" * 10)]
+    ],
     R(  # Ray's restore would unpickle what --out holds: never resumed
         ["sweep", "--backend", "ray", "--resume", "--out", "{tmp}/sw"],
         ("--resume", "Ray's restore unpickles", "--backend optuna"),

@@ -149,6 +149,32 @@ def test_a_resume_with_an_unwritable_tensorboard_is_refused_before_anything_is_w
     assert tree(run) == before  # config.json not rewritten, no row rewound
 
 
+def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    before = tree(run)
+    assert main(["train", "--resume", str(run), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "autok: error: --epochs: 1, but the checkpoint has 2 epochs done; give 2 or more (the "
+        "run is left as it was)\n"
+    ), err
+    assert tree(run) == before
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_refused_without_opening_it(
+    stopped_run, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    for ckpt in (run / "checkpoints").iterdir():  # a FIFO: reading it would wait forever
+        (ckpt / "manifest.json").unlink()
+        os.mkfifo(ckpt / "manifest.json")
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "no readable manifest" in err, err
+
+
 def test_a_resume_under_torchrun_with_another_world_size_is_refused(
     stopped_run, tmp_path, capsys, monkeypatch
 ):

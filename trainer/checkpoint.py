@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 KEEP = 2
+MANIFEST_MAX = 1 << 20  # bytes: a manifest lists one checksum per rank
 FORMAT = 2  # 2: the engine's state under "sync" (autok.Sync.state_dict()), plain tensors
 # what every rank file holds at its top level (trainer.loop.Trainer.state_dict)
 STATE_KEYS = ("epoch", "model", "optimizer", "scheduler", "sync", "rng", "trainer")
@@ -124,7 +125,12 @@ def verify(path: Path, world_size: int) -> str | None:
     if epoch is None:
         return "not a checkpoint directory name (epoch-NNNN)"
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():  # a FIFO or a directory: opening one would hang or fail
+            raise OSError("not a regular file")
+        if manifest_path.stat().st_size > MANIFEST_MAX:  # a few hundred bytes per rank
+            raise ValueError(f"over {MANIFEST_MAX} bytes")
+        manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as exc:
         return f"no readable manifest ({exc.__class__.__name__})"
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
