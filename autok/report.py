@@ -76,6 +76,16 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_seconds(v: Any) -> bool:
+    """A duration: finite and not negative (an infinite one cannot be drawn or rounded)."""
+    return _is_number(v) and math.isfinite(v) and v >= 0
+
+
+def _is_fraction_or_nan(v: Any) -> bool:
+    """An accuracy: in [0, 1], or NaN (a run that never evaluated)."""
+    return _is_number(v) and (math.isnan(v) or 0 <= v <= 1)
+
+
 def _is_count(v: Any) -> bool:
     return type(v) is int and v >= 0
 
@@ -110,7 +120,9 @@ def _need(path: Path | str, obj: dict[str, Any], key: str, ok, what: str) -> Non
 
 def read_meta(path: Path) -> dict[str, Any]:
     meta = read_json_object(path)
-    _need(path, meta, "label", lambda v: isinstance(v, str) and v.strip(), "a label")
+    # printable: a label is a table row and a plot's text (a newline would break both)
+    is_label = lambda v: isinstance(v, str) and v.strip() and v.isprintable()  # noqa: E731
+    _need(path, meta, "label", is_label, "a label of printable characters")
     _need(path, meta, "seed", lambda v: type(v) is int, "an integer")
     if "order" in meta:
         _need(path, meta, "order", _is_count, "a count")
@@ -169,14 +181,18 @@ def read_summary(path: Path) -> dict[str, Any]:
     had only the accuracies, which are its metric."""
     summary = read_json_object(path)
     for key in SUMMARY_NUMBERS:
-        _need(path, summary, key, _is_number, "a number")
+        _need(path, summary, key, _is_seconds, "a finite number of seconds >= 0")
     if "metric" in summary:
         _need(path, summary, "metric", _a_metric, "a {name, higher_is_better} object")
+        is_accuracy = summary["metric"]["name"] == "accuracy"
         for key in ("peak_test_metric", "final_test_metric"):
-            _need(path, summary, key, _is_number, "a number")
+            if is_accuracy:
+                _need(path, summary, key, _is_fraction_or_nan, "an accuracy in [0, 1]")
+            else:
+                _need(path, summary, key, _is_number, "a number")
     else:
         for key in ("peak_test_accuracy", "final_test_accuracy"):
-            _need(path, summary, key, _is_number, "a number")
+            _need(path, summary, key, _is_fraction_or_nan, "an accuracy in [0, 1]")
         summary["metric"] = {"name": "accuracy", "higher_is_better": True}
         summary["peak_test_metric"] = summary["peak_test_accuracy"]
         summary["final_test_metric"] = summary["final_test_accuracy"]
@@ -265,7 +281,7 @@ def read_boundaries(path: Path) -> list[dict[str, Any]]:
         for key in BOUNDARY_COUNTS:
             _need(f"{path}: line {i}", rec, key, _is_count, "a count")
         for key in BOUNDARY_NUMBERS:
-            _need(f"{path}: line {i}", rec, key, _is_number, "a number")
+            _need(f"{path}: line {i}", rec, key, _is_seconds, "a finite number of seconds >= 0")
         recs.append(rec)
     return recs
 

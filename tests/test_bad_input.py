@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -767,6 +768,21 @@ REPORT = [
                 "summary-string",
                 ("summary.json", "wall_seconds"),
                 edit_json("summary.json", wall_seconds="fast"),
+            ),
+            # json.dumps writes Infinity, as a hand-edited or foreign file may hold
+            *[
+                (f"summary-{k}-{v}", ("summary.json", k), edit_json("summary.json", **{k: v}))
+                for k, v in [
+                    ("wall_seconds", math.inf),
+                    ("wall_seconds", -1.0),
+                    ("peak_test_accuracy", 5.0),
+                    ("final_test_accuracy", -0.5),
+                ]
+            ],
+            (
+                "label-newline",
+                ("experiment.json", "label"),
+                edit_json("experiment.json", label="a\nb"),
             ),
             ("epochs-missing", ("epochs.csv",), lambda d: (d / "epochs.csv").unlink()),
             (
