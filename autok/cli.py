@@ -451,6 +451,14 @@ def given_values(ns: argparse.Namespace) -> dict[str, Any]:
         file_values = read_yaml(ns.config, "--config") or {}
         if not isinstance(file_values, dict):
             raise ConfigError(f"--config: {ns.config} must hold a mapping of settings")
+    spelled: dict[str, str] = {}
+    for k in file_values:  # sync-period and sync_period are one setting: the last would win
+        key = str(k).replace("-", "_")
+        if key in spelled:
+            raise ConfigError(
+                f"--config: {ns.config} sets {key} twice ({spelled[key]!r} and {str(k)!r})"
+            )
+        spelled[key] = str(k)
     merged = {str(k).replace("-", "_"): v for k, v in file_values.items()}
     merged.update(values)
     return merged
@@ -643,6 +651,8 @@ def check_sweep_flags(ns: argparse.Namespace) -> None:
         raise ConfigError(f"--target: {ns.target} is not a finite number")
     if not ns.study_name.strip():
         raise ConfigError("--study-name: empty; give a name")
+    if ns.address is not None and ns.backend != "ray":
+        raise ConfigError("--address: a Ray cluster's address; give it with --backend ray")
 
 
 def _is_sqlite(path: Path) -> bool:

@@ -551,6 +551,14 @@ SWEEP = [
     R(["sweep", "--out", ""], "--out", id="sweep-out=empty"),
     R(["sweep", "--out", "/proc/autok-sweep"], "--out", id="sweep-out=/proc"),
     R(["sweep", "--resume", "--out", "{out}"], "--resume", id="sweep-resume-nothing"),
+    R(["sweep", "--address", "auto", "--out", "{out}"], "--address: a Ray cluster's address"),
+    R(["train", "--data-dir", "{tmp}", "--out", "{out}"], "--data-dir: mnist1d is built in"),
+    R(
+        ["train", "--config", "{tmp}/c.yaml", "--out", "{out}"],
+        ("--config", "sets sync_period twice ('sync-period' and 'sync_period')"),
+        file("c.yaml", "sync-period: 8\nsync_period: 2\n"),
+        id="config-key-twice",
+    ),
     *[  # nccl where there is no GPU (on a machine with one, these would start: not run there)
         pytest.param(
             *R(argv, expect, id=f"{argv[0]}-nccl-without-gpu").values,

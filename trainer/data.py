@@ -51,8 +51,8 @@ def check_data_dir(dataset: str, data_dir: Path | None) -> str | None:
     """Why `data_dir` cannot serve `dataset`, or None. Runs at config time, before any output:
     the layout, the class lists and (CIFAR-100) the files' checksums, so that a malformed data
     set is refused here rather than crashing inside the workers."""
-    if dataset not in DISK_DATASETS:
-        return None
+    if dataset not in DISK_DATASETS:  # built in: a directory given would be silently unread
+        return None if data_dir is None else f"{dataset} is built in and reads no files"
     if data_dir is None:
         return f"dataset {dataset!r} reads files: give --data-dir"
     if not data_dir.is_dir():
