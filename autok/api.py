@@ -64,7 +64,7 @@ class Sync(_Engine):
         **options: Any,
     ) -> None:
         settings = sync_options(SyncSettings, **options)
-        _check_service(settings, out_dir, peak_lr)
+        _check_service(settings, model, device, out_dir, peak_lr)
         super().__init__(
             model,
             optimizer,
@@ -83,9 +83,13 @@ class Sync(_Engine):
             self.observers.append(exporter)
 
 
-def _check_service(settings: SyncSettings, out_dir: str | Path | None, peak_lr) -> None:
-    """The arguments `Sync` adds to the options, checked before DDP is built (whose set-up is
-    collective): an OptionError naming the argument, as the options' own errors do."""
+def _check_service(
+    settings: SyncSettings, model: nn.Module, device, out_dir: str | Path | None, peak_lr
+) -> None:
+    """The arguments `Sync` adds to the options, checked before DDP is built: an OptionError
+    naming the argument, as the options' own errors do. Some can fail on one rank only (rank 0
+    makes out_dir; each rank binds its own metrics port): the ranks agree in one small
+    all-reduce, so that every rank raises, none waits in DDP's set-up for the others."""
     import math
 
     import torch.distributed as dist
@@ -97,25 +101,39 @@ def _check_service(settings: SyncSettings, out_dir: str | Path | None, peak_lr) 
         or peak_lr <= 0
     ):
         raise OptionError(f"peak_lr: {peak_lr!r} is not a finite learning rate > 0 (or None)")
+    if out_dir is not None and str(out_dir).strip() == "":
+        raise OptionError("out_dir: empty; give a directory, or None to write no records")
     if not (dist.is_available() and dist.is_initialized()):
         return  # the engine says so, naming the process group
-    rank = dist.get_rank()
-    if out_dir is not None:
-        if str(out_dir).strip() == "":
-            raise OptionError("out_dir: empty; give a directory, or None to write no records")
-        path = Path(out_dir)
-        if rank == 0:  # the rank that writes boundaries.jsonl there
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise OptionError(f"out_dir: cannot make {path} ({exc.strerror})") from None
-    if settings.metrics_port:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    why = _rank_refusal(settings, rank, out_dir)
+    # a CPU tensor for gloo, the rank's device for nccl (collectives take no other)
+    dev = device or next(model.parameters()).device
+    flags = torch.zeros(world, device=dev if dist.get_backend() == "nccl" else "cpu")
+    flags[rank] = why is not None
+    dist.all_reduce(flags)
+    if why is not None:
+        raise OptionError(why)
+    if failed := [r for r in range(world) if flags[r] > 0]:
+        raise OptionError(f"autok.Sync: rank {failed[0]} refused its arguments (see its error)")
+
+
+def _rank_refusal(settings: SyncSettings, rank: int, out_dir: str | Path | None) -> str | None:
+    """Why this rank cannot take Sync's own arguments, or None."""
+    if out_dir is not None and rank == 0:  # the rank that writes boundaries.jsonl there
+        try:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"out_dir: cannot make {out_dir} ({exc.strerror})"
+    if settings.metrics_port and (rank == 0 or settings.metrics_per_rank):
         from autok.metrics_http import port_taken
 
-        if rank == 0 or settings.metrics_per_rank:
-            port = settings.metrics_port + rank
-            if why := port_taken(settings.metrics_host, port):
-                raise OptionError(
-                    f"--metrics-port: {port} cannot be served on {settings.metrics_host}: {why}; "
-                    "choose another port, or 0 to turn metrics off"
-                )
+        port = settings.metrics_port + rank
+        if port > 65535:
+            return f"--metrics-port: {port} (PORT + rank {rank}) is above 65535"
+        if why := port_taken(settings.metrics_host, port):
+            return (
+                f"--metrics-port: {port} cannot be served on {settings.metrics_host}: {why}; "
+                "choose another port, or 0 to turn metrics off"
+            )
+    return None

@@ -546,6 +546,12 @@ def check_resumable(out: Path, cfg: TrainConfig) -> None:
             f"--epochs: {cfg.epochs}, but the checkpoint has {done} epochs done; give {done} "
             "or more (the run is left as it was)"
         )
+    stop = cfg.stop_after_epochs
+    if stop is not None and stop <= done < cfg.epochs:  # it would never stop: trains to the end
+        raise ConfigError(
+            f"--stop-after-epochs: {stop}, but the checkpoint has {done} epochs done; give "
+            f"more than {done}, or leave it out"
+        )
 
 
 def check_target(metric: Metric, target: float | None, objective: str) -> float:
@@ -679,7 +685,6 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     fixed = given_values(train_args)
     fixed_cfg = load_config({}, fixed)
     metric = check_task(fixed_cfg)
-    check_backend(fixed_cfg, "--dist-backend")  # --backend picks the sweep's own
     if fixed_cfg.metrics_port:
         from autok.metrics import check_metrics_ports
 
@@ -694,6 +699,9 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
     space = load_space(sweep_args.pop("space"))
     sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
+    if ns.address is None:  # trials on this machine (on a cluster's nodes, their GPUs count)
+        searched = {d.name for d in space}
+        check_backend(fixed_cfg, "--dist-backend", count_workers="workers" not in searched)
     if fixed.get("task") is not None and (owned := [d for d in space if d.name in TASK_OWNS]):
         raise ConfigError(
             f"--space: {owned[0].name}: the --task builds its own data and model; "
@@ -848,18 +856,16 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return exc.code if isinstance(exc.code, int) else 1
         return 0
+    commands = {"train": cmd_train, "sweep": cmd_sweep, "experiment": cmd_experiment}
+    commands["report"] = cmd_report
     try:
         ns = parser.parse_args(argv)
         command = ns.command
-        if ns.command == "train":
-            return cmd_train(ns)
-        if ns.command == "sweep":
-            return cmd_sweep(ns)
-        if ns.command == "experiment":
-            return cmd_experiment(ns)
-        if ns.command == "report":
-            return cmd_report(ns)
-        return EXIT_USAGE
+        rc = commands[ns.command](ns) if ns.command in commands else EXIT_USAGE
+        # what is still buffered for a pipe is written here, where a reader that has gone is
+        # caught below, not at the interpreter's exit ("Exception ignored ... BrokenPipeError")
+        sys.stdout.flush()
+        return rc
     except (UsageError, ConfigError) as exc:
         print(f"autok: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE

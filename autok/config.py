@@ -293,14 +293,19 @@ def read_yaml(path: Path, flag_name: str) -> Any:
         loader.dispose()
 
 
+PROBED_DATASETS = ("imagefolder", "tinyimagenet")  # files a checksum cannot vouch for
+
+
 def check_task(cfg: TrainConfig) -> Metric:
     """Before anything is launched or written: a --task imports, runs, and returns a usable
     autok.Task (built once here, in the launching process); its metric. One line naming --task
     otherwise, or --fragments when the model has fewer parameters than fragments (every
     built-in model has more than FRAGMENTS_MAX: `tests/test_fragments.py`)."""
-    if cfg.task is None and cfg.data_dir is None:
-        return ACCURACY  # the built-in classification on embedded data, checked with the config
-    try:  # a --task, or files under --data-dir: built and probed on two samples here
+    if cfg.task is None and cfg.dataset not in PROBED_DATASETS:
+        # the built-in classification: embedded data, or CIFAR-100 files whose checksums the
+        # config checked; image files are decoded only when read, so those are probed here
+        return ACCURACY
+    try:  # a --task, or image files under --data-dir: built and probed on two samples here
         task = load_task(cfg)
     except TaskError as exc:
         raise ConfigError(str(exc)) from None
@@ -315,9 +320,12 @@ def check_task(cfg: TrainConfig) -> Metric:
     return task.metric
 
 
-def check_backend(cfg: TrainConfig, flag_name: str = "--backend") -> None:
+def check_backend(
+    cfg: TrainConfig, flag_name: str = "--backend", count_workers: bool = True
+) -> None:
     """Before anything is launched or written: an explicit --backend nccl has a GPU for every
-    worker here (the workers would each fail on it). `auto` picks what the machine has."""
+    worker here (the workers would each fail on it). `auto` picks what the machine has.
+    `count_workers`: False where the worker count is not cfg's (a sweep that searches it)."""
     if cfg.backend != "nccl":
         return
     import torch  # only for this check: the CLI stays torch-free otherwise
@@ -327,7 +335,7 @@ def check_backend(cfg: TrainConfig, flag_name: str = "--backend") -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == 0:
         raise ConfigError(f"{flag_name}: nccl needs NVIDIA GPUs; this machine has none (give gloo)")
-    if not under_torchrun() and cfg.workers > gpus:
+    if count_workers and not under_torchrun() and cfg.workers > gpus:
         raise ConfigError(
             f"--workers: {cfg.workers} workers with nccl need a GPU each and this machine has "
             f"{gpus}; give --workers {gpus} or fewer, or {flag_name} gloo"

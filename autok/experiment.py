@@ -345,9 +345,11 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
 
 def _recorded(run_dir: Path) -> dict[str, Any] | None:
     """The settings a run was started with (its run.yaml), or None if it has none readable."""
-    try:
-        was = yaml.safe_load((run_dir / "run.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    if not (run_dir / "run.yaml").exists():
+        return None
+    try:  # bounded as every YAML autok reads (size, aliases; a FIFO is no regular file)
+        was = read_yaml(run_dir / "run.yaml", "--out")
+    except ConfigError:
         return None
     return was if isinstance(was, dict) else None
 

@@ -11,6 +11,7 @@ import contextlib
 import csv
 import math
 import re
+import secrets
 import signal
 import threading
 from dataclasses import dataclass
@@ -65,12 +66,15 @@ class TrialFailed(Exception):
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
-# A query parameter that carries a secret (libpq takes `?password=`; drivers take tokens, keys)
+# A query parameter that carries a secret (libpq takes `?password=`; drivers take tokens and
+# API keys), by its exact name: `sslkey=` or `passfile=` name files, not secrets
 _SECRET_PARAM = re.compile(
-    r"([?&;][^=&;#?]*(?:pass|pwd|secret|token|key)[^=&;#?]*=)([^&;#]*)", re.IGNORECASE
+    r"([?&;](?:password|passwd|pwd|sslpassword|secret|client_secret|token|access_token|"
+    r"auth_token|api_key|apikey)=)([^&;#]*)",
+    re.IGNORECASE,
 )
 # where a parser may cut a password it misreads: each piece may surface alone in its message
-_CUTS = re.compile(r"[@:/?#&;=]")
+_CUTS = re.compile(r"[@:]")
 
 
 def redact_url(url: str) -> str:
@@ -82,17 +86,25 @@ def redact_url(url: str) -> str:
         lambda m: m[0] if m[2].startswith("***") else m[1] + ("***" if m[2] else ""), url
     )
     scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = rest.rpartition("@")  # the last @: a raw @ in a password stays in
+    userinfo, at, hostpart = _authority_at(rest)
     user, colon, password = userinfo.partition(":")
     if not (sep and at and colon) or password == "***":
         return url
     return f"{scheme}://{user}:***@{hostpart}"
 
 
+def _authority_at(rest: str) -> tuple[str, str, str]:
+    """(userinfo, "@", the rest) of what follows "://": split at the last @ before the query,
+    so a raw @ in a password stays in it and one in the query (`?user=a@b`) is no password."""
+    head, q, query = rest.partition("?")
+    userinfo, at, hostpart = head.rpartition("@")
+    return (userinfo, at, hostpart + q + query) if at else ("", "", rest)
+
+
 def _passwords(url: str) -> list[str]:
     """The secrets `url` holds: its userinfo password and its secret query parameters."""
     rest = url.partition("://")[2]
-    found = [rest.rpartition("@")[0].partition(":")[2]]
+    found = [_authority_at(rest)[0].partition(":")[2]]
     found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
     return [pw for pw in found if pw and pw != "***"]
 
@@ -279,11 +291,16 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     # the same seed would replay its first draws, and its random start-up trials would repeat
     # the parameters already tried. A fresh study keeps --sampler-seed as given.
     done = sum(s.n_trials for s in summaries if s.study_name == opts.study_name)
+    seed = opts.seed + done
+    if opts.resume and opts.storage:
+        # machines joining one shared study at the same moment see the same count: each adds
+        # a part of its own, or all would draw the same start-up points
+        seed += secrets.randbelow(1 << 31)
     study = optuna.create_study(
         storage=storage,
         study_name=opts.study_name,
         directions=directions(opts),
-        sampler=optuna.samplers.TPESampler(seed=(opts.seed + done) % (SEED_MAX + 1)),
+        sampler=optuna.samplers.TPESampler(seed=seed % (SEED_MAX + 1)),
         pruner=pruner,
         load_if_exists=opts.resume,
     )
@@ -373,12 +390,23 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     return rows
 
 
-# fixed settings a resumed sweep may change: none touches a trial's result
-SWEEP_RESUME_MAY_CHANGE = {"progress", "metrics_port", "metrics_host", "metrics_per_rank"}
+# fixed settings a resumed sweep may change: none touches a trial's result (a second machine
+# joining a --storage study may keep its data elsewhere)
+SWEEP_RESUME_MAY_CHANGE = {
+    "progress",
+    "metrics_port",
+    "metrics_host",
+    "metrics_per_rank",
+    "data_dir",
+    "tensorboard",
+    "collective_timeout",
+    "max_restarts",
+}
 
 
 def _setting(key: str, fixed: dict[str, Any]) -> str:
-    flag = "--" + key.replace("_", "-")
+    # the trials' --backend is --dist-backend on `autok sweep`
+    flag = "--dist-backend" if key == "backend" else "--" + key.replace("_", "-")
     return f"{flag} {fixed[key]}" if key in fixed else f"no {flag}"
 
 

@@ -337,27 +337,33 @@ def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
         assert "not an option of autok.Sync" in msg, msg
 
 
-def _service_args_worker(rank, world, tmp, names):
-    """Sync's own arguments, refused (OptionError) before DDP is built: `names` are refused on
-    every rank (a rank that went on would wait in DDP's set-up for the others)."""
+def _service_args_worker(rank, world, tmp):
+    """Sync's own arguments, refused (OptionError) before DDP is built, on every rank: where
+    one rank alone finds the fault (rank 0 makes out_dir; each rank binds its own port), the
+    others say which rank refused, rather than wait in DDP's set-up."""
     import socket
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    (Path(tmp) / "afile").write_text("")
+    if rank == 0:
+        (Path(tmp) / "afile").write_text("")
+    dist.barrier()
     said = {}
-    with socket.socket() as taken:  # a port some other server holds
+    with socket.socket() as taken:  # a port some other server holds (each rank its own)
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        ports = [0] * world
+        dist.all_gather_object(ports, port)
         cases = {
             "empty": {"out_dir": ""},
             "file": {"out_dir": Path(tmp) / "afile"},
             "under a file": {"out_dir": Path(tmp) / "afile" / "run"},
-            "port": {"metrics_port": port - rank, "metrics_per_rank": True},
+            "rank 0's port": {"metrics_port": ports[0]},
+            "rank 1's port": {"metrics_port": ports[1] - 1, "metrics_per_rank": True},
+            "above 65535": {"metrics_port": 65535, "metrics_per_rank": True},
         }
-        for name in names:
-            kwargs = cases[name]
+        for name, kwargs in cases.items():
             try:
                 autok.Sync(model, opt, **kwargs)
             except autok.OptionError as exc:
@@ -365,15 +371,19 @@ def _service_args_worker(rank, world, tmp, names):
     return said
 
 
-def test_sync_own_arguments_are_refused_naming_them_before_ddp_is_built(tmp_path):
-    for said in run_dist(_service_args_worker, 2, str(tmp_path), ["empty", "port"]):
+def test_sync_own_arguments_are_refused_on_every_rank_before_ddp_is_built(tmp_path):
+    said0, said1 = run_dist(_service_args_worker, 2, str(tmp_path))
+    for said in (said0, said1):
         assert said["empty"].startswith("out_dir: empty")
-        assert said["port"].startswith("--metrics-port: ")
-        assert "choose another port" in said["port"]
-    # rank 0 alone makes out_dir (it writes there): one process
-    rank0 = run_dist(_service_args_worker, 1, str(tmp_path), ["file", "under a file"])[0]
-    assert rank0["file"].startswith("out_dir: cannot make ")
-    assert rank0["under a file"].startswith("out_dir: cannot make ")
+    for name in ("file", "under a file"):
+        assert said0[name].startswith("out_dir: cannot make "), said0[name]
+        assert said1[name] == "autok.Sync: rank 0 refused its arguments (see its error)"
+    assert said0["rank 0's port"].startswith("--metrics-port: ")
+    assert "choose another port" in said0["rank 0's port"]
+    assert said1["rank 0's port"] == "autok.Sync: rank 0 refused its arguments (see its error)"
+    assert said1["rank 1's port"].startswith("--metrics-port: ")
+    assert said0["rank 1's port"] == "autok.Sync: rank 1 refused its arguments (see its error)"
+    assert said1["above 65535"] == "--metrics-port: 65536 (PORT + rank 1) is above 65535"
 
 
 def test_without_a_process_group_the_error_says_so():

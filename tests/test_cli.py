@@ -280,6 +280,9 @@ def test_a_reader_that_stops_early_ends_a_listing_quietly():
 
     read, write = os.pipe()
     os.close(read)  # the reader has already gone: the first write breaks the pipe
+    # stdout block-buffered, as a pipe's is unless PYTHONUNBUFFERED is set: the write then
+    # fails at the flush, not at the print
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     try:
         res = subprocess.run(
             [sys.executable, "-m", "autok.cli", "experiment", "list"],
@@ -287,6 +290,7 @@ def test_a_reader_that_stops_early_ends_a_listing_quietly():
             stderr=subprocess.PIPE,
             text=True,
             timeout=120,
+            env=env,
         )
     finally:
         os.close(write)

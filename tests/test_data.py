@@ -184,6 +184,14 @@ def test_a_damaged_mnist1d_cache_is_made_again(tmp_path, monkeypatch, damage):
     assert path.stat().st_mtime_ns == mtime
 
 
+def test_a_whole_mnist1d_cache_of_any_size_is_kept(tmp_path, monkeypatch):
+    """mnist1d makes whole tens of samples: 105 asked, 100 made, and that cache is whole."""
+    monkeypatch.setenv("AUTOK_CACHE", str(tmp_path))
+    path = data.prepare_mnist1d(105, 0)
+    mtime = path.stat().st_mtime_ns
+    assert data.prepare_mnist1d(105, 0) == path and path.stat().st_mtime_ns == mtime
+
+
 @pytest.mark.parametrize(
     "name, shape, classes",
     [

@@ -160,6 +160,11 @@ def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, ca
         "run is left as it was)\n"
     ), err
     assert tree(run) == before
+    # nor a stop it has passed: it would never stop, and train to the end
+    assert main(["train", "--resume", str(run), "--stop-after-epochs", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autok: error: --stop-after-epochs: 2, but the checkpoint has 2"), err
+    assert tree(run) == before
 
 
 def test_a_manifest_that_is_not_a_regular_file_is_refused_without_opening_it(

@@ -542,6 +542,14 @@ def test_redact_hides_passwords_in_urls_and_in_library_text():
     query = "postgresql://alice@127.0.0.1:1/db?sslmode=off&password=hunter2secret"
     assert redact_url(query) == "postgresql://alice@127.0.0.1:1/db?sslmode=off&password=***"
     assert "hunter2secret" not in redact(f"cannot connect to {query}", query)
+    # what is no secret stays: a key file's path, an @ in the query, the port and database
+    sslkey = "postgresql://u@h/db?sslkey=/home/alice/client.key"
+    assert redact(f"no file /home/alice/client.key for {sslkey}", sslkey) == (
+        f"no file /home/alice/client.key for {sslkey}"
+    )
+    at_in_query = "postgresql://h:5432/db?user=a@b"
+    assert redact_url(at_in_query) == at_in_query
+    assert redact("db at h:5432 refused", at_in_query) == "db at h:5432 refused"
     colon = "postgresql://alice:p@ss:w0rdX@127.0.0.1:1/db"
     said = "invalid literal for int() with base 10: 'w0rdX@127.0.0.1:1'"
     assert redact(said, colon) == "invalid literal for int() with base 10: '***@127.0.0.1:1'"

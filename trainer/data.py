@@ -223,7 +223,10 @@ def _cache_holds(path: Path, num_samples: int) -> bool:
             x, y, xt, yt = d["x"], d["y"], d["x_test"], d["y_test"]
     except Exception:  # BadZipFile, a missing array, a truncated member: not the data set
         return False
-    return len(x) == len(y) and len(xt) == len(yt) and len(x) + len(xt) == num_samples
+    # make_dataset makes whole tens of samples (num_samples // 10 * 10): a cache of fewer, or
+    # of more, is another data set
+    total = len(x) + len(xt)
+    return len(x) == len(y) and len(xt) == len(yt) and num_samples - 10 < total <= num_samples
 
 
 def _mnist1d(num_samples: int, seed: int) -> Splits:

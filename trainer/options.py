@@ -162,7 +162,7 @@ class SyncOptions(BaseModel):
             for name, value in data.items():
                 info = cls.model_fields.get(name)
                 if isinstance(value, bool) and info is not None and not _takes_bool(info):
-                    raise ValueError(f"{flag(name)}: {value} is a boolean; give a number")
+                    raise ValueError(f"{flag(name)}: {value} is a boolean, not a value it takes")
         return data
 
     @model_validator(mode="after")
