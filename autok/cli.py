@@ -671,7 +671,7 @@ def _is_sqlite(path: Path) -> bool:
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
     from autok.space import load_enqueue, load_space
-    from autok.sweep import SweepOptions, sweep_optuna, table
+    from autok.sweep import SweepOptions, check_space, sweep_optuna, table
 
     sweep_args = {k: getattr(ns, k) for k in SWEEP_KEYS}
     given = {k: v for k, v in vars(ns).items() if k not in SWEEP_KEYS and k != "out"}
@@ -698,6 +698,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     sweep_args["objective"] = OBJECTIVE_ALIASES.get(sweep_args["objective"], ns.objective)
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
     space = load_space(sweep_args.pop("space"))
+    check_space(fixed, space)
     sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
     if ns.address is None:  # trials on this machine (on a cluster's nodes, their GPUs count)
         searched = {d.name for d in space}

@@ -199,6 +199,19 @@ def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
     return None
 
 
+def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
+    """Before any trial: each dimension has a value that makes a valid run with the fixed part
+    (its ends, or its choices, each with the others unset). One that has none would fail every
+    trial, each on the same error: a ConfigError naming --space and the dimension."""
+    for d in space:
+        values = d.choices if d.kind == "categorical" else (d.low, d.high)
+        if d.kind == "int":
+            values = tuple(int(v) for v in values)
+        whys = [check_settings(fixed, {d.name: v}) for v in values]
+        if all(whys):
+            raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
+
+
 def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:
     # The Pareto objective's time is the run's training wall-clock, what K, beta and the LR
     # change; the start-up a trial also costs (processes, data: about the same for every

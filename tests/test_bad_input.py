@@ -606,6 +606,9 @@ SWEEP = [
             ("nan", "lr: {type: float, low: .nan, high: 0.5}\n"),
             ("inf", "lr: {type: float, low: 0.01, high: .inf}\n"),
             ("low>high", "lr: {type: float, low: 0.5, high: 0.1}\n"),
+            # every value past the fixed --epochs 2: every trial would fail on it
+            ("no-valid-value", "warmup_epochs: {type: int, low: 5, high: 6}\n"),
+            ("no-valid-choice", "strategy: {type: categorical, choices: [fedavg, gossip]}\n"),
             ("bool", "lr: {type: float, low: true, high: 0.5}\n"),
             ("string", "lr: {type: float, low: '0.1', high: 0.5}\n"),
             ("unknown", "frobnicate: {type: int, low: 1, high: 2}\n"),
