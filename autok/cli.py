@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autok.config import (
+    NAME_MAX,
     SEED_MAX,
     TASK_OWNS,
     ConfigError,
@@ -149,9 +150,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:  # one line, no usage dump
         # "argument --workers: invalid int value: 'x'" -> "--workers: invalid int value: 'x'"
         raise UsageError(re.sub(r"^argument ([^:]+): ", r"\1: ", message))
-
-
-NAME_MAX = 255  # bytes in one file name, on Linux and macOS file systems
 
 
 def path_arg(text: str) -> Path:
@@ -857,8 +855,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return exc.code if isinstance(exc.code, int) else 1
         return 0
-    commands = {"train": cmd_train, "sweep": cmd_sweep, "experiment": cmd_experiment}
-    commands["report"] = cmd_report
+    commands = dict(train=cmd_train, sweep=cmd_sweep, experiment=cmd_experiment, report=cmd_report)
     try:
         ns = parser.parse_args(argv)
         command = ns.command

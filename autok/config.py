@@ -320,6 +320,17 @@ def check_task(cfg: TrainConfig) -> Metric:
     return task.metric
 
 
+NAME_MAX = 255  # bytes in one file name, on Linux and macOS file systems
+
+
+def first_difference(was: dict, now: dict, ignore=frozenset()) -> str | None:
+    """The first key (sorted) whose value differs between two settings mappings (absent counts
+    as a value), outside `ignore`; None when they agree."""
+    keys = (was.keys() | now.keys()) - ignore
+    changed = sorted(k for k in keys if was.get(k) != now.get(k))
+    return changed[0] if changed else None
+
+
 def check_backend(
     cfg: TrainConfig, flag_name: str = "--backend", count_workers: bool = True
 ) -> None:

@@ -27,7 +27,15 @@ from typing import Any
 
 import yaml
 
-from autok.config import ConfigError, TrainConfig, check_task, load_config, read_yaml
+from autok.config import (
+    NAME_MAX,
+    ConfigError,
+    TrainConfig,
+    check_task,
+    first_difference,
+    load_config,
+    read_yaml,
+)
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 
@@ -177,10 +185,10 @@ def expand(
             suffix = "".join(f" {k}={v}" for k, v in chosen.items())
             label = run["name"] + suffix
             name = Run(label, 0, {}).dir.split("/")[0]  # the run's directory under --out
-            if len(name.encode()) > 255:  # NAME_MAX: the run could never be written
+            if len(name.encode()) > NAME_MAX:  # the run could never be written
                 raise ConfigError(
                     f"experiment {exp['name']}: run {label[:40]!r}... names a directory of "
-                    f"{len(name.encode())} bytes; at most 255 (shorten its name or values)"
+                    f"{len(name.encode())} bytes; at most {NAME_MAX} (shorten its name or values)"
                 )
             for seed in seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
@@ -329,11 +337,14 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
         if (run_dir / "summary.json").exists() or has_checkpoint(run_dir, _workers(run)):
             # skipped or resumed: nothing is cleared; but a run made with other settings would
             # stand in the report for this one
-            if key := _changed_setting(run, run_dir):
-                was, now = _setting_of(run_dir, key), run.settings.get(key)
+            was = _recorded(run_dir)
+            # a mean K taken from another run is set when the run starts: not compared
+            skip = {"random_mean"} if run.mean_k_of else set()
+            if was is not None and (key := first_difference(was, run.settings, skip)):
                 raise ConfigError(
-                    f"--out: {run_dir} holds a run made with {key} {was!r}, this experiment "
-                    f"gives {now!r}; choose a new --out (a run there is kept, never redone)"
+                    f"--out: {run_dir} holds a run made with {key} {was.get(key)!r}, this "
+                    f"experiment gives {run.settings.get(key)!r}; choose a new --out (a run "
+                    "there is kept, never redone)"
                 )
             continue
         if foreign := foreign_files(run_dir):
@@ -352,22 +363,6 @@ def _recorded(run_dir: Path) -> dict[str, Any] | None:
     except ConfigError:
         return None
     return was if isinstance(was, dict) else None
-
-
-def _changed_setting(run: Run, run_dir: Path) -> str | None:
-    """The first setting in which the run in `run_dir` differs from `run`, or None. A mean K
-    taken from another run is set when the run starts, so it is not compared."""
-    was = _recorded(run_dir)
-    if was is None:
-        return None
-    now = run.settings
-    skip = {"random_mean"} if run.mean_k_of else set()
-    changed = sorted(k for k in set(was) | set(now) if k not in skip and was.get(k) != now.get(k))
-    return changed[0] if changed else None
-
-
-def _setting_of(run_dir: Path, key: str) -> Any:
-    return (_recorded(run_dir) or {}).get(key)
 
 
 def clear_unstarted(run_dir: Path) -> None:

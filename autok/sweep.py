@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from autok.config import SEED_MAX, ConfigError, TrainConfig, load_config
+from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
 from autok.pareto import pareto_front, plot_front
 from autok.space import Dim
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
@@ -324,24 +324,19 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             f"--resume: the study {opts.study_name!r} was made to {' and '.join(was)} "
             f"(its objective and metric); resume it with the same --objective and --task"
         )
+    # A resumed study keeps its fixed part: trials under another would sit in one table, front
+    # and best.yaml as if comparable. Only what does not touch a trial's result may change.
     given = {k: _plain(v) for k, v in fixed.items()}
     if not opts.resume:
         study.set_user_attr("fixed", given)
-    elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
-        # Trials under another fixed part would sit in one table, front and best.yaml as if
-        # comparable. Only what does not touch a trial's result may change.
-        changed = sorted(
-            k
-            for k in set(was_fixed) | set(given)
-            if k not in SWEEP_RESUME_MAY_CHANGE and was_fixed.get(k) != given.get(k)
+    elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict) and (
+        k := first_difference(was_fixed, given, SWEEP_RESUME_MAY_CHANGE)
+    ):
+        raise ConfigError(
+            f"--resume: the study {opts.study_name!r} was made with {_setting(k, was_fixed)}"
+            f", this sweep gives {_setting(k, given)}; resume it with the same settings, "
+            "or choose a new --out"
         )
-        if changed:
-            k = changed[0]
-            raise ConfigError(
-                f"--resume: the study {opts.study_name!r} was made with {_setting(k, was_fixed)}"
-                f", this sweep gives {_setting(k, given)}; resume it with the same settings, "
-                "or choose a new --out"
-            )
     for params in opts.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
 
@@ -405,22 +400,24 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
 
 # fixed settings a resumed sweep may change: none touches a trial's result (a second machine
 # joining a --storage study may keep its data elsewhere)
-SWEEP_RESUME_MAY_CHANGE = {
-    "progress",
-    "metrics_port",
-    "metrics_host",
-    "metrics_per_rank",
-    "data_dir",
-    "tensorboard",
-    "collective_timeout",
-    "max_restarts",
-}
+SWEEP_RESUME_MAY_CHANGE = frozenset(
+    {
+        "progress",
+        "metrics_port",
+        "metrics_host",
+        "metrics_per_rank",
+        "data_dir",
+        "tensorboard",
+        "collective_timeout",
+        "max_restarts",
+    }
+)
 
 
 def _setting(key: str, fixed: dict[str, Any]) -> str:
     # the trials' --backend is --dist-backend on `autok sweep`
-    flag = "--dist-backend" if key == "backend" else "--" + key.replace("_", "-")
-    return f"{flag} {fixed[key]}" if key in fixed else f"no {flag}"
+    name = "--dist-backend" if key == "backend" else flag(key)
+    return f"{name} {fixed[key]}" if key in fixed else f"no {name}"
 
 
 def _plain(v: Any) -> Any:

@@ -193,10 +193,18 @@ def _mnist1d_cache(num_samples: int, seed: int) -> Path:
 
 def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     """Generate the data set once (deterministic in num_samples and seed) and cache it."""
-    path = _mnist1d_cache(num_samples, seed)
-    if path.exists() and _cache_holds(path, num_samples):
-        return path  # else truncated or foreign: a cache, so made again
+    _mnist1d_arrays(num_samples, seed)
+    return _mnist1d_cache(num_samples, seed)
+
+
+def _mnist1d_arrays(num_samples: int, seed: int) -> tuple:
+    """(x, y, x_test, y_test), read from the cache, which is made (again) when it is missing,
+    truncated or of another size: it is a cache. One read when it is whole."""
     import numpy as np
+
+    path = _mnist1d_cache(num_samples, seed)
+    if path.exists() and (arrays := _read_whole(path, num_samples)) is not None:
+        return arrays
     from mnist1d.data import get_dataset_args, make_dataset
 
     args = get_dataset_args()
@@ -210,32 +218,31 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
     np.savez(tmp, x=d["x"], y=d["y"], x_test=d["x_test"], y_test=d["y_test"])
     os.replace(tmp, path)
-    return path
+    return d["x"], d["y"], d["x_test"], d["y_test"]
 
 
-def _cache_holds(path: Path, num_samples: int) -> bool:
-    """Whether the cached file is a whole data set of num_samples (arrays only: np.load
-    unpickles nothing by default)."""
+def _read_whole(path: Path, num_samples: int) -> tuple | None:
+    """The cached arrays, or None if the file is not a whole data set of num_samples (arrays
+    only: np.load unpickles nothing by default)."""
     import numpy as np
 
     try:
         with np.load(path) as d:
             x, y, xt, yt = d["x"], d["y"], d["x_test"], d["y_test"]
     except Exception:  # BadZipFile, a missing array, a truncated member: not the data set
-        return False
+        return None
     # make_dataset makes whole tens of samples (num_samples // 10 * 10): a cache of fewer, or
     # of more, is another data set
     total = len(x) + len(xt)
-    return len(x) == len(y) and len(xt) == len(yt) and num_samples - 10 < total <= num_samples
+    whole = len(x) == len(y) and len(xt) == len(yt) and num_samples - 10 < total <= num_samples
+    return (x, y, xt, yt) if whole else None
 
 
 def _mnist1d(num_samples: int, seed: int) -> Splits:
-    import numpy as np
     import torch
     from torch.utils.data import TensorDataset
 
-    with np.load(prepare_mnist1d(num_samples, seed)) as d:
-        x, y, xt, yt = d["x"], d["y"], d["x_test"], d["y_test"]
+    x, y, xt, yt = _mnist1d_arrays(num_samples, seed)
     mean, std = x.mean(), x.std()
 
     def ds(a, b):
