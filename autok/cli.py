@@ -132,7 +132,7 @@ HELP = {
     "on_divergence": "non-finite loss or parameters, or loss far above its running minimum: "
     "stop, or rollback to the last checkpoint with K halved",
     "divergence_factor": "diverged when the mean loss of 4 boundaries exceeds this multiple of "
-    "its running minimum",
+    "its running minimum and this fraction (1/factor) of its first",
     "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
     "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
     "metrics_host": "IP address the metrics server binds; 127.0.0.1 serves this machine only, "

@@ -11,12 +11,13 @@ cores (--cpus, default: every core this process may use).
 
 (a) overhead: a `ddp` step under `autok.Sync` / a plain torch DDP step (same model, data,
     optimizer, schedule, world size; link `none`), both in one process pair taking turns step
-    by step, median step per round; goal <= 1.02. Beside it, without a goal, the built-in loop
-    (`autok train`) against a hand-written loop in separate runs (the fastest epoch after the
-    first of each);
+    by step; per round 1 + median paired difference / median plain step; goal <= 1.02.
+    Beside it, without a goal, the ratio of the two sides' median steps (unpaired), and the
+    built-in loop (`autok train`) against a hand-written loop in separate runs (the fastest
+    epoch after the first of each);
 (g) local step: a step under `autok.Sync` (cpdp, K=8, link `none`) / a hand-written `no_sync()`
     step of the same model and data, both in one process pair taking turns step by step,
-    boundary steps not counted, median step per round; goal <= 1.02;
+    boundary steps not counted, paired as in (a); goal <= 1.02;
 (h) boundary fixed cost: a boundary step's sync time (cpdp K=1, fused, link `none`: pack, replica
     check, norms, the collective, outer step, unpack, momentum correction) / one bare
     `all_reduce` of the same flat buffer, world 2, on cnn1d and a ~3M-parameter MLP;
@@ -174,13 +175,7 @@ def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, worl
         sides = [(plain, _plain_ddp), (ours, _autok)]
         for times, fn in sides[:: 1 if i % 2 == 0 else -1]:  # which goes first alternates
             times.append(_step_time(_workers(fn, world, cpus, loop.model_dump_json())[0]))
-    return {
-        "world_size": world,
-        "plain_step_s": statistics.median(res["plain"]),
-        "autok_step_s": statistics.median(res["autok"]),
-        "ratio": summarize(ratios(res["autok"], res["plain"]), STEP_GOAL),
-        "plain_rounds": res["plain"],
-        "autok_rounds": res["autok"],
+    return _step_ratios(res, world) | {
         "loop": {
             "plain_step_s": statistics.median(plain),
             "autok_step_s": statistics.median(ours),
@@ -199,7 +194,14 @@ def _interleaved_steps(
     data (the same batch), optimizer and schedule. cpdp: only local steps are timed (autok
     under Sync against a hand-written `no_sync()` step); ddp: every step (Sync's ddp against a
     plain DDP step). A step is timed from zero_grad through the optimizer step (autok: the whole
-    `with sync.step()` block); a round's figure is its median step."""
+    `with sync.step()` block).
+
+    A round's ratio is paired: the two sides' steps on one batch, taken back to back, are a
+    pair, and the ratio is 1 + (the median of the pairs' differences) / (the plain side's median
+    step). A slow stretch of a shared machine lasts many steps, so it hits both steps of a pair
+    alike and drops out of their difference; the ratio of the two sides' median steps (also
+    returned) lets it in wherever it moves one median and not the other (issue 17: on a busy
+    machine that ratio spread 0.99-1.09 over 7 rounds where the paired one spread 1.02-1.04)."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)
@@ -224,7 +226,7 @@ def _interleaved_steps(
     model, opt, sched_a = side()
     sync = autok.Sync(model, opt, strategy=cfg.strategy, sync_period=k, link="none")
 
-    def autok_step(x, y, times: list[float]) -> None:
+    def autok_step(x, y, times: dict[int, float]) -> None:
         t0 = time.perf_counter()
         with sync.step() as s:
             opt.zero_grad(set_to_none=True)
@@ -233,7 +235,7 @@ def _interleaved_steps(
             opt.step()
             s.loss = loss
         if ddp_side or not s.is_boundary:
-            times.append(time.perf_counter() - t0)
+            times[batch] = time.perf_counter() - t0
         sched_a.step()
 
     plain, popt, sched_p = side()
@@ -241,7 +243,7 @@ def _interleaved_steps(
     params = list(plain.parameters())
     step = 0
 
-    def plain_step(x, y, times: list[float]) -> None:
+    def plain_step(x, y, times: dict[int, float]) -> None:
         nonlocal step
         step += 1
         if ddp_side:  # a plain DDP step: gradients all-reduced in backward
@@ -249,14 +251,14 @@ def _interleaved_steps(
             popt.zero_grad(set_to_none=True)
             criterion(ddp(x), y).backward()
             popt.step()
-            times.append(time.perf_counter() - t0)
+            times[batch] = time.perf_counter() - t0
         elif step % k:  # a local step: no gradient all-reduce
             t0 = time.perf_counter()
             with ddp.no_sync():
                 popt.zero_grad(set_to_none=True)
                 criterion(ddp(x), y).backward()
                 popt.step()
-            times.append(time.perf_counter() - t0)
+            times[batch] = time.perf_counter() - t0
         else:  # a boundary (not timed): synchronized step, then θ <- mean θ_i
             popt.zero_grad(set_to_none=True)
             criterion(ddp(x), y).backward()
@@ -272,19 +274,32 @@ def _interleaved_steps(
     # Step by step, the two sides take turns on the same batch (which goes first alternates), so
     # a slow second of a shared machine hits both alike; both count the same steps, so their
     # boundaries (every k-th step) fall on the same batches.
-    per_round: dict[str, list[float]] = {"autok": [], "plain": []}
+    # Each side's step times by batch number: the two steps of one batch are a pair.
+    per_round: dict[str, list] = {"autok": [], "plain": [], "paired": [], "excess": []}
+    per_round["pairs"] = []
     sides = [("autok", autok_step), ("plain", plain_step)]
+    batch = 0
     for r in range(rounds + 1):
-        times: dict[str, list[float]] = {"autok": [], "plain": []}
+        times: dict[str, dict[int, float]] = {"autok": {}, "plain": {}}
         dist.barrier()
         for e in range(epochs_per_round):
             sampler.set_epoch(r * epochs_per_round + e)
             for i, (x, y) in enumerate(loader):
+                batch += 1
                 for name, run in sides[:: 1 if i % 2 == 0 else -1]:
                     run(x, y, times[name])
         if r > 0:  # round 0 pays one-off set-up on both sides
-            for name in per_round:  # the median step: a preempted step does not move it
-                per_round[name].append(statistics.median(times[name]))
+            a, p = times["autok"], times["plain"]
+            if a.keys() != p.keys():  # both sides time the same steps (boundaries not timed)
+                raise RuntimeError("the two sides timed different steps: no pairs")
+            plain_median = statistics.median(p.values())
+            excess = statistics.median(a[b] - p[b] for b in a)
+            # medians: a preempted step does not move them
+            per_round["autok"].append(statistics.median(a.values()))
+            per_round["plain"].append(plain_median)
+            per_round["excess"].append(excess)
+            per_round["paired"].append(1.0 + excess / plain_median)
+            per_round["pairs"].append(len(a))
     sync.close()
     return per_round | {"steps_per_epoch": len(loader)}
 
@@ -295,12 +310,20 @@ def local_step(
     cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=world, progress=False)
     prepare_data(cfg)
     res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
+    return _step_ratios(res, world) | {"k": 8}
+
+
+def _step_ratios(res: dict, world: int) -> dict:
+    """(a) and (g): the goal's ratio is the paired one (see _interleaved_steps); the ratio of
+    the two sides' median steps, the figure before, is kept beside it."""
     return {
         "world_size": world,
-        "k": 8,
         "plain_step_s": statistics.median(res["plain"]),
         "autok_step_s": statistics.median(res["autok"]),
-        "ratio": summarize(ratios(res["autok"], res["plain"]), STEP_GOAL),
+        "ratio": summarize(res["paired"], STEP_GOAL),
+        "unpaired_ratio": summarize(ratios(res["autok"], res["plain"])),
+        "excess_us": [1e6 * e for e in res["excess"]],
+        "pairs": res["pairs"],
         "plain_rounds": res["plain"],
         "autok_rounds": res["autok"],
     }
@@ -688,6 +711,19 @@ def _ratio(r) -> str:
     return fmt(r) if isinstance(r, dict) else f"{r:.3f} (1 run)"
 
 
+def _excess(m: dict) -> str:
+    """(a), (g): the paired excess per step in µs, median over the rounds and its spread."""
+    if "excess_us" not in m:  # a result saved before the ratio was paired: not one
+        return ", unpaired (the two sides' median steps)"
+    us = m["excess_us"]
+    med, lo, hi = statistics.median(us), min(us), max(us)
+    pairs = min(m["pairs"])
+    return (
+        f", paired (excess per step {med:+.1f} µs, {lo:+.1f} to {hi:+.1f}; at least {pairs} "
+        "pairs a round)"
+    )
+
+
 def _cores(cpus: list[int] | None) -> str:
     return ",".join(map(str, cpus)) if cpus else "(not recorded)"
 
@@ -735,8 +771,13 @@ def render(res: dict) -> str:
             f"| (a) step time, plain torch DDP (world {o['world_size']}, link none) "
             f"| {o['plain_step_s'] * 1e3:.2f} ms |",
             f"| (a) step time, autok ddp | {o['autok_step_s'] * 1e3:.2f} ms |",
-            f"| (a) **overhead ratio** autok / plain | **{_ratio(o['ratio'])}** |",
+            f"| (a) **overhead ratio** autok / plain{_excess(o)} | **{_ratio(o['ratio'])}** |",
         ]
+        if "unpaired_ratio" in o:
+            lines.append(
+                f"| (a) reference: the two sides' median steps, unpaired "
+                f"| {_ratio(o['unpaired_ratio'])} |"
+            )
         if "loop" in o:
             lp = o["loop"]
             lines.append(
@@ -750,8 +791,14 @@ def render(res: dict) -> str:
             f"| (g) local step, hand-written no_sync() (world {g['world_size']}, link none) "
             f"| {g['plain_step_s'] * 1e3:.2f} ms |",
             f"| (g) local step, autok.Sync cpdp K={g['k']} | {g['autok_step_s'] * 1e3:.2f} ms |",
-            f"| (g) **local-step ratio** autok / no_sync() | **{_ratio(g['ratio'])}** |",
+            f"| (g) **local-step ratio** autok / no_sync(){_excess(g)} "
+            f"| **{_ratio(g['ratio'])}** |",
         ]
+        if "unpaired_ratio" in g:
+            lines.append(
+                f"| (g) reference: the two sides' median steps, unpaired "
+                f"| {_ratio(g['unpaired_ratio'])} |"
+            )
     if "boundary_fixed" in res:
         h = res["boundary_fixed"]
         for model in ("cnn1d", "mlp-3m"):

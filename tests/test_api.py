@@ -477,6 +477,53 @@ def test_sync_now_sends_no_gradients_on_the_fused_boundary():
         assert res["momentum_kept"] and res["agree"]
 
 
+def _loss_kinds_worker(rank, world):
+    """Losses given as a scalar tensor, a bfloat16 one, a vector (summed) and a float, with the
+    held tensors folded into the sum every 3 steps: the boundary's train loss is the mean over
+    ranks and steps of what each step gave, and a state saved mid-interval holds the sum."""
+    import trainer.sync as engine
+
+    engine.LOSSES_HELD = 3  # fold the held loss tensors into the sum inside the interval
+    seen = []
+
+    class Record:
+        def on_boundary(self, stats, decision):
+            seen.append(stats.train_loss)
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=7, observers=[Record()])
+    given, saved = [], None
+    for i, (x, y) in enumerate(_batches(rank, 7)):
+        with sync.step() as s:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            kind = i % 4
+            if kind == 0:
+                s.loss = loss
+            elif kind == 1:
+                s.loss = loss.to(torch.bfloat16)
+            elif kind == 2:
+                s.loss = torch.stack([loss, 2 * loss])  # summed: 3 × the loss
+            else:
+                s.loss = loss.item()
+            given.append(float(s.loss.double().sum()) if kind != 3 else s.loss)
+        if i == 4:  # 3 folded, 2 held
+            saved = sync.state_dict()["counters"]["loss_sum"]
+    total = torch.tensor([math.fsum(given)], dtype=torch.float64)
+    dist.all_reduce(total)
+    sync.close()
+    return seen, total.item() / (7 * world), saved, math.fsum(given[:5])
+
+
+def test_the_train_loss_is_the_mean_of_every_kind_of_loss_a_step_gives():
+    for seen, expected, saved, saved_expected in run_dist(_loss_kinds_worker, 2):
+        assert len(seen) == 1 and seen[0] == pytest.approx(expected, rel=1e-6)
+        assert saved == pytest.approx(saved_expected, rel=1e-12)
+
+
 def _builtin_path_worker(rank, world, link):
     """ddp steps with rank 1 sleeping between its forward and its backward, so rank 0's
     backward waits on the gradient all-reduce; then two-phase cpdp steps for the counts."""

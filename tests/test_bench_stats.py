@@ -139,7 +139,15 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
     step = summarize([1.01] * 7, goal=engine.STEP_GOAL)
     res = {
         "machine": {"cpus": 2, "platform": "p", "torch": "t", "date": "d", "pinned_cpus": [0, 1]},
-        "overhead": {"world_size": 2, "plain_step_s": 4e-3, "autok_step_s": 4.1e-3, "ratio": step},
+        "overhead": {
+            "world_size": 2,
+            "plain_step_s": 4e-3,
+            "autok_step_s": 4.1e-3,
+            "ratio": step,
+            "unpaired_ratio": summarize([0.99, 1.09] * 4),
+            "excess_us": [40.0, 38.5, 41.0] + [40.0] * 4,
+            "pairs": [300, 298] + [300] * 5,
+        },
         "local_step": {
             "world_size": 2,
             "k": 8,
@@ -191,7 +199,18 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
         "| 1.250× (1.250–1.250, 7 rounds) |"
     ) in text
     assert "torch's `average_parameters` (10.00 ms) / the same bare all_reduce | 1.430×" in text
-    assert text.count("reference:") == 2  # none for the cnn1d, whose record lacks them
+    assert (
+        "(a) **overhead ratio** autok / plain, paired (excess per step +40.0 µs, +38.5 to "
+        "+41.0; at least 298 pairs a round) | **1.010× (1.010–1.010, 7 rounds; goal ≤ 1.02×): "
+        "met**" in text
+    )
+    assert "(a) reference: the two sides' median steps, unpaired | 1.040× (0.990–1.090" in text
+    # the cnn1d's (h) record lacks the references; (g) saved before pairing has no excess
+    assert (
+        "(g) **local-step ratio** autok / no_sync(), unpaired (the two sides' median steps) | "
+        "**1.100×" in text
+    )
+    assert text.count("reference:") == 3
 
 
 def test_render_reads_results_saved_before_rounds():

@@ -494,3 +494,30 @@ def test_one_flat_collective_per_boundary_and_a_persistent_buffer(
     assert real and set(real) == {seen}, real
     assert set(counted) == {per_boundary}, counted
     assert len(ptrs) == 1  # the flat buffer is reused, never reallocated
+
+
+@pytest.mark.parametrize("strategy, k", [("ddp", 1), ("cpdp", 8)])
+def test_the_step_bench_pairs_each_timed_step_with_the_plain_one_on_its_batch(strategy, k):
+    """`autok bench` (a) and (g): both sides time the same batches (cpdp: all but every k-th,
+    the boundaries), so every round has its pairs, and its ratio is 1 + median excess / median
+    plain step."""
+    from autok.launch import prepare_data
+    from benchmarks import engine
+
+    cfg = tiny_cfg(strategy=strategy, sync_period=k, epochs=1)
+    prepare_data(cfg)
+    res = engine._workers(engine._interleaved_steps, 2, None, cfg.model_dump_json(), 2, 1)[0]
+    steps = res["steps_per_epoch"]  # one epoch a round, after an untimed first round
+    if strategy == "cpdp":  # boundaries (untimed) fall on every k-th step of the whole run
+        timed = [sum((s + 1) % k != 0 for s in range(r * steps, (r + 1) * steps)) for r in (1, 2)]
+    else:
+        timed = [steps, steps]
+    assert res["pairs"] == timed
+    assert strategy == "ddp" or min(timed) < steps  # the cpdp rounds hold a boundary each
+    for paired, excess, plain in zip(res["paired"], res["excess"], res["plain"], strict=True):
+        assert paired == pytest.approx(1.0 + excess / plain)
+    out = engine._step_ratios(res, 2)
+    assert out["ratio"]["rounds"] == res["paired"] and "goal" in out["ratio"]
+    assert out["unpaired_ratio"]["rounds"] == [
+        a / p for a, p in zip(res["autok"], res["plain"], strict=True)
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -234,6 +235,50 @@ def test_captured_gradients_survive_the_averaging_buffer_growing():
     extras.append(torch.zeros(10_000))  # larger than the buffer: a new allocation
     got = averager._boundary_grads()
     assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
+
+
+def _guard_on(losses, guard=None):
+    """Feed window-sized runs of a loss to the guard; the boundary it trips at, or None."""
+    from controllers.base import BoundaryStats
+    from trainer.divergence import DivergenceGuard
+
+    guard = guard or DivergenceGuard(factor=4.0)
+    fields = dict.fromkeys(f.name for f in dataclasses.fields(BoundaryStats))
+    for i, loss in enumerate(losses):
+        values = {"boundary": i, "drift_norm": 0.0, "update_norm": 0.0, "train_loss": loss}
+        stats = BoundaryStats(**(fields | values))
+        if why := guard.check(stats):
+            return i, why
+    return None
+
+
+def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_back_for_divergence():
+    start, fitted = [2.3] * 4, [0.0096] * 8
+    # fitted to 0.0096, the loss wobbles to 0.04: 4x its minimum, but far below its start
+    assert _guard_on(start + fitted + [0.04] * 8) is None
+    # it climbs back past 1/4 of where it started (0.575): diverged
+    at, why = _guard_on(start + fitted + [0.7] * 8)
+    assert at == 12 + 3  # the first window wholly at 0.7
+    assert "more than 4x its running minimum 0.0096 and more than 1/4 of its first 2.3" in why
+    # a loss that explodes from the start is caught as before
+    assert _guard_on([2.3] * 4 + [10.0] * 4)[0] == 7
+    # NaN: at once
+    assert "non-finite" in _guard_on([2.3, math.nan])[1]
+
+
+def test_the_guards_first_window_is_saved_and_a_state_from_before_it_loads():
+    from trainer.divergence import DivergenceGuard
+
+    guard = DivergenceGuard()
+    assert _guard_on([2.3] * 4 + [0.01] * 4, guard) is None
+    state = guard.state_dict()
+    assert state["first"] == 2.3 and state["best"] == pytest.approx(0.01)
+    again = DivergenceGuard()
+    again.load_state_dict(state)
+    assert _guard_on([0.7] * 4, again)[0] == 3  # judged against the saved first window
+    old = DivergenceGuard()
+    old.load_state_dict({"best": 0.01, "recent": []})  # a checkpoint from before "first"
+    assert old.first == 0.01 and _guard_on([0.05] * 4, old)[0] == 3  # as before: 4x its minimum
 
 
 def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():

@@ -19,6 +19,27 @@ from torch.nn.parallel import DistributedDataParallel
 _NO_CONTEXT = nullcontext()  # reusable: enters and exits any number of times
 
 
+class _NoSync:
+    """`DDP.no_sync()` as a class: the same flag turned off and restored, without the generator
+    and frames a `@contextmanager` costs on every local step (issue 17). The flag is a plain
+    attribute, so it is written to the instance dict directly: nn.Module.__setattr__ would only
+    check that it is no parameter, buffer or submodule first."""
+
+    __slots__ = ("model", "old")
+
+    def __init__(self, model: DistributedDataParallel) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        attrs = self.model.__dict__
+        self.old = attrs["require_backward_grad_sync"]
+        attrs["require_backward_grad_sync"] = False
+
+    def __exit__(self, *exc: object) -> bool:
+        self.model.__dict__["require_backward_grad_sync"] = self.old
+        return False
+
+
 @dataclass(frozen=True)
 class SyncStrategy:
     name: str
@@ -36,7 +57,7 @@ class SyncStrategy:
         """The context of a step's backward, given `syncs_gradients` for it: DDP all-reduces
         gradients inside backward unless no_sync() suppresses its hooks; local steps keep their
         gradients local, so the optimizer step that follows is a local one."""
-        return _NO_CONTEXT if syncs else model.no_sync()
+        return _NO_CONTEXT if syncs else _NoSync(model)
 
 
 def fused(strategy: SyncStrategy) -> SyncStrategy:

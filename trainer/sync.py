@@ -24,6 +24,7 @@ interval and hands stats + decision to the observers (sinks, exporters, user cal
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
@@ -46,15 +47,28 @@ from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
 from trainer.strategies import STRATEGIES, fused
 
-# ddp has a boundary every step, and judging the parameters finite costs a foreach norm and a
-# host sync (33 µs on the cnn1d, against a 1.4 ms step; more on a large model): ddp judges them
-# at every DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a
-# divergence is caught at most that many steps late. Its other checks (drift, update) are zero
-# by construction.
-DDP_PARAM_CHECK_EVERY = 16
+# ddp has a boundary every step, and judging the parameters finite costs three ops and a host
+# sync (params_finite: 72-130 µs on the cnn1d at the end of a step on this 2-core machine,
+# against a 1.4-3 ms step; more on a large model): ddp judges them at every
+# DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a divergence is
+# caught at most that many steps late (64 steps, about 0.1-0.2 s of the cnn1d; at 16 the check
+# cost 5-8 µs a step, issue 17). Its other checks (drift, update) are zero by construction.
+DDP_PARAM_CHECK_EVERY = 64
+# Loss tensors an interval holds before they are summed (a host sync): bounds its memory at any K.
+LOSSES_HELD = 256
+LOSS_FIELD = [f.name for f in fields(BoundaryStats)].index("train_loss")
 
 
-@dataclass
+def sum_losses(losses: list[torch.Tensor]) -> float:
+    """The sum of loss tensors (each summed over its elements) in float64: one host sync."""
+    device = losses[0].device
+    if len(losses) == 1 or any(t.device != device for t in losses):
+        return math.fsum(float(t if t.dim() == 0 else t.sum(dtype=torch.float64)) for t in losses)
+    parts = [t if t.dim() == 0 else t.sum(dtype=torch.float64) for t in losses]
+    return float(torch.stack(parts).sum(dtype=torch.float64))  # stack promotes mixed dtypes
+
+
+@dataclass(slots=True)
 class StepTimes:
     """One `sync.step()` on this rank, for a loop's own accounting (seconds)."""
 
@@ -143,6 +157,7 @@ class Sync:
         self.grad_state = GradSyncState(self.world_size, self.clock)
         install_grad_sync(self.model, self.grad_state)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self._params = list(model.parameters())  # DDP fixes them: no parameter joins later
         self.averager: ParameterAverager | None = None
         numel = sum(p.numel() for p in model.parameters())
         if opts.fragments > numel:
@@ -189,11 +204,11 @@ class Sync:
         # ddp with no observers: the last record's field values, built only if it is read
         self._lazy_record: tuple | None = None
         self.last_decision: SyncDecision | None = None
-        self.last_step = StepTimes()
+        self._last_step: StepTimes | tuple = StepTimes()
         self._interval = Interval()
-        # The interval's loss sum: a float64 accumulator on the loss's device (no host sync per
-        # step; read once per boundary), and what the loop passed as plain numbers.
-        self._loss_acc: torch.Tensor | None = None
+        # The interval's losses: the loop's loss tensors, detached and summed at the boundary
+        # (one host sync per boundary, none per step), and what it passed as plain numbers.
+        self._losses: list[torch.Tensor] = []
         self._loss_sum = 0.0
         self._pending: _InFlight | None = None  # launched, not yet applied (--fragment-delay)
         # Fragments (trainer/fragments.py): the position 1..F in the round of the next
@@ -320,27 +335,26 @@ class Sync:
         wait = wait or 0.0
         if grad_synced:
             self.grad_syncs += 1
-        times = StepTimes(forward, backward, optimizer, wait, state.is_boundary, grad_synced)
-        self.last_step = times
+        synced = wait  # this step's exposed sync: the gradient wait, and any averaging below
         interval = self._interval
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
             self._pending.age += 1
             if self._pending.age >= self._pending.delay or state.is_boundary:
-                interval.exposed_sync_seconds += self._finish_boundary(times)
+                finish = self._finish_boundary()
+                interval.exposed_sync_seconds += finish
+                synced += finish
         loss = handle.loss
-        if isinstance(loss, torch.Tensor) and loss.is_cpu:
-            self._loss_sum += loss.item() if loss.dim() == 0 else float(loss.detach().sum())
-        elif isinstance(loss, torch.Tensor):
-            # On an accelerator, summed in float64 on the device: no host sync per step. (On the
-            # CPU reading it is free, and cheaper than an op: 1 µs against 10.)
-            loss = loss.detach()
-            if self._loss_acc is None or self._loss_acc.device != loss.device:
-                if self._loss_acc is not None:
-                    self._loss_sum += float(self._loss_acc)
-                self._loss_acc = torch.zeros((), dtype=torch.float64, device=loss.device)
-            self._loss_acc.add_(loss if loss.dim() == 0 else loss.sum())  # promoted to float64
+        if isinstance(loss, torch.Tensor):
+            # Kept, and read at the boundary: no op and no host sync per step (issue 17: even
+            # a CPU `.item()` cost about 10 µs right after a step on a busy 2-core machine).
+            # Detached, so a loss that never went through backward keeps no graph alive.
+            losses = self._losses
+            losses.append(loss.detach())
+            if len(losses) >= LOSSES_HELD:  # a long interval: bounded memory
+                self._loss_sum += sum_losses(losses)
+                losses.clear()
         elif loss is not None:
             self._loss_sum += float(loss)
         interval.steps += 1
@@ -360,12 +374,14 @@ class Sync:
                 interval,
                 self.k_in_force,
                 state.lr,
-                times,
                 delay,
                 fragment=state.fragment,
                 forced=state.last_of_epoch,
             )
             self._interval = Interval(exposed_sync_seconds=carried)
+            synced += carried
+        # StepTimes' values, built only if `last_step` is read (issue 17: per step)
+        self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         self.global_step += 1
 
     # ----- boundaries --------------------------------------------------------------------------
@@ -375,7 +391,6 @@ class Sync:
         interval: Interval,
         k: int,
         lr: float,
-        times: StepTimes,
         delay: int = 0,
         boundary_step: bool = True,
         fragment: int = WHOLE,
@@ -390,10 +405,10 @@ class Sync:
             # the fused boundary's gradient AllReduce rides in the averaging
             self.grad_syncs += 1
             interval.grad_syncs += 1
-        loss_sum = self._take_loss_sum()  # one host sync per boundary, not per step
         if self.averager is None:
-            self._ddp_boundary(interval, k, lr, loss_sum, forced)
+            self._ddp_boundary(interval, k, lr, forced)
             return 0.0
+        loss_sum = self._take_loss_sum()  # one host sync per boundary, not per step
         common = dict(
             boundary=self.boundary,
             global_step=self.global_step,
@@ -418,27 +433,25 @@ class Sync:
         )
         self.param_syncs += 1
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
-        times.sync_seconds += pending.seconds
         self._pending = _InFlight(pending, common, interval.grad_bytes, k, interval.steps, delay)
         # the round: the next fragment, or a new round after the whole model
         frags = self.options.fragments
         self._position = 1 if fragment == WHOLE else self._position % frags + 1
         if delay > 0:
             return pending.seconds
-        return pending.seconds + self._finish_boundary(times)
+        return pending.seconds + self._finish_boundary()
 
-    def _ddp_boundary(
-        self, interval: Interval, k: int, lr: float, loss_sum: float, forced: bool
-    ) -> None:
+    def _ddp_boundary(self, interval: Interval, k: int, lr: float, forced: bool) -> None:
         """ddp's record, every step: written out rather than through the general path, whose
         dictionaries and checks ddp would pay at every step (issue 17). ddp's replicas never drift,
         and no averaging collective carries reduced scalars, so the record holds this rank's own
         timing and loss. The guard judges the parameters, which the averaged gradients keep
         identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
-        its other checks (drift, update, a rank-local loss) cannot fire on ddp."""
+        its other checks (drift, update, a rank-local loss) cannot fire on ddp. Where nobody
+        reads the record now, its loss is read only if the record is (`last_boundary`)."""
         if self.observers:
             self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        record = (  # BoundaryStats' fields, in order
+        record = [  # BoundaryStats' fields, in order
             self.boundary,
             self.global_step,
             self.epoch,
@@ -449,7 +462,7 @@ class Sync:
             0.0,  # drift
             0.0,  # update
             0.0,  # drift ratio
-            loss_sum / interval.steps,
+            0.0,  # the train loss, below
             interval.grad_bytes,
             lr,
             self.warmup,
@@ -457,30 +470,31 @@ class Sync:
             interval.grad_syncs,
             0,  # parameter syncs
             self.link_name,
-        )
+        ]
         judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         if judge or self.observers or self.last_decision is None:
+            record[LOSS_FIELD] = self._take_loss_sum() / interval.steps
             stats = BoundaryStats(*record)
-            finite = not judge or params_finite(self.module.parameters())
+            finite = not judge or params_finite(self._params)
             self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
             return
         # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
         # `fixed` (the options allow no other), so its decision stands. The record is kept as
         # its values and built if `last_boundary` is read.
-        self._lazy_record = record
+        self._lazy_record = (record, self._losses, self._loss_sum, interval.steps)
+        self._losses, self._loss_sum = [], 0.0
         seconds = interval.compute_seconds + interval.exposed_sync_seconds
         self._count_k_path(k, seconds, interval.steps)
         self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
-    def _finish_boundary(self, times: StepTimes, settle: bool = False) -> float:
+    def _finish_boundary(self, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
         and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
         flight, self._pending = self._pending, None
         pending = flight.pending
         rec = self.averager.finish(pending, settle=settle)
         finish_seconds = rec.wall_seconds - pending.seconds
-        times.sync_seconds += finish_seconds
         stats = BoundaryStats(
             **flight.common,
             compute_seconds=rec.compute_seconds,
@@ -535,10 +549,21 @@ class Sync:
         at_k["steps"] += steps
 
     @property
+    def last_step(self) -> StepTimes:
+        """This rank's times of the last closed `sync.step()`."""
+        if isinstance(self._last_step, tuple):
+            self._last_step = StepTimes(*self._last_step)
+        return self._last_step
+
+    @property
     def last_boundary(self) -> BoundaryStats | None:
         """The record of the last boundary (None before the first)."""
         if self._lazy_record is not None:
-            self._last_boundary, self._lazy_record = BoundaryStats(*self._lazy_record), None
+            record, losses, loss_sum, steps = self._lazy_record
+            if losses:
+                loss_sum += sum_losses(losses)
+            record[LOSS_FIELD] = loss_sum / steps
+            self._last_boundary, self._lazy_record = BoundaryStats(*record), None
         return self._last_boundary
 
     def sync_now(self) -> float:
@@ -554,7 +579,7 @@ class Sync:
             # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
             # written as is (settled); otherwise the steps taken meanwhile are kept.
             settle = self._pending.age == 0
-            self._interval.exposed_sync_seconds += self._finish_boundary(StepTimes(), settle)
+            self._interval.exposed_sync_seconds += self._finish_boundary(settle)
         if self.averager is None or (
             self._interval.steps == 0 and self.averager.last_fragment == WHOLE
         ):
@@ -576,16 +601,16 @@ class Sync:
             return time.perf_counter() - t0
         k = self.k_in_force
         lr = self.optimizer.param_groups[0]["lr"]
-        carried = self._boundary(self._interval, k, lr, StepTimes(), boundary_step=False)
+        carried = self._boundary(self._interval, k, lr, boundary_step=False)
         self._interval = Interval(exposed_sync_seconds=carried)
         return time.perf_counter() - t0
 
     def _take_loss_sum(self) -> float:
         """The interval's loss sum, and a fresh sum for the next interval."""
         total, self._loss_sum = self._loss_sum, 0.0
-        if self._loss_acc is not None:
-            total += float(self._loss_acc)
-            self._loss_acc.zero_()
+        if self._losses:
+            total += sum_losses(self._losses)
+            self._losses = []
         return total
 
     def _emit(self, event: str, *args: Any) -> None:
@@ -631,8 +656,7 @@ class Sync:
                 "collectives": self.collectives,
                 "k_path": self.k_path,
                 "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
-                "loss_sum": self._loss_sum
-                + (float(self._loss_acc) if self._loss_acc is not None else 0.0),
+                "loss_sum": self._loss_sum + (sum_losses(self._losses) if self._losses else 0.0),
             },
         }
 
@@ -674,8 +698,7 @@ class Sync:
         self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
         self._interval = Interval(**c["interval"])
         self._loss_sum = float(c["loss_sum"])
-        if self._loss_acc is not None:
-            self._loss_acc.zero_()
+        self._losses = []
 
     def _kind(self) -> dict[str, Any]:
         """What a saved state must match to load here (checked by load_state_dict)."""
