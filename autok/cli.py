@@ -129,10 +129,11 @@ HELP = {
     "stop_after_epochs": "stop cleanly after this many epochs, with a checkpoint; continue with "
     "--resume (default: unset)",
     "max_restarts": "restart all workers from the last checkpoint this many times when one dies",
-    "on_divergence": "non-finite loss or parameters, or loss far above its running minimum: "
+    "on_divergence": "non-finite loss or parameters, or loss far above its running minimum "
+    "(--divergence-factor): "
     "stop, or rollback to the last checkpoint with K halved",
-    "divergence_factor": "diverged when the mean loss of 4 boundaries exceeds this multiple of "
-    "its running minimum and this fraction (1/factor) of its first",
+    "divergence_factor": "F: diverged when the mean loss of 4 boundaries exceeds F x its running "
+    "minimum and either 1/F of its first 4 boundaries' or F^2 x the minimum",
     "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
     "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
     "metrics_host": "IP address the metrics server binds; 127.0.0.1 serves this machine only, "

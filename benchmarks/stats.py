@@ -89,3 +89,31 @@ def fmt(summary: dict, digits: int = 3) -> str:
         return text + ")"
     sign = DIRECTIONS[summary["direction"]]
     return text + f"; goal {sign} {summary['goal']:g}×): {summary['verdict']}"
+
+
+TRIM = 0.01  # paired_round's trimmed mean drops this share of the differences at each end
+
+
+def paired_round(ours: dict, plain: dict) -> dict:
+    """One round of two sides timed step by step on the same keys (batches): `ours[k]` and
+    `plain[k]` ran back to back on batch k, a pair. Returns the round's paired ratio
+    1 + median(ours[k] − plain[k]) / median(plain), the excess (that median difference), each
+    side's median, the pairs, and the mean difference with the TRIM share of pairs dropped at
+    each end (which counts work that lands on a few steps, as the median does not). A slow
+    stretch of a shared machine lasts many steps and so hits both steps of a pair: it drops out
+    of their difference, where it moves the ratio of two medians that it hit unequally."""
+    if not ours or ours.keys() != plain.keys():
+        raise ValueError("the two sides timed different steps: no pairs")
+    diffs = sorted(ours[k] - plain[k] for k in ours)
+    cut = int(len(diffs) * TRIM)
+    kept = diffs[cut : len(diffs) - cut]
+    plain_median = statistics.median(plain.values())
+    excess = statistics.median(diffs)
+    return {
+        "ratio": 1.0 + excess / plain_median,
+        "excess": excess,
+        "trimmed_excess": sum(kept) / len(kept),
+        "ours": statistics.median(ours.values()),
+        "plain": plain_median,
+        "pairs": len(diffs),
+    }

@@ -479,21 +479,23 @@ def test_sync_now_sends_no_gradients_on_the_fused_boundary():
 
 def _loss_kinds_worker(rank, world):
     """Losses given as a scalar tensor, a bfloat16 one, a vector (summed) and a float, with the
-    held tensors folded into the sum every 3 steps: the boundary's train loss is the mean over
-    ranks and steps of what each step gave, and a state saved mid-interval holds the sum."""
-    import trainer.sync as engine
+    held tensors read every 3: the boundary's train loss is the mean over ranks and steps of
+    what each step gave, and a state saved mid-interval holds the sum. An observer reading
+    `last_step` at the boundary reads the boundary's step, which counts the averaging."""
+    import trainer.loss_sum
 
-    engine.LOSSES_HELD = 3  # fold the held loss tensors into the sum inside the interval
+    trainer.loss_sum.LOSSES_HELD = 3  # read the held loss tensors inside the interval
     seen = []
 
     class Record:
         def on_boundary(self, stats, decision):
             seen.append(stats.train_loss)
+            steps.append(sync.last_step.is_boundary)  # the boundary's own step, read here
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=7, observers=[Record()])
-    given, saved = [], None
+    given, saved, steps = [], None, []
     for i, (x, y) in enumerate(_batches(rank, 7)):
         with sync.step() as s:
             opt.zero_grad()
@@ -512,16 +514,18 @@ def _loss_kinds_worker(rank, world):
             given.append(float(s.loss.double().sum()) if kind != 3 else s.loss)
         if i == 4:  # 3 folded, 2 held
             saved = sync.state_dict()["counters"]["loss_sum"]
+    steps.append(sync.last_step.sync_seconds > 0)  # the boundary's averaging counted in it
     total = torch.tensor([math.fsum(given)], dtype=torch.float64)
     dist.all_reduce(total)
     sync.close()
-    return seen, total.item() / (7 * world), saved, math.fsum(given[:5])
+    return seen, total.item() / (7 * world), saved, math.fsum(given[:5]), steps
 
 
 def test_the_train_loss_is_the_mean_of_every_kind_of_loss_a_step_gives():
-    for seen, expected, saved, saved_expected in run_dist(_loss_kinds_worker, 2):
+    for seen, expected, saved, saved_expected, steps in run_dist(_loss_kinds_worker, 2):
         assert len(seen) == 1 and seen[0] == pytest.approx(expected, rel=1e-6)
         assert saved == pytest.approx(saved_expected, rel=1e-12)
+        assert steps == [True, True]
 
 
 def _builtin_path_worker(rank, world, link):

@@ -4,7 +4,15 @@ command (core pinning, flags, the table). No process is started here."""
 import pytest
 
 from benchmarks import engine
-from benchmarks.stats import MIN_ROUNDS, fmt, ratios, spread, summarize, verdict
+from benchmarks.stats import (
+    MIN_ROUNDS,
+    fmt,
+    paired_round,
+    ratios,
+    spread,
+    summarize,
+    verdict,
+)
 
 SEVEN = [1.00, 1.01, 1.05, 0.98, 1.02, 1.03, 1.014]
 
@@ -146,6 +154,7 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
             "ratio": step,
             "unpaired_ratio": summarize([0.99, 1.09] * 4),
             "excess_us": [40.0, 38.5, 41.0] + [40.0] * 4,
+            "trimmed_excess_us": [44.0, 42.0, 47.5] + [45.0] * 4,
             "pairs": [300, 298] + [300] * 5,
         },
         "local_step": {
@@ -205,12 +214,16 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
         "met**" in text
     )
     assert "(a) reference: the two sides' median steps, unpaired | 1.040× (0.990–1.090" in text
+    assert (
+        "(a) reference: mean paired excess per step, 1% trimmed at each end (it counts work on a "
+        "few steps, which the median does not), µs | +45.0 (+42.0 to +47.5) |" in text
+    )
     # the cnn1d's (h) record lacks the references; (g) saved before pairing has no excess
     assert (
         "(g) **local-step ratio** autok / no_sync(), unpaired (the two sides' median steps) | "
         "**1.100×" in text
     )
-    assert text.count("reference:") == 3
+    assert text.count("reference:") == 4
 
 
 def test_render_reads_results_saved_before_rounds():
@@ -232,3 +245,21 @@ def test_render_says_when_each_part_was_measured_when_runs_differ():
     assert "Measured in separate runs: (f) on day 1; (a) on day 2." in engine.render_header(res)
     res["measured"] = {"overhead": "day 2"}  # one run: nothing to say
     assert "separate runs" not in engine.render_header(res)
+
+
+def test_a_paired_round_takes_the_median_difference_and_a_trimmed_mean_counts_rare_work():
+    # plain steps of 1.0 on quiet batches, 3.0 in a slow stretch (batches 60-99) that hits
+    # both steps of a pair (it drops out of their difference); ours costs 0.02 more, and 0.5
+    # more on every 50th batch
+    plain = {k: 1.0 if k < 60 else 3.0 for k in range(100)}
+    ours = {k: v + 0.02 + (0.5 if k % 50 == 0 else 0.0) for k, v in plain.items()}
+    got = paired_round(ours, plain)
+    assert got["pairs"] == 100 and got["plain"] == 1.0 and got["ours"] == pytest.approx(1.02)
+    assert got["excess"] == pytest.approx(0.02)  # the rare 0.5s do not move the median
+    assert got["ratio"] == pytest.approx(1.02)
+    # 1 of 100 trimmed at each end: one 0.5 is kept, 1/98 of it shows in the mean
+    assert got["trimmed_excess"] == pytest.approx(0.02 + 0.5 / 98)
+    with pytest.raises(ValueError, match="different steps"):
+        paired_round(ours, {k: v for k, v in plain.items() if k != 7})
+    with pytest.raises(ValueError, match="no pairs"):
+        paired_round({}, {})

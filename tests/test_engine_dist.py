@@ -499,8 +499,8 @@ def test_one_flat_collective_per_boundary_and_a_persistent_buffer(
 @pytest.mark.parametrize("strategy, k", [("ddp", 1), ("cpdp", 8)])
 def test_the_step_bench_pairs_each_timed_step_with_the_plain_one_on_its_batch(strategy, k):
     """`autok bench` (a) and (g): both sides time the same batches (cpdp: all but every k-th,
-    the boundaries), so every round has its pairs, and its ratio is 1 + median excess / median
-    plain step."""
+    the boundaries), so every round has its pairs (benchmarks/stats.py, paired_round, would
+    raise on a batch one side timed alone); the goal's ratio is the paired one."""
     from autok.launch import prepare_data
     from benchmarks import engine
 
@@ -514,8 +514,6 @@ def test_the_step_bench_pairs_each_timed_step_with_the_plain_one_on_its_batch(st
         timed = [steps, steps]
     assert res["pairs"] == timed
     assert strategy == "ddp" or min(timed) < steps  # the cpdp rounds hold a boundary each
-    for paired, excess, plain in zip(res["paired"], res["excess"], res["plain"], strict=True):
-        assert paired == pytest.approx(1.0 + excess / plain)
     out = engine._step_ratios(res, 2)
     assert out["ratio"]["rounds"] == res["paired"] and "goal" in out["ratio"]
     assert out["unpaired_ratio"]["rounds"] == [

@@ -237,6 +237,31 @@ def test_captured_gradients_survive_the_averaging_buffer_growing():
     assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
 
 
+def test_the_loss_sum_holds_cpu_scalars_and_reads_everything_else_at_once(monkeypatch):
+    import trainer.loss_sum
+    from trainer.loss_sum import LossSum
+
+    monkeypatch.setattr(trainer.loss_sum, "LOSSES_HELD", 3)
+    acc = LossSum()
+    a, b = torch.tensor(1.5), torch.tensor(0.25, dtype=torch.bfloat16)
+    acc.add(a)
+    acc.add(b)
+    acc.add(torch.tensor([1.0, 2.0]))  # a vector: summed at once
+    acc.add(torch.tensor([4.0, 8.0])[1])  # a view: read at once (its base is not kept)
+    acc.add(0.5)
+    acc.add(None)
+    assert [t for t, _ in acc.held] == [a, b] and acc.number == 11.5
+    assert acc.total() == 13.25 and len(acc.held) == 2  # a checkpoint's read keeps them
+    acc.add(torch.tensor(2.0))  # the third held: all read
+    assert acc.held == [] and acc.number == 15.25
+    assert acc.take() == 15.25 and acc.take() == 0.0
+    reused = torch.tensor(3.0)
+    acc.add(reused)
+    reused.zero_()  # a loss buffer written over before the boundary
+    with pytest.raises(RuntimeError, match="written over in place"):
+        acc.take()
+
+
 def _guard_on(losses, guard=None):
     """Feed window-sized runs of a loss to the guard; the boundary it trips at, or None."""
     from controllers.base import BoundaryStats
@@ -252,14 +277,18 @@ def _guard_on(losses, guard=None):
     return None
 
 
-def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_back_for_divergence():
+def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_for_divergence():
     start, fitted = [2.3] * 4, [0.0096] * 8
-    # fitted to 0.0096, the loss wobbles to 0.04: 4x its minimum, but far below its start
+    # fitted to 0.0096, the loss wobbles to 0.04: 4x its minimum, but far below its start and
+    # within 16x its minimum
     assert _guard_on(start + fitted + [0.04] * 8) is None
-    # it climbs back past 1/4 of where it started (0.575): diverged
-    at, why = _guard_on(start + fitted + [0.7] * 8)
-    assert at == 12 + 3  # the first window wholly at 0.7
-    assert "more than 4x its running minimum 0.0096 and more than 1/4 of its first 2.3" in why
+    # it climbs to 0.5, 52x its minimum, though below 1/4 of where it started (0.575)
+    at, why = _guard_on(start + fitted + [0.5] * 8)
+    assert at == 13  # the window holding two of them: mean 0.25 > 16 x 0.0096 (0.154)
+    assert "more than 4x its running minimum 0.0096 (its first window: 2.3; boundary 13)" in why
+    # from a minimum of 0.1, a climb to 0.7 stays below 16x it (1.6); it is caught where the
+    # window passes 1/4 of the start (0.575): at its fourth 0.7
+    assert _guard_on(start + [0.1] * 8 + [0.7] * 8)[0] == 12 + 3
     # a loss that explodes from the start is caught as before
     assert _guard_on([2.3] * 4 + [10.0] * 4)[0] == 7
     # NaN: at once
@@ -275,7 +304,8 @@ def test_the_guards_first_window_is_saved_and_a_state_from_before_it_loads():
     assert state["first"] == 2.3 and state["best"] == pytest.approx(0.01)
     again = DivergenceGuard()
     again.load_state_dict(state)
-    assert _guard_on([0.7] * 4, again)[0] == 3  # judged against the saved first window
+    # 6x the minimum, but below 16x it and far below 1/4 of the saved first window
+    assert _guard_on([0.06] * 4, again) is None
     old = DivergenceGuard()
     old.load_state_dict({"best": 0.01, "recent": []})  # a checkpoint from before "first"
     assert old.first == 0.01 and _guard_on([0.05] * 4, old)[0] == 3  # as before: 4x its minimum

@@ -24,7 +24,6 @@ interval and hands stats + decision to the observers (sinks, exporters, user cal
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
@@ -42,6 +41,7 @@ from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finit
 from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
+from trainer.loss_sum import LossSum
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
@@ -54,18 +54,7 @@ from trainer.strategies import STRATEGIES, fused
 # caught at most that many steps late (64 steps, about 0.1-0.2 s of the cnn1d; at 16 the check
 # cost 5-8 µs a step, issue 17). Its other checks (drift, update) are zero by construction.
 DDP_PARAM_CHECK_EVERY = 64
-# Loss tensors an interval holds before they are summed (a host sync): bounds its memory at any K.
-LOSSES_HELD = 256
 LOSS_FIELD = [f.name for f in fields(BoundaryStats)].index("train_loss")
-
-
-def sum_losses(losses: list[torch.Tensor]) -> float:
-    """The sum of loss tensors (each summed over its elements) in float64: one host sync."""
-    device = losses[0].device
-    if len(losses) == 1 or any(t.device != device for t in losses):
-        return math.fsum(float(t if t.dim() == 0 else t.sum(dtype=torch.float64)) for t in losses)
-    parts = [t if t.dim() == 0 else t.sum(dtype=torch.float64) for t in losses]
-    return float(torch.stack(parts).sum(dtype=torch.float64))  # stack promotes mixed dtypes
 
 
 @dataclass(slots=True)
@@ -206,10 +195,8 @@ class Sync:
         self.last_decision: SyncDecision | None = None
         self._last_step: StepTimes | tuple = StepTimes()
         self._interval = Interval()
-        # The interval's losses: the loop's loss tensors, detached and summed at the boundary
-        # (one host sync per boundary, none per step), and what it passed as plain numbers.
-        self._losses: list[torch.Tensor] = []
-        self._loss_sum = 0.0
+        # The interval's loss sum (trainer/loss_sum.py): read once per boundary, not per step.
+        self._loss = LossSum()
         self._pending: _InFlight | None = None  # launched, not yet applied (--fragment-delay)
         # Fragments (trainer/fragments.py): the position 1..F in the round of the next
         # fragment sync; back to 1 after every sync of the whole model.
@@ -336,6 +323,9 @@ class Sync:
         if grad_synced:
             self.grad_syncs += 1
         synced = wait  # this step's exposed sync: the gradient wait, and any averaging below
+        # StepTimes' values, built only if `last_step` is read (issue 17: per step); set before
+        # any boundary closes below, whose observers may read it, and again with its time
+        self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
@@ -345,18 +335,8 @@ class Sync:
                 finish = self._finish_boundary()
                 interval.exposed_sync_seconds += finish
                 synced += finish
-        loss = handle.loss
-        if isinstance(loss, torch.Tensor):
-            # Kept, and read at the boundary: no op and no host sync per step (issue 17: even
-            # a CPU `.item()` cost about 10 µs right after a step on a busy 2-core machine).
-            # Detached, so a loss that never went through backward keeps no graph alive.
-            losses = self._losses
-            losses.append(loss.detach())
-            if len(losses) >= LOSSES_HELD:  # a long interval: bounded memory
-                self._loss_sum += sum_losses(losses)
-                losses.clear()
-        elif loss is not None:
-            self._loss_sum += float(loss)
+                self._last_step = (forward, backward, optimizer, synced, *self._last_step[4:])
+        self._loss.add(handle.loss)
         interval.steps += 1
         interval.compute_seconds += forward + backward + optimizer
         interval.exposed_sync_seconds += wait
@@ -379,9 +359,9 @@ class Sync:
                 forced=state.last_of_epoch,
             )
             self._interval = Interval(exposed_sync_seconds=carried)
-            synced += carried
-        # StepTimes' values, built only if `last_step` is read (issue 17: per step)
-        self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
+            if carried:
+                synced += carried
+                self._last_step = (forward, backward, optimizer, synced, True, grad_synced)
         self.global_step += 1
 
     # ----- boundaries --------------------------------------------------------------------------
@@ -481,8 +461,8 @@ class Sync:
         # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
         # `fixed` (the options allow no other), so its decision stands. The record is kept as
         # its values and built if `last_boundary` is read.
-        self._lazy_record = (record, self._losses, self._loss_sum, interval.steps)
-        self._losses, self._loss_sum = [], 0.0
+        self._lazy_record = (record, self._loss, interval.steps)
+        self._loss = LossSum()
         seconds = interval.compute_seconds + interval.exposed_sync_seconds
         self._count_k_path(k, seconds, interval.steps)
         self.sync_period = self.last_decision.next_sync_period
@@ -557,12 +537,11 @@ class Sync:
 
     @property
     def last_boundary(self) -> BoundaryStats | None:
-        """The record of the last boundary (None before the first)."""
+        """The record of the last boundary (None before the first). Read it from the loop's
+        own thread: on ddp it is built on reading (and reads the interval's loss)."""
         if self._lazy_record is not None:
-            record, losses, loss_sum, steps = self._lazy_record
-            if losses:
-                loss_sum += sum_losses(losses)
-            record[LOSS_FIELD] = loss_sum / steps
+            record, loss, steps = self._lazy_record
+            record[LOSS_FIELD] = loss.take() / steps
             self._last_boundary, self._lazy_record = BoundaryStats(*record), None
         return self._last_boundary
 
@@ -607,11 +586,7 @@ class Sync:
 
     def _take_loss_sum(self) -> float:
         """The interval's loss sum, and a fresh sum for the next interval."""
-        total, self._loss_sum = self._loss_sum, 0.0
-        if self._losses:
-            total += sum_losses(self._losses)
-            self._losses = []
-        return total
+        return self._loss.take()
 
     def _emit(self, event: str, *args: Any) -> None:
         for obs in self.observers:
@@ -656,7 +631,7 @@ class Sync:
                 "collectives": self.collectives,
                 "k_path": self.k_path,
                 "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
-                "loss_sum": self._loss_sum + (sum_losses(self._losses) if self._losses else 0.0),
+                "loss_sum": self._loss.total(),
             },
         }
 
@@ -697,8 +672,8 @@ class Sync:
         self.collectives = c.get("collectives", 0)  # absent from checkpoints before it existed
         self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
         self._interval = Interval(**c["interval"])
-        self._loss_sum = float(c["loss_sum"])
-        self._losses = []
+        self._loss = LossSum()
+        self._loss.number = float(c["loss_sum"])
 
     def _kind(self) -> dict[str, Any]:
         """What a saved state must match to load here (checked by load_state_dict)."""
