@@ -513,7 +513,8 @@ def _loss_kinds_worker(rank, world):
                 s.loss = loss.item()
             given.append(float(s.loss.double().sum()) if kind != 3 else s.loss)
         if i == 4:  # 3 folded, 2 held
-            saved = sync.state_dict()["counters"]["loss_sum"]
+            c = sync.state_dict()["counters"]
+            saved = c["loss_sum"] + math.fsum(c["loss_held"])
     steps.append(sync.last_step.sync_seconds > 0)  # the boundary's averaging counted in it
     total = torch.tensor([math.fsum(given)], dtype=torch.float64)
     dist.all_reduce(total)

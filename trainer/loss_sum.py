@@ -65,6 +65,22 @@ class LossSum:
             value += float(self.device_sum)
         return value
 
+    def state_dict(self) -> dict:
+        """The sum so far as plain numbers: what has been read, and each held value, so that a
+        resumed sum adds them in the order the uninterrupted one would (bit for bit)."""
+        number = self.number
+        if self.device_sum is not None:
+            number += float(self.device_sum)
+        _read(self.held)  # refuses values written over
+        return {"loss_sum": number, "loss_held": [t.item() for t, _ in self.held]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.number = float(state["loss_sum"])
+        self.device_sum = None
+        # float64 holds each value exactly; stacked with later float32 ones they promote alike
+        held = [torch.tensor(float(v), dtype=torch.float64) for v in state.get("loss_held", ())]
+        self.held = [(t, t._version) for t in held]
+
     def take(self) -> float:
         """The sum, read once (one host sync on an accelerator); the sum starts again at 0."""
         value = self.total()

@@ -631,7 +631,7 @@ class Sync:
                 "collectives": self.collectives,
                 "k_path": self.k_path,
                 "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
-                "loss_sum": self._loss.total(),
+                **self._loss.state_dict(),  # loss_sum, loss_held
             },
         }
 
@@ -673,7 +673,7 @@ class Sync:
         self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
         self._interval = Interval(**c["interval"])
         self._loss = LossSum()
-        self._loss.number = float(c["loss_sum"])
+        self._loss.load_state_dict(c)  # loss_held: absent from states saved before it
 
     def _kind(self) -> dict[str, Any]:
         """What a saved state must match to load here (checked by load_state_dict)."""
