@@ -62,8 +62,8 @@ def diverged(window_loss: float, best_window_loss: float, factor: float, first: 
 
 @dataclass
 class DivergenceGuard:
-    factor: float = 4.0  # window loss this many times its running minimum: diverged (and see
-    # `diverged`: more than 1/factor of the first window's loss)
+    factor: float = 4.0  # window loss this many times its running minimum: diverged (with a
+    # second bar, see `diverged`)
     window: int = 4
     # ddp's loss is rank-local (no averaging collective reduces it): judging it would trip the
     # guard on one rank a boundary before the others and pair the ranks' collectives wrongly.

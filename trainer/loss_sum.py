@@ -59,7 +59,7 @@ class LossSum:
         return _read(held)
 
     def total(self) -> float:
-        """The sum so far, left in place (a checkpoint's)."""
+        """The sum so far, left in place."""
         value = self.number + _read(self.held)
         if self.device_sum is not None:
             value += float(self.device_sum)
