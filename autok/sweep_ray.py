@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from autok.config import ConfigError
 from autok.space import Dim
@@ -108,9 +110,39 @@ def trial_workers(fixed: dict[str, Any]) -> int:
 
 def check_local_ray(opts: SweepOptions, fixed: dict[str, Any]) -> None:
     """Without --address the sweep starts a local Ray with this machine's CPUs: a trial that
-    cannot fit is refused before Ray starts (the CLI calls this before --out is created)."""
+    cannot fit is refused before Ray starts (the CLI calls this before --out is created). With
+    a HOST:PORT --address, something must answer there (check_address)."""
     if opts.backend == "ray" and not opts.address:
         check_trial_fits(trial_workers(fixed), os.cpu_count() or 1, "this machine")
+    elif opts.backend == "ray" and opts.address:
+        check_address(opts.address)
+
+
+ADDRESS_TIMEOUT = 5.0  # seconds to wait for a TCP connection to --address
+
+
+def check_address(address: str) -> None:
+    """A HOST:PORT address (`ray://HOST:PORT`, or a cluster's GCS `HOST:PORT`) must accept a TCP
+    connection: where nothing answers, `ray.init` retries for minutes, printing Ray's own
+    warnings, before it fails. `auto`, `local` and addresses without a port are left to Ray.
+    The message names the host and port only, never a password in the address."""
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else "//" + address)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number: Ray refuses it with its own message
+        return
+    if not host or port is None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=ADDRESS_TIMEOUT).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__  # e.g. "Connection refused", "timed out"
+        raise ConfigError(
+            f"--address: nothing answers at {host}:{port} ({why}); start the cluster "
+            "(`ray start --head`) or give its address"
+        ) from None
 
 
 def check_trial_fits(workers: int, cpus: float, where: str) -> None:

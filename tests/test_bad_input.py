@@ -552,6 +552,14 @@ SWEEP = [
     R(["sweep", "--out", "/proc/autok-sweep"], "--out", id="sweep-out=/proc"),
     R(["sweep", "--resume", "--out", "{out}"], "--resume", id="sweep-resume-nothing"),
     R(["sweep", "--address", "auto", "--out", "{out}"], "--address: a Ray cluster's address"),
+    *[  # nothing listens on port 1: refused at once, not after minutes of Ray's retries
+        R(
+            ["sweep", "--backend", "ray", "--address", address, "--out", "{out}"],
+            ("--address: nothing answers at 127.0.0.1:1 (", "ray start --head"),
+            id=f"sweep-ray-address-{i}",
+        )
+        for i, address in enumerate(["127.0.0.1:1", "ray://user:s3cr3t@127.0.0.1:1"])
+    ],
     R(["train", "--data-dir", "{tmp}", "--out", "{out}"], "--data-dir: mnist1d is built in"),
     R(
         ["train", "--config", "{tmp}/c.yaml", "--out", "{out}"],
