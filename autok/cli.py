@@ -732,9 +732,9 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
             "(and its --study-name), or choose a new --out"
         )
     if opts.backend == "ray":
-        from autok.sweep_ray import check_local_ray
+        from autok.sweep_ray import check_ray
 
-        check_local_ray(opts, fixed)
+        check_ray(opts, fixed)
     on_sqlite = opts.backend == "optuna" and opts.storage is None
     if opts.resume and on_sqlite and not (opts.out / "study.db").is_file():
         raise ConfigError(f"--resume: no study to continue in {opts.out} (no study.db)")

@@ -108,7 +108,7 @@ def trial_workers(fixed: dict[str, Any]) -> int:
     return int(fixed.get("workers", TrainConfig.model_fields["workers"].default))
 
 
-def check_local_ray(opts: SweepOptions, fixed: dict[str, Any]) -> None:
+def check_ray(opts: SweepOptions, fixed: dict[str, Any]) -> None:
     """Without --address the sweep starts a local Ray with this machine's CPUs: a trial that
     cannot fit is refused before Ray starts (the CLI calls this before --out is created). With
     a HOST:PORT --address, something must answer there (check_address)."""

@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
 from autok.launch import prepare_data, run_workers, usable_cpus
-from benchmarks.stats import MIN_ROUNDS, fmt, paired_round, ratios, summarize
+from benchmarks.stats import MIN_ROUNDS, fmt, paired_round, ratios, spread, summarize
 from trainer.data import build_splits
 from trainer.models import build_model
 from trainer.optim import build_scheduler
@@ -721,11 +721,11 @@ def _step_references(part: str, m: dict) -> list[str]:
             f"| {_ratio(m['unpaired_ratio'])} |"
         )
     if "trimmed_excess_us" in m:
-        us = m["trimmed_excess_us"]
+        med, lo, hi = spread(m["trimmed_excess_us"])
         lines.append(
             f"| ({part}) reference: mean paired excess per step, 1% trimmed at each end (it "
             f"counts work on a few steps, which the median does not), µs "
-            f"| {statistics.median(us):+.1f} ({min(us):+.1f} to {max(us):+.1f}) |"
+            f"| {med:+.1f} ({lo:+.1f} to {hi:+.1f}) |"
         )
     return lines
 
@@ -734,8 +734,7 @@ def _excess(m: dict) -> str:
     """(a), (g): the paired excess per step in µs, median over the rounds and its spread."""
     if "excess_us" not in m:  # a result saved before the ratio was paired: not one
         return ", unpaired (the two sides' median steps)"
-    us = m["excess_us"]
-    med, lo, hi = statistics.median(us), min(us), max(us)
+    med, lo, hi = spread(m["excess_us"])
     pairs = min(m["pairs"])
     return (
         f", paired (excess per step {med:+.1f} µs, {lo:+.1f} to {hi:+.1f}; at least {pairs} "

@@ -58,21 +58,21 @@ class LossSum:
         held, self.held = self.held, []
         return _read(held)
 
+    def _not_held(self) -> float:
+        """What is summed already: the numbers and the device sum (read: a host sync)."""
+        if self.device_sum is None:
+            return self.number
+        return self.number + float(self.device_sum)
+
     def total(self) -> float:
         """The sum so far, left in place."""
-        value = self.number + _read(self.held)
-        if self.device_sum is not None:
-            value += float(self.device_sum)
-        return value
+        return self._not_held() + _read(self.held)
 
     def state_dict(self) -> dict:
         """The sum so far as plain numbers: what has been read, and each held value, so that a
         resumed sum adds them in the order the uninterrupted one would (bit for bit)."""
-        number = self.number
-        if self.device_sum is not None:
-            number += float(self.device_sum)
-        _read(self.held)  # refuses values written over
-        return {"loss_sum": number, "loss_held": [t.item() for t, _ in self.held]}
+        _check(self.held)
+        return {"loss_sum": self._not_held(), "loss_held": [t.item() for t, _ in self.held]}
 
     def load_state_dict(self, state: dict) -> None:
         self.number = float(state["loss_sum"])
@@ -88,13 +88,18 @@ class LossSum:
         return value
 
 
-def _read(held: list[tuple[torch.Tensor, int]]) -> float:
+def _check(held: list[tuple[torch.Tensor, int]]) -> None:
+    """Refuse held values written over since they were given."""
     for t, version in held:
         if t._version != version:
             raise RuntimeError(
                 "s.loss was written over in place after its sync.step() closed, before the "
                 "boundary read it; give a value that stays: loss.detach().clone() or loss.item()"
             )
+
+
+def _read(held: list[tuple[torch.Tensor, int]]) -> float:
+    _check(held)
     if len(held) <= 1:
         return held[0][0].item() if held else 0.0
     return torch.stack([t for t, _ in held]).sum(dtype=torch.float64).item()

@@ -388,7 +388,7 @@ class Sync:
         if self.averager is None:
             self._ddp_boundary(interval, k, lr, forced)
             return 0.0
-        loss_sum = self._take_loss_sum()  # one host sync per boundary, not per step
+        loss_sum = self._loss.take()  # one host sync per boundary, not per step
         common = dict(
             boundary=self.boundary,
             global_step=self.global_step,
@@ -453,7 +453,7 @@ class Sync:
         ]
         judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         if judge or self.observers or self.last_decision is None:
-            record[LOSS_FIELD] = self._take_loss_sum() / interval.steps
+            record[LOSS_FIELD] = self._loss.take() / interval.steps
             stats = BoundaryStats(*record)
             finite = not judge or params_finite(self._params)
             self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
@@ -583,10 +583,6 @@ class Sync:
         carried = self._boundary(self._interval, k, lr, boundary_step=False)
         self._interval = Interval(exposed_sync_seconds=carried)
         return time.perf_counter() - t0
-
-    def _take_loss_sum(self) -> float:
-        """The interval's loss sum, and a fresh sum for the next interval."""
-        return self._loss.take()
 
     def _emit(self, event: str, *args: Any) -> None:
         for obs in self.observers:
