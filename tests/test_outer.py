@@ -259,3 +259,27 @@ def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_o
     assert not torch.equal(a_ref, ref0)  # the step moved θ_ref
     with pytest.raises(ValueError, match="not a power of two"):
         outer_step_(spec, ref0.clone(), velocity(), None, 0.05, delta=total.clone(), scale=1 / 3)
+
+
+@pytest.mark.parametrize("spec", SCALED, ids=lambda s: "-".join(map(str, s)))
+def test_the_outer_step_on_a_velocity_decayed_before_the_collective_is_the_same_step(spec):
+    """The averager takes the outer step's μ·v in start(), before the collective (issue 17):
+    outer_step_(decayed=True) on that velocity gives the step bit for bit, velocity included,
+    over several boundaries (a second decay, or none, would show from the first)."""
+    g = torch.Generator().manual_seed(7)
+    spec = OuterOptimizer(*spec)
+    moves = [torch.randn(1000, generator=g) * 1e-2 for _ in range(4)]
+    ref0 = torch.randn(1000, generator=g)
+    a_ref, b_ref = ref0.clone(), ref0.clone()
+    a_vel = torch.zeros(1000) if spec.needs_velocity else None
+    b_vel = torch.zeros(1000) if spec.needs_velocity else None
+    for move in moves:
+        outer_step_(spec, a_ref, a_vel, None, 0.05, delta=move.clone(), scale=0.5)
+        if b_vel is not None:
+            b_vel.mul_(spec.momentum)  # what start() does
+        outer_step_(
+            spec, b_ref, b_vel, None, 0.05, delta=move.clone(), scale=0.5, decayed=b_vel is not None
+        )
+        assert torch.equal(a_ref, b_ref)
+        assert (a_vel is None and b_vel is None) or torch.equal(a_vel, b_vel)
+    assert not torch.equal(a_ref, ref0)

@@ -396,3 +396,65 @@ def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():
     assert _on_device_or_read(slot, torch.tensor(0.5, dtype=torch.float16)) == 0.0
     assert _on_device_or_read(slot, 2.5) == 2.5
     assert slot.item() == 7.5 and slot.dtype == torch.float64
+
+
+def test_a_hold_sleeps_short_of_its_deadline_then_polls_and_never_returns_early(monkeypatch):
+    """hold_until (the link emulator's wait, issue 17): a sleep wakes late, so it sleeps to
+    HOLD_POLL before the deadline and polls the clock for the rest; it never returns before the
+    deadline, and a deadline already past returns at once without sleeping."""
+    import trainer.link as link
+
+    asked: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(link.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
+    for seconds in (0.02, 0.003, link.HOLD_POLL / 2):
+        start = time.perf_counter()
+        deadline = start + seconds
+        link.hold_until(deadline)
+        assert time.perf_counter() >= deadline
+        if seconds > link.HOLD_POLL:
+            assert asked[-1] <= seconds - link.HOLD_POLL + 1e-9  # it woke short of the deadline
+    assert len(asked) == 2  # the hold shorter than HOLD_POLL only polled
+    link.hold_until(time.perf_counter() - 1.0)
+    assert len(asked) == 2
+
+
+def test_the_releaser_completes_each_future_at_or_after_its_deadline_in_order():
+    import trainer.link as link
+
+    now = time.perf_counter()
+    deadlines = [now + 0.03, now + 0.001, now + 0.012, now - 0.01]
+    done: list[tuple[int, float]] = []
+    futures = []
+    for i, deadline in enumerate(deadlines):
+        fut = torch.futures.Future()
+        fut.set_result(i)
+        out = link.delayed(fut, deadline)
+        out.add_done_callback(lambda f: done.append((f.value(), time.perf_counter())))
+        futures.append(out)
+    torch.futures.wait_all(futures)
+    assert [i for i, _ in done] == [3, 1, 2, 0]  # by deadline
+    assert all(at >= deadlines[i] for i, at in done)
+
+
+def test_the_fused_boundary_captures_every_kind_of_gradient():
+    """g_i is copied into the buffer in one op where every gradient is a plain tensor (issue 17);
+    a gradient that keeps its graph (backward with create_graph) is taken detached and a
+    missing one as zeros, through the same segment."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params = list(model.parameters())
+    averager = ParameterAverager(params, rank=0, world_size=1, fused_sgd=opt)
+    for p in params:
+        p.grad = torch.randn_like(p).t().contiguous().t()  # strided like some kernels leave them
+    averager.capture_boundary_grads()
+    got = averager._boundary_grads()
+    assert all(torch.equal(g, p.grad) for g, p in zip(got, params, strict=True))
+    params[0].grad = torch.randn_like(params[0]).requires_grad_()  # kept with its graph
+    params[2].grad = None
+    averager.capture_boundary_grads()
+    got = averager._boundary_grads()
+    assert torch.equal(got[0], params[0].grad.detach()) and not got[0].requires_grad
+    assert torch.equal(got[2], torch.zeros_like(params[2]))
+    assert torch.equal(got[1], params[1].grad)

@@ -20,6 +20,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -78,6 +79,7 @@ class _Pending:
     end: int = 0
     n_pieces: int = 0  # parameter pieces at the head of avg_tensors
     delta_form: bool = False  # the pieces travel as θ_i − θ_ref (see ParameterAverager.start)
+    decayed: bool = False  # start() took the outer step's μ·v (see outer_step_)
     # fused: (momentum buffers, their gradient views in the buffer), paired in start()
     momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     future: torch.futures.Future | None = None
@@ -204,8 +206,8 @@ def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
     sequentially per lane: 1e-5 to 3e-3 relative error at 3M to 30M elements; a float64 norm
     pays a conversion pass.)"""
     n = x.numel()
-    if n < _NORM_ROWS_MIN:
-        return float(torch.mul(x, x, out=scratch[:n]).sum())
+    if n < _NORM_ROWS_MIN:  # (a slice is an op too: not taken where scratch already fits)
+        return float(torch.mul(x, x, out=scratch if scratch.numel() == n else scratch[:n]).sum())
     r = n - n % _NORM_ROW
     total = torch.linalg.vector_norm(x[:r].view(-1, _NORM_ROW), dim=1).double().square_().sum()
     if r < n:
@@ -213,14 +215,20 @@ def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
     return float(total)
 
 
-def _sub_into(pieces: list[torch.Tensor], ref: torch.Tensor, out: torch.Tensor) -> None:
-    """out = θ − ref, with θ the pieces laid end to end (bit for bit the same either way)."""
+def _sub_into(
+    pieces: list[torch.Tensor],
+    ref: torch.Tensor,
+    out: torch.Tensor,
+    flats: list[torch.Tensor] | None = None,
+) -> None:
+    """out = θ − ref, with θ the pieces laid end to end (bit for bit the same either way);
+    `flats`: the pieces as 1-D views, if the caller keeps them."""
     if len(pieces) == 1 or out.numel() >= _PIECEWISE_MIN * len(pieces):
         views = ParameterAverager._views
         for p, r, o in zip(pieces, views(ref, pieces), views(out, pieces), strict=True):
             torch.sub(p, r, out=o)
     else:
-        torch.cat([t.reshape(-1) for t in pieces], out=out)
+        torch.cat(flats or [t.reshape(-1) for t in pieces], out=out)
         out.sub_(ref)
 
 
@@ -237,6 +245,7 @@ def _add_to_momentum(
 
 
 _FOLDABLE = (torch.float32, torch.float64, torch.bfloat16)
+_NUMPY = (torch.float32, torch.float64)  # buffer dtypes whose scalars are written through NumPy
 
 
 def digest_bits(world_size: int) -> int:
@@ -291,7 +300,8 @@ class ParameterAverager:
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
         self._ref_views = self._views(self.ref, params)
-        self._grad_views: tuple[int, list[torch.Tensor]] | None = None  # (store, views)
+        # the gradient segment: (the store it is cut from, the segment, its views)
+        self._grad_views: tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None = None
         self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
         self._cuts: dict[tuple[int, int, int, int], tuple] = {}  # _cut()'s views, per layout
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
@@ -326,30 +336,39 @@ class ParameterAverager:
         step pre-hook: the gradient must be read BEFORE the step, since torch's multi-tensor
         SGD (foreach, the default on CUDA) with Nesterov and no weight decay adds μ·buf into
         p.grad in place."""
-        grads = [
-            p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in self.params
-        ]
-        torch.cat([g.reshape(-1) for g in grads], out=self._grads_segment())
+        grads = [p.grad for p in self.params]
+        seg, views = self._grads_segment()
+        if all(g is not None and not g.requires_grad for g in grads):
+            torch._foreach_copy_(views, grads)  # one op (issue 17): a cat costs 2 per tensor
+        else:  # a missing gradient is a zero; one kept with its graph (create_graph) detached
+            grads = [
+                g.detach() if g is not None else torch.zeros_like(p)
+                for g, p in zip(grads, self.params, strict=True)
+            ]
+            torch.cat([g.reshape(-1) for g in grads], out=seg)
         self._captured = True
 
-    def _grads_segment(self) -> torch.Tensor:
+    def _grads_segment(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Where the fused boundary's g_i sit in the collective's buffer, [θ | g_i | averaged
-        extras | broadcast extras | scalars]: captured there, they are not copied again."""
+        extras | broadcast extras | scalars]: captured there, they are not copied again. The
+        segment and its views shaped as the parameters, cut once per allocation of the buffer
+        (it may grow: optimizer state appears after the first step), not at every boundary."""
         extras = self._averaged_extras() + self._broadcast_extras()
-        n = 2 * self.numel + sum(t.numel() for t in extras) + N_SCALARS
-        return self._buffer(n)[self.numel : 2 * self.numel]
+        self._buffer(2 * self.numel + sum(t.numel() for t in extras) + N_SCALARS)
+        if self._grad_views is None or self._grad_views[0] is not self._store:
+            seg = self._store[self.numel : 2 * self.numel]
+            self._grad_views = (self._store, seg, self._views(seg, self.params))
+        return self._grad_views[1], self._grad_views[2]
 
     def _boundary_grads(self) -> list[torch.Tensor]:
         """g_i as views of the buffer's gradient segment, captured as it entered the boundary's
         step. A step that did not run on this rank (GradScaler skipped it: its gradient held an
         inf) carries zeros: it applied no gradient, and an inf must not reach the other ranks."""
-        seg = self._grads_segment()
+        seg, views = self._grads_segment()
         if not self._captured:
             seg.zero_()
         self._captured = False
-        if self._grad_views is None or self._grad_views[0] != seg.data_ptr():
-            self._grad_views = (seg.data_ptr(), self._views(seg, self.params))
-        return self._grad_views[1]
+        return views
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._store is None or self._store.numel() < n:
@@ -365,7 +384,8 @@ class ParameterAverager:
     def _cut(self, a: int, b: int, n_avg: int, n_bc: int) -> tuple:
         """The views a boundary moving [a, b) with this buffer layout works on: the buffer's
         averaged, broadcast and scalar segments, its head (the moved slice's place), and the
-        slice of θ_ref, of the velocity (or None) and of scratch. Cut once per layout (each
+        slice of θ_ref, of the velocity (or None) and of scratch, and the scalars as NumPy
+        (or None). Cut once per layout (each
         cut is a call; a small model's boundary is mostly calls), for the buffer as
         `_buffer` last sized it; dropped when the buffer is reallocated."""
         key = (a, b, n_avg, n_bc)
@@ -375,14 +395,18 @@ class ParameterAverager:
                 self._cuts.clear()
             buf, n, end = self._store, b - a, n_avg + n_bc
             velocity = self.velocity[a:b] if self.velocity is not None else None
+            scalars = buf[end : end + N_SCALARS]
             cut = self._cuts[key] = (
                 buf[:n_avg],
                 buf[n_avg:end],
-                buf[end : end + N_SCALARS],
+                scalars,
                 buf[:n],
                 self.ref[a:b],
                 velocity,
                 self._scratch[:n],
+                # the scalars as a NumPy array where they can be (host memory, a dtype NumPy
+                # has): written and read without a torch op, two fewer per boundary (issue 17)
+                scalars.numpy() if scalars.device.type == "cpu" and buf.dtype in _NUMPY else None,
             )
         return cut
 
@@ -401,18 +425,22 @@ class ParameterAverager:
             offset += p.numel()
         return a, b, pieces
 
-    def _whole(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """The parameters detached, and their digest words where those are views (every
-        parameter contiguous): cut once, not at every boundary (for a small model the cutting
-        cost more than the sums). Cut again if a parameter's storage has moved, which DDP's own
-        contract forbids once the model is wrapped."""
+    def _whole(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """The parameters detached, and where every parameter is contiguous (so these are
+        views) their digest words and their 1-D views (the pack's): cut once, not at every
+        boundary (for a small model the cutting cost more than the sums; issue 17). Cut again if
+        a parameter's storage has moved, which DDP's own contract forbids once the model is
+        wrapped."""
         ptrs = [p.data_ptr() for p in self.params]
         if ptrs != self._ptrs:
             self._ptrs = ptrs
             self._detached = [p.detach() for p in self.params]
             contiguous = all(p.is_contiguous() for p in self._detached)
             self._words = digest_words(self._detached) if contiguous else None
-        return self._detached, self._words
+            self._flats = [p.view(-1) for p in self._detached] if contiguous else None
+        return self._detached, self._words, self._flats
 
     def _moved(self, fragment: int, grads: list[torch.Tensor]):
         """What a boundary moving `fragment` packs: its [start, end), the parameter pieces, the
@@ -457,13 +485,14 @@ class ParameterAverager:
         n_avg = sum(t.numel() for t in avg_tensors)
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
-        avg_seg, bc_seg, scalars, head, ref, _, scratch = self._cut(a, b, n_avg, n_bc)
+        avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self._cut(a, b, n_avg, n_bc)
         delta_form = not overlap and self.compress == "none" and not self.outer.is_plain_average
 
+        flats = self._flats if fragment == WHOLE else None  # cut by region() just now
         if delta_form:
-            _sub_into(pieces, ref, head)
+            _sub_into(pieces, ref, head, flats)
         else:
-            torch.cat([t.reshape(-1) for t in pieces], out=head)
+            torch.cat(flats or [t.reshape(-1) for t in pieces], out=head)
         extras = avg_tensors[len(pieces) + len(grads) :]
         if extras:
             torch.cat([t.reshape(-1) for t in extras], out=avg_seg[n * (2 if grads else 1) :])
@@ -476,20 +505,27 @@ class ParameterAverager:
         if grads:  # m_i − g_i now, while g_i is here; finish() adds ḡ (see _add_to_momentum)
             momenta = self._momenta(grads)
             _add_to_momentum(momenta, -1.0)
-        scalars.copy_(
-            torch.tensor(
-                [
-                    *split_exact(s, self.world_size),
-                    totals.loss_sum,
-                    totals.steps,
-                    totals.compute_seconds,
-                    totals.exposed_sync_seconds,
-                    self.last_digest,
-                    self.last_digest if self.rank == 0 else 0,
-                ],
-                dtype=buf.dtype,
-            )
-        )
+        # The outer step's first op, μ·v, needs nothing the collective brings: taken here, where
+        # the core is warm, not after the wait (issue 17: on a shared VM each op after a long
+        # wait costs tens of µs more). Only with delta_form: finish() follows at once. A boundary
+        # that raises in between (ReplicaMismatch) leaves μ·v, as it leaves m_i − g_i.
+        decayed = delta_form and velocity is not None
+        if decayed:
+            velocity.mul_(self.outer.momentum)
+        values = [
+            *split_exact(s, self.world_size),
+            totals.loss_sum,
+            totals.steps,
+            totals.compute_seconds,
+            totals.exposed_sync_seconds,
+            self.last_digest,
+            self.last_digest if self.rank == 0 else 0,
+        ]
+        if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
+            with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
+                host[:] = values
+        else:
+            scalars.copy_(torch.tensor(values, dtype=buf.dtype))
         pending = _Pending(
             avg_tensors,
             bc_tensors,
@@ -504,6 +540,7 @@ class ParameterAverager:
             len(pieces),
             delta_form=delta_form,
             momenta=momenta,
+            decayed=decayed,
         )
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
@@ -571,10 +608,10 @@ class ParameterAverager:
         buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
         a, b = pending.start, pending.end
         m = b - a  # parameter elements moved
-        avg_seg, bc_seg, scalars, head, ref, velocity, scratch = self._cut(a, b, n_avg, n_bc)
+        avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self._cut(a, b, n_avg, n_bc)
         if pending.codec is not None:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM
             pending.codec.decode_sum(list(pending.gathered.unbind(0)), buf)
-        red = scalars.tolist()
+        red = (host if host is not None else scalars).tolist()
         if red[DIGEST] != n * red[DIGEST0]:
             when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
             raise ReplicaMismatch(
@@ -614,7 +651,14 @@ class ParameterAverager:
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
             theta_now = self._snapshot[:m]
         theta_new = outer_step_(
-            self.outer, ref, velocity, theta_avg, pending.lr, delta=delta, scale=scale
+            self.outer,
+            ref,
+            velocity,
+            theta_avg,
+            pending.lr,
+            delta=delta,
+            scale=scale,
+            decayed=pending.decayed,
         )
         pieces = pending.avg_tensors[: pending.n_pieces]
         rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]

@@ -64,6 +64,7 @@ def outer_step_(
     inner_lr: float,
     delta: torch.Tensor | None = None,
     scale: float = 1.0,
+    decayed: bool = False,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from θ_avg; return θ_new (which is `ref`).
 
@@ -72,7 +73,9 @@ def outer_step_(
     step but a plain average reads only `delta` when given, so `avg` may then be None.
     `velocity` must exist when `spec.needs_velocity`. `scale`: θ_avg − θ_ref is scale·`delta`,
     with scale a power of two (the averager passes the ranks' sum of Δ_i and 1/N), so that
-    every product with it is exact and the step is bit-identical to one on the mean."""
+    every product with it is exact and the step is bit-identical to one on the mean.
+    `decayed`: the velocity already holds μ·v, the first op of every update with a velocity
+    (the averager takes it before the collective, where it waits for nothing; issue 17)."""
     if scale != 1.0 and math.frexp(scale)[0] != 0.5:
         raise ValueError(f"outer_step_: scale {scale} is not a power of two")
     if spec.is_plain_average:
@@ -80,21 +83,23 @@ def outer_step_(
         return ref
     if delta is None:
         delta = avg.sub(ref)
+    if velocity is not None and not decayed:
+        velocity.mul_(spec.momentum)
     if spec.kind == "slowmo":
         if spec.lr == 1.0:  # today's SlowMo, exactly its arithmetic
             from trainer.slowmo import slowmo_update_
 
-            return slowmo_update_(
-                ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale
+            return slowmo_update_(  # its velocity (if any) decayed just above
+                ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale, True
             )
         # θ_ref + α·(u or η·u): the update slowmo_update_ would add, scaled by α
         if velocity is None:
             ref.add_(delta, alpha=spec.lr * scale)
         elif spec.lr_aware:
-            velocity.mul_(spec.momentum).add_(delta, alpha=1.0 / inner_lr * scale)
+            velocity.add_(delta, alpha=1.0 / inner_lr * scale)
             ref.add_(velocity, alpha=spec.lr * inner_lr)
         else:
-            velocity.mul_(spec.momentum).add_(delta, alpha=scale)
+            velocity.add_(delta, alpha=scale)
             ref.add_(velocity, alpha=spec.lr)
         return ref
     # The pseudo-gradient Δ = θ_ref − θ_avg = −scale·delta. Its negation (and the scale) ride in
@@ -104,11 +109,11 @@ def outer_step_(
         ref.add_(delta, alpha=spec.lr * scale)
         return ref
     if spec.kind == "sgd":
-        velocity.mul_(spec.momentum).add_(delta, alpha=-scale)
+        velocity.add_(delta, alpha=-scale)
         ref.add_(velocity, alpha=-spec.lr)
         return ref
     pseudo = delta.neg_() if scale == 1.0 else delta.mul_(-scale)
-    velocity.mul_(spec.momentum).add_(pseudo)
+    velocity.add_(pseudo)
     # nesterov looks ahead along the velocity: step = Δ + μ·v
     step = pseudo.add_(velocity, alpha=spec.momentum)
     ref.add_(step, alpha=-spec.lr)

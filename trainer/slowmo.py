@@ -20,13 +20,15 @@ def slowmo_update_(
     lr_aware: bool = False,
     delta: torch.Tensor | None = None,
     scale: float = 1.0,
+    decayed: bool = False,
 ) -> torch.Tensor:
     """Advance (ref, velocity) in place from the averaged parameters; return the new θ (= ref).
 
     β = 0 returns θ_avg itself (copied into ref): SlowMo off must not round θ_avg through
     θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit. With β > 0
     and `delta` given, `avg` is not read (it may be None). `scale`: θ_avg − θ_ref is
-    scale·`delta`, scale a power of two (see trainer.outer.outer_step_).
+    scale·`delta`, scale a power of two; `decayed`: the velocity already holds β·v (both as in
+    trainer.outer.outer_step_).
     """
     if beta == 0.0 or velocity is None:
         ref.copy_(avg)
@@ -34,10 +36,12 @@ def slowmo_update_(
     # Δ = θ_avg − θ_ref; the averager passes the one it has already computed for the update norm
     if delta is None:
         delta = avg.sub(ref)
+    if not decayed:
+        velocity.mul_(beta)
     if lr_aware:
-        velocity.mul_(beta).add_(delta, alpha=1.0 / lr * scale)
+        velocity.add_(delta, alpha=1.0 / lr * scale)
         ref.add_(velocity, alpha=lr)
     else:
-        velocity.mul_(beta).add_(delta, alpha=scale)
+        velocity.add_(delta, alpha=scale)
         ref.add_(velocity)
     return ref
