@@ -283,3 +283,38 @@ def test_the_outer_step_on_a_velocity_decayed_before_the_collective_is_the_same_
         assert torch.equal(a_ref, b_ref)
         assert (a_vel is None and b_vel is None) or torch.equal(a_vel, b_vel)
     assert not torch.equal(a_ref, ref0)
+
+
+def _decayed_boundaries_worker(rank, world, spec_args):
+    """Three boundaries of a ParameterAverager whose replicas move apart, against the outer step
+    applied by hand to the mean of the ranks' moves (torch.equal: bit for bit)."""
+    import torch.distributed as dist
+
+    from trainer.averaging import IntervalTotals, ParameterAverager
+
+    spec = OuterOptimizer(*spec_args)
+    torch.manual_seed(0)
+    ref0 = torch.randn(1000)
+    params = [torch.nn.Parameter(ref0[:600].clone()), torch.nn.Parameter(ref0[600:].clone())]
+    averager = ParameterAverager(params, rank=rank, world_size=world, outer=spec)
+    ref, vel = ref0.clone(), torch.zeros(1000)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank moves its own way
+    for _ in range(3):
+        with torch.no_grad():
+            for p in params:
+                p.add_(0.01 * torch.randn(p.shape, generator=g))
+        total = torch.cat([p.detach().reshape(-1) for p in params]) - ref
+        dist.all_reduce(total)
+        averager.reconcile(IntervalTotals(1.0, 1, 0.0, 0.0), lr=0.1, clock=None)
+        outer_step_(spec, ref, vel, None, 0.1, delta=total / world)
+        assert torch.equal(averager.ref, ref) and torch.equal(averager.velocity, vel)
+        assert torch.equal(torch.cat([p.detach().reshape(-1) for p in params]), ref)
+    return True
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("spec", [("slowmo", 1.0, 0.5, False), ("nesterov", 0.7, 0.9, False)])
+def test_the_averagers_outer_step_over_boundaries_is_the_step_on_the_mean(spec):
+    """The averager takes μ·v before its collective and the rest of the step after it (issue 17):
+    over boundaries whose velocity is no longer zero, that is the outer step on the mean move."""
+    assert all(run_dist(_decayed_boundaries_worker, 2, spec))

@@ -402,36 +402,47 @@ def test_a_hold_sleeps_short_of_its_deadline_then_polls_and_never_returns_early(
     """hold_until (the link emulator's wait, issue 17): a sleep wakes late, so it sleeps to
     HOLD_POLL before the deadline and polls the clock for the rest; it never returns before the
     deadline, and a deadline already past returns at once without sleeping."""
+    import types
+
     import trainer.link as link
 
     asked: list[float] = []
-    real_sleep = time.sleep
-    monkeypatch.setattr(link.time, "sleep", lambda s: (asked.append(s), real_sleep(s)))
-    for seconds in (0.02, 0.003, link.HOLD_POLL / 2):
-        start = time.perf_counter()
-        deadline = start + seconds
+
+    def sleep(seconds: float) -> None:
+        asked.append(seconds)
+        time.sleep(seconds)
+
+    # link's own `time` only: no other thread's sleeps are counted
+    monkeypatch.setattr(
+        link, "time", types.SimpleNamespace(perf_counter=time.perf_counter, sleep=sleep)
+    )
+    for seconds in (0.05, 0.02):
+        deadline = time.perf_counter() + seconds
         link.hold_until(deadline)
         assert time.perf_counter() >= deadline
-        if seconds > link.HOLD_POLL:
-            assert asked[-1] <= seconds - link.HOLD_POLL + 1e-9  # it woke short of the deadline
-    assert len(asked) == 2  # the hold shorter than HOLD_POLL only polled
+        assert len(asked) == 1 and asked.pop() <= seconds - link.HOLD_POLL  # woke short of it
+    deadline = time.perf_counter() + link.HOLD_POLL / 2
+    link.hold_until(deadline)  # shorter than HOLD_POLL: polled only
+    assert time.perf_counter() >= deadline and asked == []
     link.hold_until(time.perf_counter() - 1.0)
-    assert len(asked) == 2
+    assert asked == []
 
 
 def test_the_releaser_completes_each_future_at_or_after_its_deadline_in_order():
     import trainer.link as link
 
-    now = time.perf_counter()
-    deadlines = [now + 0.03, now + 0.001, now + 0.012, now - 0.01]
+    releaser = link._get_releaser()
     done: list[tuple[int, float]] = []
     futures = []
-    for i, deadline in enumerate(deadlines):
-        fut = torch.futures.Future()
-        fut.set_result(i)
-        out = link.delayed(fut, deadline)
-        out.add_done_callback(lambda f: done.append((f.value(), time.perf_counter())))
-        futures.append(out)
+    with releaser._cv:  # (re-entrant) nothing is released before all four are queued
+        now = time.perf_counter()
+        deadlines = [now + 0.25, now + 0.05, now + 0.15, now - 0.01]
+        for i, deadline in enumerate(deadlines):
+            fut = torch.futures.Future()
+            fut.set_result(i)
+            out = link.delayed(fut, deadline)
+            out.add_done_callback(lambda f: done.append((f.value(), time.perf_counter())))
+            futures.append(out)
     torch.futures.wait_all(futures)
     assert [i for i, _ in done] == [3, 1, 2, 0]  # by deadline
     assert all(at >= deadlines[i] for i, at in done)

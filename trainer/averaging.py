@@ -303,6 +303,7 @@ class ParameterAverager:
         # the gradient segment: (the store it is cut from, the segment, its views)
         self._grad_views: tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None = None
         self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
+        self._flats: list[torch.Tensor] | None = None  # _whole()'s 1-D views of the parameters
         self._cuts: dict[tuple[int, int, int, int], tuple] = {}  # _cut()'s views, per layout
         self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
         self._scratch = torch.empty_like(flat)
@@ -385,9 +386,9 @@ class ParameterAverager:
         """The views a boundary moving [a, b) with this buffer layout works on: the buffer's
         averaged, broadcast and scalar segments, its head (the moved slice's place), and the
         slice of θ_ref, of the velocity (or None) and of scratch, and the scalars as NumPy
-        (or None). Cut once per layout (each
-        cut is a call; a small model's boundary is mostly calls), for the buffer as
-        `_buffer` last sized it; dropped when the buffer is reallocated."""
+        (or None). Cut once per layout (each cut is a call; a small model's boundary is mostly
+        calls), for the buffer as `_buffer` last sized it; dropped when the buffer is
+        reallocated."""
         key = (a, b, n_avg, n_bc)
         cut = self._cuts.get(key)
         if cut is None:
