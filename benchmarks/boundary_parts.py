@@ -10,8 +10,11 @@ on the cnn1d; one gradient-bucket
 allreduce through `dist.all_reduce` against the process group's own, on a gloo group of one; and
 a whole fused cpdp boundary (SlowMo β = 0.3, the default) on the cnn1d and the 3M-parameter MLP,
 on that group of one, where the collective costs almost nothing: its CPU cost, `autok bench`
-(h)'s excess without a second rank competing for memory. Compare two checkouts by running
-this file from each.
+(h)'s excess without a second rank competing for memory. Then the torch ops (dispatched, views
+included) of the cnn1d's fused boundary: its capture of g_i, start (with the collective) and
+finish, counted with a TorchDispatchMode; after a wait every op runs on cold caches here
+(`python -m benchmarks.link_hold`), so the count matters where the hot µs above do not show it.
+Compare two checkouts by running this file from each.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.engine import mlp_3m
 from trainer.averaging import (
@@ -97,9 +101,41 @@ def main() -> None:
         rows.append((f"fused boundary, {name}: capture g_i", _us(capture, reps)))
         rows.append((f"fused boundary, {name}: capture g_i + boundary", _us(boundary, reps)))
         rows.append((f"fused boundary, {name}: bare all_reduce", _us(bare, reps)))
+    counts = _op_counts(build_model("cnn1d", (40,), 10))
     dist.destroy_process_group()
     for name, us in rows:
         print(f"{name:50s} {us:10.1f} µs")
+    for name, ops in counts:
+        print(f"{name:50s} {ops:10d} ops")
+
+
+class _OpCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _op_counts(model: torch.nn.Module) -> list[tuple[str, int]]:
+    """The torch ops of one fused boundary of `model` (after two to warm its caches), by part."""
+    capture, boundary, _ = _fused_boundary(model)
+    boundary()
+    boundary()
+    averager = capture.__self__
+    counts = []
+    with _OpCount() as count:
+        capture()
+    counts.append(("fused boundary, cnn1d: ops of capture g_i", count.ops))
+    with _OpCount() as count:
+        pending = averager.start(IntervalTotals(1.0, 1, 0.0, 0.0), 0.1, None, overlap=False)
+    counts.append(("fused boundary, cnn1d: ops of start (with all_reduce)", count.ops))
+    with _OpCount() as count:
+        averager.finish(pending)
+    counts.append(("fused boundary, cnn1d: ops of finish", count.ops))
+    return counts
 
 
 def _fused_boundary(model: torch.nn.Module):
