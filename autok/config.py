@@ -165,6 +165,14 @@ class TrainConfig(SyncSettings):
                 )
         else:
             self._check_builtin_task()
+        if self.optimizer == "adamw":  # SGD's options: AdamW would silently ignore them
+            defaults = type(self).model_fields
+            for name in ("momentum", "nesterov"):
+                if getattr(self, name) != defaults[name].default:
+                    raise ValueError(
+                        f"{flag(name)}: is SGD's; AdamW keeps its own moments (betas 0.9, "
+                        "0.999); drop it or use --optimizer sgd"
+                    )
         if self.boundary == "fused" and not self.fused_is_exact:
             raise ValueError(
                 "--boundary: fused is exact only for cpdp with --optimizer sgd "

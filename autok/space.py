@@ -12,6 +12,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from autok.config import ConfigError, TrainConfig, read_yaml
 from autok.resources import default_space
+from controllers import POLICY_OPTIONS, READS
 from controllers import REGISTRY as POLICIES
 from trainer.data import DATASETS
 from trainer.link import PROFILES
@@ -44,6 +45,23 @@ class Dim:
         if self.kind == "int":
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+
+
+def suggest_all(space: list[Dim], trial, fixed: dict[str, Any]) -> dict[str, Any]:
+    """One trial's settings, define-by-run, the policy first: a K-policy option is drawn only
+    in a trial whose policy reads it (a conditional space, as Optuna builds one), so a space
+    over `policy` and, say, `target_sync_share` gives `fixed` trials no share to refuse."""
+    params: dict[str, Any] = {}
+    for d in sorted(space, key=lambda d: d.name != "policy"):
+        if d.name in POLICY_OPTIONS and d.name not in READS.get(trial_policy(params, fixed), ()):
+            continue
+        params[d.name] = d.suggest(trial)
+    return params
+
+
+def trial_policy(params: dict[str, Any], fixed: dict[str, Any]) -> Any:
+    """The K policy a trial runs: drawn, else fixed by the sweep, else the default."""
+    return params.get("policy", fixed.get("policy", TrainConfig.model_fields["policy"].default))
 
 
 def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:

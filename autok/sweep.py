@@ -23,8 +23,9 @@ import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
 from autok.pareto import pareto_front, plot_front
-from autok.space import Dim
+from autok.space import Dim, suggest_all
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
+from controllers import POLICY_OPTIONS
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
 OBJECTIVES = ("pareto", "metric", "time-to-target")
@@ -202,12 +203,18 @@ def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
 def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     """Before any trial: each dimension has a value that makes a valid run with the fixed part
     (its ends, or its choices, each with the others unset). One that has none would fail every
-    trial, each on the same error: a ConfigError naming --space and the dimension."""
+    trial, each on the same error: a ConfigError naming --space and the dimension. A K-policy
+    option is tried with each policy the space draws (suggest_all draws it only for those that
+    read it)."""
+    policies = [{}] + [
+        {"policy": c} for d in space if d.name == "policy" for c in (d.choices or ())
+    ]
     for d in space:
         values = d.choices if d.kind == "categorical" else (d.low, d.high)
         if d.kind == "int":
             values = tuple(int(v) for v in values)
-        whys = [check_settings(fixed, {d.name: v}) for v in values]
+        contexts = policies if d.name in POLICY_OPTIONS else [{}]
+        whys = [check_settings(fixed, {**c, d.name: v}) for c in contexts for v in values]
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
 
@@ -345,7 +352,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             trial.study.stop()
             trial.set_user_attr("reason", INTERRUPTED)
             raise TrialFailed(INTERRUPTED)
-        params = {d.name: d.suggest(trial) for d in space}
+        params = suggest_all(space, trial, fixed)
         run_dir = opts.out / "trials" / f"trial-{trial.number:04d}"
         trial.set_user_attr("run_dir", str(run_dir))
         if why := check_settings(fixed, params):

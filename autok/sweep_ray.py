@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from autok.config import ConfigError
-from autok.space import Dim
+from autok.space import Dim, suggest_all
 from autok.sweep import (
     SweepOptions,
     check_settings,
@@ -36,12 +36,11 @@ from autok.trials import COMPLETE, FAIL, PRUNED, run_trial
 class DefineSpace:
     """Optuna define-by-run over the space; a class, since Ray pickles its searcher."""
 
-    def __init__(self, space: list[Dim]) -> None:
-        self.space = space
+    def __init__(self, space: list[Dim], fixed: dict[str, Any]) -> None:
+        self.space, self.fixed = space, fixed
 
     def __call__(self, trial) -> None:
-        for d in self.space:
-            d.suggest(trial)
+        suggest_all(self.space, trial, self.fixed)
 
 
 def _trainable(config: dict[str, Any], fixed: dict[str, Any], out: str, opts: SweepOptions) -> None:
@@ -208,7 +207,7 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
     else:
         metric, mode = "time_to_target", "min"
     search = OptunaSearch(
-        DefineSpace(space),
+        DefineSpace(space, fixed),
         metric=metric,
         mode=mode,
         seed=opts.seed,

@@ -6,7 +6,7 @@ Each policy is registered by name with a factory taking the starting K and a `Po
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from controllers.adacomm import AdaCommController
 from controllers.base import BoundaryStats, Controller, SyncDecision
@@ -72,6 +72,36 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
 }
 
 
+# The PolicyOptions each policy reads (peak_lr and seed are the run's, set for every policy).
+# An option the chosen policy does not read is refused when given (trainer/options.py), not
+# silently ignored; tests/test_controllers.py checks these sets against the factories above.
+_SHARE_READS = frozenset(
+    {
+        "target_sync_share",
+        "max_sync_period",
+        "sync_window",
+        "k_growth",
+        "guard_cooldown",
+        "k_lowering",
+        "k_rule",
+        "drift_limit",
+        "loss_rise",
+    }
+)
+_QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})
+READS: dict[str, frozenset[str]] = {
+    "fixed": frozenset(),
+    "exposed-sync": _SHARE_READS,
+    "qsr": _QSR_READS,
+    "adacomm": frozenset({"sync_window", "max_sync_period"}),
+    "composite": _SHARE_READS | _QSR_READS,
+    "random": frozenset({"random_mean", "max_sync_period"}),
+}
+RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
+# The K-policy options, in PolicyOptions' order (each is also a setting of the same name).
+POLICY_OPTIONS = tuple(f.name for f in fields(PolicyOptions) if f.name not in RUN_OPTIONS)
+
+
 def build_controller(
     name: str, sync_period: int, options: PolicyOptions | None = None
 ) -> Controller:
@@ -83,7 +113,10 @@ def build_controller(
 
 
 __all__ = [
+    "POLICY_OPTIONS",
+    "READS",
     "REGISTRY",
+    "RUN_OPTIONS",
     "BoundaryStats",
     "Controller",
     "PolicyOptions",

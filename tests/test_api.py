@@ -320,6 +320,8 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"boundary": "fused", "_adamw": True}, "--boundary"),
         ({"sync_period": True}, "--sync-period"),  # a boolean is not the number 1
         ({"metrics_port": True}, "--metrics-port"),
+        ({"policy": "qsr", "k_growth": 4}, "--k-growth"),  # unread by the chosen policy
+        ({"target_sync_share": 0.5}, "--target-sync-share"),
         ({"peak_lr": math.nan}, "peak_lr"),
         ({"peak_lr": -1.0}, "peak_lr"),
         ({"peak_lr": True}, "peak_lr"),

@@ -267,6 +267,35 @@ TRAIN = [
         id="mean-nan",
     ),
     R(["train", "--k-rule", "triple", "--out", "{out}"], "--k-rule"),
+    # a K-policy option the chosen policy does not read is refused, not ignored
+    R(
+        ["train", "--target-sync-share", "0.1", "--out", "{out}"],
+        ("--target-sync-share", "--policy fixed does not read it", "exposed-sync, composite"),
+        id="share-unread-by-fixed",
+    ),
+    R(
+        ["train", "--policy", "qsr", "--k-growth", "4", "--out", "{out}"],
+        ("--k-growth", "--policy qsr does not read it"),
+        id="growth-unread-by-qsr",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--qsr-base", "2", "--out", "{out}"],
+        ("--qsr-base", "--policy exposed-sync"),
+        id="qsr-base-unread-by-share",
+    ),
+    R(
+        ["train", "--policy", "adacomm", "--drift-limit", "2", "--out", "{out}"],
+        ("--drift-limit", "--policy adacomm"),
+        id="drift-limit-unread-by-adacomm",
+    ),
+    R(
+        ["train", "--strategy", "ddp", "--max-sync-period", "8", "--out", "{out}"],
+        ("--max-sync-period", "--policy fixed"),
+        id="max-k-unread-by-ddp",
+    ),
+    # SGD's options with AdamW
+    R(["train", "--optimizer", "adamw", "--momentum", "0.5", "--out", "{out}"], "--momentum"),
+    R(["train", "--optimizer", "adamw", "--nesterov", "--out", "{out}"], "--nesterov"),
     R(["train", "--collective-timeout", "1e-9", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--collective-timeout", "1e308", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--weight-decay", "1e308", "--out", "{out}"], "--weight-decay"),
@@ -629,6 +658,8 @@ SWEEP = [
             ("log-zero", "lr: {type: float, low: 0.0, high: 0.5, log: true}\n"),
             ("log-string", "lr: {type: float, low: 0.1, high: 0.5, log: maybe}\n"),
             ("choice-policy", "policy: {type: categorical, choices: [fixed, warp-drive]}\n"),
+            # the fixed --policy (fixed, the default) never reads it: a dimension with no effect
+            ("unread-by-policy", "target_sync_share: {type: float, low: 0.1, high: 0.4}\n"),
             ("choice-nested", "strategy: {type: categorical, choices: [[cpdp], ddp]}\n"),
             ("choice-inf", "slowmo_beta: {type: categorical, choices: [0.1, .inf]}\n"),
             ("no-choices", "policy: {type: categorical, choices: []}\n"),
@@ -1056,3 +1087,24 @@ def test_an_unstarted_run_is_cleared_of_autok_files_only(tmp_path):
     with pytest.raises(ConfigError, match="notes.md"):
         clear_unstarted(run)
     assert (run / "notes.md").read_text() == "mine" and (run / "config.json").exists()
+
+
+def test_policy_and_optimizer_options_read_by_the_choice_are_accepted():
+    """The counterparts of the refusals above: an option the chosen policy reads, a K above
+    the (unread) --max-sync-period on the fixed policy, AdamW with SGD's defaults, and a
+    saved config (every default written out) validating again unchanged."""
+    from autok.config import TrainConfig
+
+    ok = [
+        dict(policy="exposed-sync", target_sync_share=0.1, k_rule="direct"),
+        dict(policy="qsr", qsr_base=2, qsr_alpha=0.5, max_sync_period=16),
+        dict(policy="composite", k_growth=4, qsr_base=2),
+        dict(policy="adacomm", sync_window=8),
+        dict(policy="random", random_mean=3.0, max_sync_period=8),
+        dict(policy="fixed", sync_period=100),  # refused before: --max-sync-period 64 < 100
+        dict(optimizer="adamw"),
+    ]
+    for settings in ok:
+        cfg = TrainConfig(**settings)
+        again = TrainConfig.model_validate_json(cfg.model_dump_json())
+        assert again == cfg, settings

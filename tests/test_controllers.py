@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from controllers import REGISTRY, PolicyOptions, build_controller
+from controllers import READS, REGISTRY, RUN_OPTIONS, PolicyOptions, build_controller
 from controllers.adacomm import AdaCommController
 from controllers.adacomm import next_sync_period as adacomm_k
 from controllers.base import BoundaryStats
@@ -249,6 +249,29 @@ def test_state_dict_round_trip_is_exact(name):
     rest = stream(30, 3)
     assert [a.observe(s) for s in rest] == [b.observe(s) for s in rest]
     assert a.state_dict() == b.state_dict()
+
+
+class _Reads:
+    """PolicyOptions that note which fields are read."""
+
+    def __init__(self, options: PolicyOptions) -> None:
+        self.__dict__.update(options=options, read=set())
+
+    def __getattr__(self, name: str):
+        self.read.add(name)
+        return getattr(self.options, name)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_each_policy_reads_exactly_the_options_it_declares(name):
+    # READS decides which options a run refuses as unread (trainer/options.py): a policy that
+    # read an option outside its set would have it refused; one inside it that it never read
+    # would be accepted and ignored.
+    for qsr in (None, 2.0):  # qsr's alpha default reads peak_lr: both branches
+        options = _Reads(PolicyOptions(qsr_alpha=qsr))
+        build_controller(name, 4, options)
+        assert options.read - RUN_OPTIONS == READS[name]
+    assert set(READS) == set(REGISTRY)
 
 
 def test_controllers_do_not_import_torch_distributed():

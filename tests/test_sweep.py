@@ -17,6 +17,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autok.config import ConfigError
 from autok.pareto import dominates, pareto_front
 from tests.test_cli import TINY, autok
 
@@ -305,6 +306,38 @@ def test_invalid_space_is_refused(tmp_path, space, needle):
     assert res.returncode == 2
     line = res.stderr.strip()
     assert "\n" not in line and line.startswith("autok: error: --space:") and needle in line
+
+
+def test_a_policy_option_is_drawn_only_for_the_policies_that_read_it():
+    """A conditional space: with `policy` drawn, `target_sync_share` is drawn in the trials of
+    exposed-sync and composite only, so the fixed trials are runs, not refusals; the space is
+    accepted as it is (check_space tries the option under each drawn policy)."""
+    import optuna
+
+    from autok.space import Dim, suggest_all
+    from autok.sweep import check_settings, check_space
+
+    space = [
+        Dim("target_sync_share", "float", 0.1, 0.4),
+        Dim("policy", "categorical", choices=("fixed", "exposed-sync", "composite")),
+    ]
+    fixed = {"strategy": "cpdp", "epochs": 2}
+    check_space(fixed, space)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for policy in ("fixed", "exposed-sync", "composite", "fixed"):
+        study.enqueue_trial({"policy": policy})
+    for policy in ("fixed", "exposed-sync", "composite", "fixed"):
+        trial = study.ask()
+        params = suggest_all(space, trial, fixed)
+        assert params["policy"] == policy
+        assert ("target_sync_share" in params) == (policy != "fixed"), params
+        assert check_settings(fixed, params) is None, params
+        study.tell(trial, 0.0)
+    # the policy fixed by the sweep rather than drawn: the same rule
+    trial = study.ask()
+    assert "target_sync_share" in suggest_all(space[:1], trial, {"policy": "exposed-sync"})
+    with pytest.raises(ConfigError, match="--space: target_sync_share: no value"):
+        check_space(fixed, space[:1])  # with no policy drawn, the default `fixed` never reads it
 
 
 # Python leaves SIGINT ignored in a process started with it ignored (a background job of a

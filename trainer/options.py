@@ -13,8 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controllers import POLICY_OPTIONS, PolicyOptions
+from controllers import READS as POLICY_READS
 from controllers import REGISTRY as POLICIES
-from controllers import PolicyOptions
 from trainer.fragments import FRAGMENTS_MAX
 from trainer.link import (
     PROFILES,
@@ -191,6 +192,7 @@ class SyncOptions(BaseModel):
             raise ValueError(f"--policy: unknown {self.policy!r}; choose from {sorted(POLICIES)}")
         if self.random_mean is not None and self.policy != "random":
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
+        self._check_policy_options()
         if self.sync_period is None:
             self.sync_period = 1 if self.strategy == "ddp" else 4
         self._check_outer()
@@ -224,12 +226,29 @@ class SyncOptions(BaseModel):
                 f"--random-mean: {self.random_mean:g} is above --max-sync-period "
                 f"{self.max_sync_period}"
             )
-        if self.max_sync_period < self.sync_period:
+        if (
+            "max_sync_period" in POLICY_READS[self.policy]
+            and self.max_sync_period < self.sync_period
+        ):
             raise ValueError(
                 f"--max-sync-period: {self.max_sync_period} is below --sync-period "
                 f"{self.sync_period}"
             )
         return self
+
+    def _check_policy_options(self) -> None:
+        """A K-policy option the chosen policy does not read is refused, not ignored: a run
+        would otherwise report a setting that changed nothing. "Given" is "differs from the
+        default", so a saved config (which carries every default) validates again unchanged."""
+        reads = POLICY_READS[self.policy]
+        fields = type(self).model_fields
+        for name in (n for n in POLICY_OPTIONS if n not in reads):
+            if getattr(self, name) != fields[name].default:
+                readers = ", ".join(p for p, r in POLICY_READS.items() if name in r)
+                raise ValueError(
+                    f"{flag(name)}: --policy {self.policy} does not read it; drop it, or use a "
+                    f"policy that does ({readers})"
+                )
 
     def _check_fragments(self) -> None:
         """F and τ (trainer/fragments.py). F > the model's parameter count is refused where the
