@@ -531,6 +531,75 @@ def test_the_train_loss_is_the_mean_of_every_kind_of_loss_a_step_gives():
         assert steps == [True, True]
 
 
+def _ddp_records_worker(rank, world):
+    """Two ddp Syncs over the same steps: one with no observer (its records kept lazily, built
+    on reading) and one whose observer makes every record at its boundary. Past the first
+    guard check, the lazy one takes Sync._close_ddp_lazily."""
+    from dataclasses import asdict
+
+    class Keep:
+        def __init__(self):
+            self.records = []
+
+        def on_boundary(self, stats, decision):
+            self.records.append(stats)
+
+    keep = Keep()
+    syncs = []
+    for observers in (None, [keep]):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        syncs.append((autok.Sync(model, opt, strategy="ddp", observers=observers), opt, model))
+    timing = {"compute_seconds", "exposed_sync_seconds"}
+    lazy, kept = [], []
+    batches = _batches(rank, 70, batch=4)  # past DDP_PARAM_CHECK_EVERY (64): both branches
+    losses = [(i % 3 == 0, i % 5 == 0) for i in range(len(batches))]  # no loss; a float
+    for (x, y), (none, number) in zip(batches, losses, strict=True):
+        for sync, opt, _ in syncs:
+            with sync.step() as s:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(sync.model(x), y)
+                loss.backward()
+                opt.step()
+                s.loss = None if none else loss.item() if number else loss
+        b = syncs[0][0].last_boundary
+        lazy.append({k: v for k, v in asdict(b).items() if k not in timing})
+        kept.append({k: v for k, v in asdict(keep.records[-1]).items() if k not in timing})
+    counts = [
+        (s.global_step, s.boundary, s.grad_syncs, s.collectives, s.sync_period)
+        + tuple((k, v["boundaries"], v["steps"]) for k, v in sorted(s.k_path.items()))
+        for s, _, _ in syncs
+    ]
+    same = torch.equal(_flat(syncs[0][2]), _flat(syncs[1][2]))
+    # a loss written over in place before the record is read: refused, not misread
+    sync, opt, _ = syncs[0]
+    x, y = batches[0]
+    with sync.step() as s:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(sync.model(x), y)
+        loss.backward()
+        opt.step()
+        s.loss = loss
+    with torch.no_grad():
+        loss.mul_(2)
+    try:
+        sync.last_boundary  # noqa: B018
+        refused = None
+    except RuntimeError as exc:
+        refused = str(exc)
+    for sync, _, _ in syncs:
+        sync.close()
+    return lazy, kept, counts, refused, same
+
+
+def test_ddps_lazy_records_are_the_records_an_observer_gets():
+    for lazy, kept, counts, refused, same in run_dist(_ddp_records_worker, 2):
+        assert len(lazy) == 70 and lazy == kept  # every field but the two times, losses exact
+        assert counts[0] == counts[1]
+        assert refused is not None and "written over in place" in refused
+        assert same
+
+
 def _builtin_path_worker(rank, world, link):
     """ddp steps with rank 1 sleeping between its forward and its backward, so rank 0's
     backward waits on the gradient all-reduce; then two-phase cpdp steps for the counts."""

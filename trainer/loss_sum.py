@@ -98,6 +98,12 @@ def _check(held: list[tuple[torch.Tensor, int]]) -> None:
             )
 
 
+def read_held(held: list[tuple[torch.Tensor, int]]) -> float:
+    """The sum of (tensor, version) pairs held as LossSum holds CPU scalars, read now; refused
+    if one was written over since (Sync's lazy ddp record holds its step's loss so)."""
+    return _read(held)
+
+
 def _read(held: list[tuple[torch.Tensor, int]]) -> float:
     _check(held)
     if len(held) <= 1:

@@ -41,7 +41,7 @@ from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finit
 from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
-from trainer.loss_sum import LossSum
+from trainer.loss_sum import LossSum, read_held
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
@@ -327,6 +327,8 @@ class Sync:
         # any boundary closes below, whose observers may read it, and again with its time
         self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
+        if self.averager is None and self._close_ddp_lazily(state, handle.loss, interval):
+            return
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
@@ -468,6 +470,66 @@ class Sync:
         self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
+    def _close_ddp_lazily(self, state: _StepState, loss: Any, interval: Interval) -> bool:
+        """ddp's step (a boundary of one step) where nobody reads its record now and the guard
+        has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
+        (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
+        step. False, with nothing changed, where the general path must run: observers, no
+        decision yet, a boundary the guard judges, or a loss LossSum would not hold as it is.
+        `last_boundary` builds the record from what is kept."""
+        if (
+            self.observers
+            or self.last_decision is None
+            or state.last_of_epoch
+            or self.boundary % DDP_PARAM_CHECK_EVERY == 0
+        ):
+            return False
+        if loss is None:
+            held = []
+        elif isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dim() == 0:
+            if loss._base is not None:
+                return False
+            t = loss.detach()
+            held = [(t, t._version)]
+        else:
+            return False
+        if self._loss.held or self._loss.number or self._loss.device_sum is not None:
+            return False  # a restored state's interval loss: the general path sums it
+        forward, backward, optimizer, wait, _, grad_synced = self._last_step
+        gs = self.grad_state
+        compute = interval.compute_seconds + forward + backward + optimizer
+        exposed = interval.exposed_sync_seconds + wait
+        steps = interval.steps + 1
+        k = self.k_in_force
+        record = [  # BoundaryStats' fields, in order, as _ddp_boundary writes them
+            self.boundary,
+            self.global_step,
+            self.epoch,
+            k,
+            steps,
+            compute,
+            exposed,
+            0.0,
+            0.0,
+            0.0,
+            0.0,  # the train loss: read if the record is
+            interval.grad_bytes + gs.nbytes,
+            state.lr,
+            self.warmup,
+            interval.samples * self.world_size,
+            interval.grad_syncs + grad_synced,
+            0,
+            self.link_name,
+        ]
+        self._lazy_record = (record, held, steps)
+        self.collectives += gs.buckets
+        self._count_k_path(k, compute + exposed, steps)
+        self.sync_period = self.last_decision.next_sync_period
+        self.boundary += 1
+        self._interval = Interval()
+        self.global_step += 1
+        return True
+
     def _finish_boundary(self, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
         and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
@@ -541,7 +603,9 @@ class Sync:
         own thread: on ddp it is built on reading (and reads the interval's loss)."""
         if self._lazy_record is not None:
             record, loss, steps = self._lazy_record
-            record[LOSS_FIELD] = loss.take() / steps
+            # a LossSum (_ddp_boundary) or the held (tensor, version) list (_close_ddp_lazily)
+            total = loss.take() if isinstance(loss, LossSum) else read_held(loss)
+            record[LOSS_FIELD] = total / steps
             self._last_boundary, self._lazy_record = BoundaryStats(*record), None
         return self._last_boundary
 
