@@ -75,6 +75,10 @@ PAIRED_FIELDS = (
     ("pairs", "pairs"),
 )
 STEP_GOAL = 1.02  # autok's per-step time over the hand-written loop's, at most
+# Epochs (of 63 steps here) per round of (a) and (g): about 1000 pairs. A round's paired excess
+# is a median, whose spread over rounds shrinks as 1/sqrt(pairs): at 4 epochs (252 pairs) the
+# rounds of (a) spread over 44 µs (2026-12-01 21:36), near the 2% goal's 50 µs itself.
+STEP_EPOCHS = 16
 BOUNDARY_GOAL = 1.2  # a no-link boundary's CPU cost over one bare all_reduce, at most
 LINK_GOAL = 1.05  # exposed time per boundary on an emulated link over the modelled T(S, N)
 
@@ -177,7 +181,7 @@ def overhead(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None, worl
     per round (separate processes: far noisier)."""
     cfg = TrainConfig(strategy="ddp", link="none", workers=world, progress=False)
     prepare_data(cfg)
-    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
+    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, STEP_EPOCHS)[0]
     loop = cfg.model_copy(update={"epochs": 6, "warmup_epochs": 1})
     plain, ours = [], []
     for i in range(rounds):  # interleaved, so drift in machine load hits both alike
@@ -309,7 +313,7 @@ def local_step(
 ) -> dict:
     cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=world, progress=False)
     prepare_data(cfg)
-    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, 4)[0]
+    res = _workers(_interleaved_steps, world, cpus, cfg.model_dump_json(), rounds, STEP_EPOCHS)[0]
     return _step_ratios(res, world) | {"k": 8}
 
 

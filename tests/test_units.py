@@ -308,6 +308,9 @@ def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_for_
     # fitted to 0.0096, the loss wobbles to 0.04: 4x its minimum, but far below its start and
     # within 16x its minimum
     assert _guard_on(start + fitted + [0.04] * 8) is None
+    # fitted to 0.004 from 2.24, it wobbles to 0.0685 (`autok bench` (g), 128 epochs): 17x
+    # its minimum, but 3% of its start, below 1/16 of it
+    assert _guard_on([2.24] * 4 + [0.004] * 8 + [0.0685] * 8) is None
     # it climbs to 0.5, 52x its minimum, though below 1/4 of where it started (0.575)
     at, why = _guard_on(start + fitted + [0.5] * 8)
     assert at == 13  # the window holding two of them: mean 0.25 > 16 x 0.0096 (0.154)
