@@ -669,7 +669,7 @@ def _is_sqlite(path: Path) -> bool:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    from autok.space import load_enqueue, load_space
+    from autok.space import check_fixed, load_enqueue, load_space, trial_settings
     from autok.sweep import SweepOptions, check_space, sweep_optuna, table
 
     sweep_args = {k: getattr(ns, k) for k in SWEEP_KEYS}
@@ -682,7 +682,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
     # beta on a searched strategy, stay free); it must be a valid run by itself.
     fixed = given_values(train_args)
-    fixed_cfg = load_config({}, fixed)
+    space = load_space(sweep_args.pop("space"))
+    # a fixed setting that only some trials read (--target-sync-share with a searched policy)
+    check_fixed(fixed, space)
+    fixed_cfg = load_config({}, trial_settings(fixed, {}))
     metric = check_task(fixed_cfg)
     if fixed_cfg.metrics_port:
         from autok.metrics import check_metrics_ports
@@ -696,9 +699,8 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     sweep_args["target"] = check_target(metric, sweep_args["target"], sweep_args["objective"])
     sweep_args["objective"] = OBJECTIVE_ALIASES.get(sweep_args["objective"], ns.objective)
     fixed = {k: str(v) if isinstance(v, Path) else v for k, v in fixed.items()}
-    space = load_space(sweep_args.pop("space"))
     check_space(fixed, space)
-    sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space)
+    sweep_args["enqueue"] = load_enqueue(sweep_args["enqueue"], space, fixed)
     if ns.address is None:  # trials on this machine (on a cluster's nodes, their GPUs count)
         searched = {d.name for d in space}
         check_backend(fixed_cfg, "--dist-backend", count_workers="workers" not in searched)

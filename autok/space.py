@@ -10,9 +10,9 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from autok.config import ConfigError, TrainConfig, read_yaml
+from autok.config import ConfigError, TrainConfig, flag, read_yaml
 from autok.resources import default_space
-from controllers import POLICY_OPTIONS, READS
+from controllers import CAPS, POLICY_OPTIONS, READS
 from controllers import REGISTRY as POLICIES
 from trainer.data import DATASETS
 from trainer.link import PROFILES
@@ -47,25 +47,80 @@ class Dim:
         return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
 
+# Settings read only under some values of another: name -> (the choosing setting, the values
+# under which it is read). A sweep draws such a setting only in trials where it is read, and
+# drops a fixed one from the trials where it is not (TrainConfig refuses it there).
+CONDITIONAL: dict[str, tuple[str, frozenset]] = {
+    **{
+        name: ("policy", frozenset(p for p, reads in READS.items() if name in reads))
+        for name in POLICY_OPTIONS
+        if name not in CAPS
+    },
+    "momentum": ("optimizer", frozenset({"sgd"})),
+    "nesterov": ("optimizer", frozenset({"sgd"})),
+}
+_CHOOSERS = frozenset(chooser for chooser, _ in CONDITIONAL.values())
+
+
+def _value(name: str, settings: dict[str, Any]) -> Any:
+    return settings.get(name, TrainConfig.model_fields[name].default)
+
+
+def applies(name: str, settings: dict[str, Any]) -> bool:
+    """Whether a run with `settings` reads setting `name` (always, unless CONDITIONAL)."""
+    cond = CONDITIONAL.get(name)
+    return cond is None or _value(cond[0], settings) in cond[1]
+
+
 def suggest_all(space: list[Dim], trial, fixed: dict[str, Any]) -> dict[str, Any]:
-    """One trial's settings, define-by-run, the policy first: a K-policy option is drawn only
-    in a trial whose policy reads it (a conditional space, as Optuna builds one), so a space
-    over `policy` and, say, `target_sync_share` gives `fixed` trials no share to refuse."""
+    """One trial's drawn settings, define-by-run, the choosing settings (policy, optimizer)
+    first: a conditional setting is drawn only where the trial reads it (a conditional space,
+    as Optuna builds one), so a space over `policy` and `target_sync_share` gives a `fixed`
+    trial no share to refuse."""
     params: dict[str, Any] = {}
-    for d in sorted(space, key=lambda d: d.name != "policy"):
-        if d.name in POLICY_OPTIONS and d.name not in READS.get(trial_policy(params, fixed), ()):
-            continue
-        params[d.name] = d.suggest(trial)
+    for d in sorted(space, key=lambda d: d.name not in _CHOOSERS):
+        if applies(d.name, {**fixed, **params}):
+            params[d.name] = d.suggest(trial)
     return params
 
 
-def trial_policy(params: dict[str, Any], fixed: dict[str, Any]) -> Any:
-    """The K policy a trial runs: drawn, else fixed by the sweep, else the default."""
-    return params.get("policy", fixed.get("policy", TrainConfig.model_fields["policy"].default))
+def trial_settings(fixed: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's settings: the fixed part and the drawn values, less the fixed conditional
+    settings the trial does not read (a fixed --target-sync-share in a trial that drew the
+    policy `fixed`). check_fixed refuses one that no trial would read."""
+    merged = {**fixed, **params}
+    return {k: v for k, v in merged.items() if applies(k, merged)}
 
 
-def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
-    """A YAML list of {setting: value} over the space's dimensions, to evaluate first."""
+def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
+    """A fixed conditional setting (other than its default) read under none of the values the
+    sweep gives its choosing setting is refused: every trial would drop it. One that some
+    trials read is checked by itself here (its type and bounds), as the trials that drop it
+    cannot check it."""
+    dims = {d.name: d for d in space}
+    for name, value in fixed.items():
+        cond = CONDITIONAL.get(name)
+        if cond is None or value == TrainConfig.model_fields[name].default:
+            continue
+        chooser, readers = cond
+        drawn = dims.get(chooser)
+        values = drawn.choices if drawn is not None and drawn.choices else (_value(chooser, fixed),)
+        if not readers.intersection(values):
+            said = ", ".join(str(v) for v in values)
+            raise ConfigError(
+                f"{flag(name)}: {flag(chooser)} {said} does not read it; drop it, or give "
+                f"{flag(chooser)} one of {', '.join(sorted(readers))}"
+            )
+        if why := field_problem(name, value):
+            raise ConfigError(f"{flag(name)}: {why}")
+
+
+def load_enqueue(
+    path: Path | None, space: list[Dim], fixed: dict[str, Any] | None = None
+) -> tuple[dict, ...]:
+    """A YAML list of {setting: value} over the space's dimensions, to evaluate first. An
+    entry's conditional setting must be read under the entry's own choice (suggest_all would
+    not draw it): given, or fixed by the sweep."""
     if path is None:
         return ()
     raw = read_yaml(path, "--enqueue")
@@ -83,6 +138,20 @@ def load_enqueue(path: Path | None, space: list[Dim]) -> tuple[dict, ...]:
         for name, value in p.items():
             if why := dims[name].outside(value):
                 raise ConfigError(f"--enqueue: {path.name}: entry {i + 1}: {name}: {why}")
+            cond = CONDITIONAL.get(name)
+            if cond is None:
+                continue
+            chooser, readers = cond
+            if chooser in dims and chooser not in p:
+                raise ConfigError(
+                    f"--enqueue: {path.name}: entry {i + 1}: {name}: read only with {chooser} "
+                    f"{', '.join(sorted(readers))}; give {chooser} in the entry too"
+                )
+            if not applies(name, {**(fixed or {}), **p}):
+                raise ConfigError(
+                    f"--enqueue: {path.name}: entry {i + 1}: {name}: {chooser} "
+                    f"{_value(chooser, {**(fixed or {}), **p})} does not read it"
+                )
         out.append(p)
     return tuple(out)
 

@@ -23,9 +23,8 @@ import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
 from autok.pareto import pareto_front, plot_front
-from autok.space import Dim, suggest_all
+from autok.space import CONDITIONAL, Dim, applies, suggest_all, trial_settings
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
-from controllers import POLICY_OPTIONS
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
 OBJECTIVES = ("pareto", "metric", "time-to-target")
@@ -192,9 +191,10 @@ class StopOnSigint:
 
 
 def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
-    """Why this combination is not a valid run, or None."""
+    """Why this combination is not a valid run, or None (the fixed conditional settings it
+    does not read dropped, as the trial drops them: trial_settings)."""
     try:
-        load_config({}, {**fixed, **params, "out": None})
+        load_config({}, {**trial_settings(fixed, params), "out": None})
     except ConfigError as exc:
         return str(exc)
     return None
@@ -203,18 +203,23 @@ def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
 def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     """Before any trial: each dimension has a value that makes a valid run with the fixed part
     (its ends, or its choices, each with the others unset). One that has none would fail every
-    trial, each on the same error: a ConfigError naming --space and the dimension. A K-policy
-    option is tried with each policy the space draws (suggest_all draws it only for those that
-    read it)."""
-    policies = [{}] + [
-        {"policy": c} for d in space if d.name == "policy" for c in (d.choices or ())
-    ]
+    trial, each on the same error: a ConfigError naming --space and the dimension. A
+    conditional setting (CONDITIONAL: a K-policy option, SGD's momentum) is tried under each
+    value the space draws for its choosing setting that reads it (suggest_all draws it only
+    there); with none, it has no valid value."""
+    dims = {d.name: d for d in space}
     for d in space:
         values = d.choices if d.kind == "categorical" else (d.low, d.high)
         if d.kind == "int":
             values = tuple(int(v) for v in values)
-        contexts = policies if d.name in POLICY_OPTIONS else [{}]
-        whys = [check_settings(fixed, {**c, d.name: v}) for c in contexts for v in values]
+        contexts: list[dict[str, Any]] = [{}]
+        if (cond := CONDITIONAL.get(d.name)) is not None and cond[0] in dims:
+            contexts = [{cond[0]: c} for c in dims[cond[0]].choices or ()]
+        read = [c for c in contexts if applies(d.name, {**fixed, **c})]
+        if not read:  # refused as TrainConfig refuses it: the message names what does not read it
+            why = check_settings({**fixed, **contexts[0], d.name: values[0]}, {}) or ""
+            raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {why}")
+        whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
 
@@ -366,7 +371,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
             return trial.should_prune()
 
         res = run_trial(
-            {**fixed, **params},
+            trial_settings(fixed, params),
             run_dir,
             report,
             opts.target,
@@ -506,8 +511,8 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
     plot_front(plot_rows, front, out / "pareto.png", opts.metric_name)
     best = best_row(opts, rows)
     if best is not None:
-        config = {k: _plain(v) for k, v in fixed.items() if k != "out"}
-        config.update({d.name: best[d.name] for d in space})
+        drawn = {d.name: best[d.name] for d in space if best[d.name] is not None}
+        config = {k: _plain(v) for k, v in trial_settings(fixed, drawn).items() if k != "out"}
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
             f"{best['peak_test_metric']:.4g}, {best['wall_seconds']:.1f} s of training\n"

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from autok.config import ConfigError
-from autok.space import Dim, suggest_all
+from autok.space import Dim, suggest_all, trial_settings
 from autok.sweep import (
     SweepOptions,
     check_settings,
@@ -69,7 +69,7 @@ def _trainable(config: dict[str, Any], fixed: dict[str, Any], out: str, opts: Sw
 
     workdir = opts.workdir if opts.workdir and os.path.isdir(opts.workdir) else None
     res = run_trial(
-        {**fixed, **config},
+        trial_settings(fixed, config),
         run_dir,
         report,
         opts.target,

@@ -98,6 +98,10 @@ READS: dict[str, frozenset[str]] = {
     "random": frozenset({"random_mean", "max_sync_period"}),
 }
 RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
+# A bound on K under every policy: `fixed` does not read it, but its K is checked against it
+# where it is given (a fixed K above 64 has always been given with it raised), so it is never
+# refused as unread.
+CAPS = frozenset({"max_sync_period"})
 # The K-policy options, in PolicyOptions' order (each is also a setting of the same name).
 POLICY_OPTIONS = tuple(f.name for f in fields(PolicyOptions) if f.name not in RUN_OPTIONS)
 
@@ -113,6 +117,7 @@ def build_controller(
 
 
 __all__ = [
+    "CAPS",
     "POLICY_OPTIONS",
     "READS",
     "REGISTRY",

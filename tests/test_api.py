@@ -551,7 +551,7 @@ def _ddp_records_worker(rank, world):
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         syncs.append((autok.Sync(model, opt, strategy="ddp", observers=observers), opt, model))
     timing = {"compute_seconds", "exposed_sync_seconds"}
-    lazy, kept = [], []
+    lazy, kept, fast = [], [], []
     batches = _batches(rank, 70, batch=4)  # past DDP_PARAM_CHECK_EVERY (64): both branches
     losses = [(i % 3 == 0, i % 5 == 0) for i in range(len(batches))]  # no loss; a float
     for (x, y), (none, number) in zip(batches, losses, strict=True):
@@ -562,6 +562,8 @@ def _ddp_records_worker(rank, world):
                 loss.backward()
                 opt.step()
                 s.loss = None if none else loss.item() if number else loss
+        held = syncs[0][0]._lazy_record
+        fast.append(held is not None and isinstance(held[1], list))  # _close_ddp_lazily's
         b = syncs[0][0].last_boundary
         lazy.append({k: v for k, v in asdict(b).items() if k not in timing})
         kept.append({k: v for k, v in asdict(keep.records[-1]).items() if k not in timing})
@@ -589,11 +591,15 @@ def _ddp_records_worker(rank, world):
         refused = str(exc)
     for sync, _, _ in syncs:
         sync.close()
-    return lazy, kept, counts, refused, same
+    return lazy, kept, counts, refused, same, fast
 
 
 def test_ddps_lazy_records_are_the_records_an_observer_gets():
-    for lazy, kept, counts, refused, same in run_dist(_ddp_records_worker, 2):
+    # the fast path: not at the first step (no decision yet) nor at a guard check (boundary
+    # 0, 64), nor with a loss given as a number (the general path sums it)
+    expected = [i not in (0, 64) and (i % 3 == 0 or i % 5 != 0) for i in range(70)]
+    for lazy, kept, counts, refused, same, fast in run_dist(_ddp_records_worker, 2):
+        assert fast == expected
         assert len(lazy) == 70 and lazy == kept  # every field but the two times, losses exact
         assert counts[0] == counts[1]
         assert refused is not None and "written over in place" in refused

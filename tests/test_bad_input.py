@@ -289,9 +289,9 @@ TRAIN = [
         id="drift-limit-unread-by-adacomm",
     ),
     R(
-        ["train", "--strategy", "ddp", "--max-sync-period", "8", "--out", "{out}"],
-        ("--max-sync-period", "--policy fixed"),
-        id="max-k-unread-by-ddp",
+        ["train", "--sync-period", "100", "--max-sync-period", "8", "--out", "{out}"],
+        "--max-sync-period: 8 is below --sync-period 100",
+        id="fixed-k-above-a-given-cap",
     ),
     # SGD's options with AdamW
     R(["train", "--optimizer", "adamw", "--momentum", "0.5", "--out", "{out}"], "--momentum"),
@@ -676,6 +676,31 @@ SWEEP = [
         ]
     ],
     R(SWEEP_SPACE, "--space", id="space-missing"),
+    R(
+        [*SWEEP_SPACE, "--target-sync-share", "0.3"],
+        ("--target-sync-share: --policy fixed does not read it", "composite, exposed-sync"),
+        file("s.yaml", "lr: {type: float, low: 0.05, high: 0.2}\n"),
+        id="sweep-fixed-share-no-trial-reads",
+    ),
+    *[
+        R(
+            [*SWEEP_SPACE, "--enqueue", "{tmp}/e.yaml"],
+            ("--enqueue", "entry 1: target_sync_share", said),
+            both(
+                file(
+                    "s.yaml",
+                    "policy: {type: categorical, choices: [fixed, exposed-sync]}\n"
+                    "target_sync_share: {type: float, low: 0.1, high: 0.4}\n",
+                ),
+                file("e.yaml", entry),
+            ),
+            id=f"enqueue-{name}",
+        )
+        for name, entry, said in [
+            ("share-unread", "[{policy: fixed, target_sync_share: 0.3}]", "does not read it"),
+            ("share-no-policy", "[{target_sync_share: 0.3}]", "give policy in the entry too"),
+        ]
+    ],
     *[
         R(
             [*SWEEP_SPACE, "--enqueue", "{tmp}/e.yaml"],
@@ -1102,6 +1127,7 @@ def test_policy_and_optimizer_options_read_by_the_choice_are_accepted():
         dict(policy="adacomm", sync_window=8),
         dict(policy="random", random_mean=3.0, max_sync_period=8),
         dict(policy="fixed", sync_period=100),  # refused before: --max-sync-period 64 < 100
+        dict(policy="fixed", sync_period=100, max_sync_period=100),  # as before: a cap
         dict(optimizer="adamw"),
     ]
     for settings in ok:

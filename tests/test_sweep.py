@@ -308,36 +308,84 @@ def test_invalid_space_is_refused(tmp_path, space, needle):
     assert "\n" not in line and line.startswith("autok: error: --space:") and needle in line
 
 
-def test_a_policy_option_is_drawn_only_for_the_policies_that_read_it():
+def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
     """A conditional space: with `policy` drawn, `target_sync_share` is drawn in the trials of
-    exposed-sync and composite only, so the fixed trials are runs, not refusals; the space is
-    accepted as it is (check_space tries the option under each drawn policy)."""
+    exposed-sync and composite only (and SGD's momentum in the trials of sgd only), so the
+    others are runs, not refusals; the space is accepted as it is (check_space tries the
+    setting under each drawn choice that reads it)."""
     import optuna
 
-    from autok.space import Dim, suggest_all
+    from autok.space import Dim, check_fixed, suggest_all, trial_settings
     from autok.sweep import check_settings, check_space
 
     space = [
         Dim("target_sync_share", "float", 0.1, 0.4),
+        Dim("momentum", "float", 0.5, 0.95),
         Dim("policy", "categorical", choices=("fixed", "exposed-sync", "composite")),
+        Dim("optimizer", "categorical", choices=("sgd", "adamw")),
     ]
     fixed = {"strategy": "cpdp", "epochs": 2}
     check_space(fixed, space)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for policy in ("fixed", "exposed-sync", "composite", "fixed"):
-        study.enqueue_trial({"policy": policy})
-    for policy in ("fixed", "exposed-sync", "composite", "fixed"):
+    cases = [("fixed", "adamw"), ("exposed-sync", "sgd"), ("composite", "adamw"), ("fixed", "sgd")]
+    for policy, optimizer in cases:
+        study.enqueue_trial({"policy": policy, "optimizer": optimizer})
+    for policy, optimizer in cases:
         trial = study.ask()
         params = suggest_all(space, trial, fixed)
-        assert params["policy"] == policy
+        assert (params["policy"], params["optimizer"]) == (policy, optimizer)
         assert ("target_sync_share" in params) == (policy != "fixed"), params
+        assert ("momentum" in params) == (optimizer == "sgd"), params
         assert check_settings(fixed, params) is None, params
         study.tell(trial, 0.0)
-    # the policy fixed by the sweep rather than drawn: the same rule
+    # the choice fixed by the sweep rather than drawn: the same rule
     trial = study.ask()
     assert "target_sync_share" in suggest_all(space[:1], trial, {"policy": "exposed-sync"})
     with pytest.raises(ConfigError, match="--space: target_sync_share: no value"):
         check_space(fixed, space[:1])  # with no policy drawn, the default `fixed` never reads it
+    # a fixed setting some trials read is dropped from the others; one none reads is refused
+    searched = fixed | {"target_sync_share": 0.3}
+    check_fixed(searched, space)
+    assert "target_sync_share" not in trial_settings(searched, {"policy": "fixed"})
+    assert trial_settings(searched, {"policy": "composite"})["target_sync_share"] == 0.3
+    with pytest.raises(ConfigError, match="--target-sync-share: --policy fixed does not read"):
+        check_fixed(searched, space[:2])
+    with pytest.raises(ConfigError, match="--target-sync-share: input should be less than 1"):
+        check_fixed(fixed | {"target_sync_share": 3.0}, space)  # its bounds, checked by itself
+
+
+@pytest.mark.timeout(900)
+def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path):
+    """End to end: a space over the policy and exposed-sync's share, with a fixed share the
+    `fixed` trials drop. Every trial completes; the fixed trial records no share; best.yaml
+    holds only what its trial read, and validates as an `autok train --config`."""
+    from autok.config import load_config
+
+    space = write(
+        tmp_path / "space.yaml",
+        {
+            "policy": {"type": "categorical", "choices": ["fixed", "exposed-sync"]},
+            "k_growth": {"type": "int", "low": 2, "high": 4},
+        },
+    )
+    enqueue = write(tmp_path / "e.yaml", [{"policy": "fixed"}, {"policy": "exposed-sync"}])
+    out = tmp_path / "sweep"
+    res = autok(
+        "sweep", "--trials", "2", "--space", str(space), "--enqueue", str(enqueue),
+        "--out", str(out), *FIXED, "--target-sync-share", "0.3", timeout=800,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = trials(out)
+    assert [(r["state"], r["policy"]) for r in rows] == [
+        ("COMPLETE", "fixed"),
+        ("COMPLETE", "exposed-sync"),
+    ], rows
+    assert rows[0]["k_growth"] == "" and rows[1]["k_growth"] in ("2", "3", "4")
+    configs = [json.loads((Path(r["run_dir"]) / "config.json").read_text()) for r in rows]
+    assert configs[0]["target_sync_share"] == 0.2 and configs[1]["target_sync_share"] == 0.3
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert None not in best.values(), best
+    load_config({}, {**best, "out": None})  # a run: raises if not
 
 
 # Python leaves SIGINT ignored in a process started with it ignored (a background job of a

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers import POLICY_OPTIONS, PolicyOptions
+from controllers import CAPS, POLICY_OPTIONS, PolicyOptions
 from controllers import READS as POLICY_READS
 from controllers import REGISTRY as POLICIES
 from trainer.fragments import FRAGMENTS_MAX
@@ -226,10 +226,10 @@ class SyncOptions(BaseModel):
                 f"--random-mean: {self.random_mean:g} is above --max-sync-period "
                 f"{self.max_sync_period}"
             )
+        cap_given = self.max_sync_period != type(self).model_fields["max_sync_period"].default
         if (
-            "max_sync_period" in POLICY_READS[self.policy]
-            and self.max_sync_period < self.sync_period
-        ):
+            "max_sync_period" in POLICY_READS[self.policy] or cap_given
+        ) and self.max_sync_period < self.sync_period:
             raise ValueError(
                 f"--max-sync-period: {self.max_sync_period} is below --sync-period "
                 f"{self.sync_period}"
@@ -239,10 +239,11 @@ class SyncOptions(BaseModel):
     def _check_policy_options(self) -> None:
         """A K-policy option the chosen policy does not read is refused, not ignored: a run
         would otherwise report a setting that changed nothing. "Given" is "differs from the
-        default", so a saved config (which carries every default) validates again unchanged."""
+        default", so a saved config (which carries every default) validates again unchanged.
+        A cap (CAPS: --max-sync-period) is checked against K instead."""
         reads = POLICY_READS[self.policy]
         fields = type(self).model_fields
-        for name in (n for n in POLICY_OPTIONS if n not in reads):
+        for name in (n for n in POLICY_OPTIONS if n not in reads and n not in CAPS):
             if getattr(self, name) != fields[name].default:
                 readers = ", ".join(p for p, r in POLICY_READS.items() if name in r)
                 raise ValueError(

@@ -480,6 +480,7 @@ class Sync:
         if (
             self.observers
             or self.last_decision is None
+            or not state.is_boundary  # (never on ddp, whose K is 1)
             or state.last_of_epoch
             or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         ):
