@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from autok.config import ConfigError, TrainConfig, flag, read_yaml
+from autok.config import ConfigError, TrainConfig, flag, load_config, read_yaml
 from autok.resources import default_space
 from controllers import CAPS, POLICY_OPTIONS, READS
 from controllers import REGISTRY as POLICIES
@@ -92,11 +92,24 @@ def trial_settings(fixed: dict[str, Any], params: dict[str, Any]) -> dict[str, A
     return {k: v for k, v in merged.items() if applies(k, merged)}
 
 
+def unread_reason(name: str, fixed: dict[str, Any], chosen: list[Any] | None = None) -> str:
+    """Why setting `name` is read by no trial: the values its choosing setting takes (`chosen`,
+    else the fixed or default one) do not read it."""
+    chooser, readers = CONDITIONAL[name]
+    values = chosen or [_value(chooser, fixed)]
+    return (
+        f"{flag(chooser)} {', '.join(str(v) for v in values)} does not read it; drop it, or "
+        f"give {flag(chooser)} one of {', '.join(sorted(readers))}"
+    )
+
+
 def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
-    """A fixed conditional setting (other than its default) read under none of the values the
-    sweep gives its choosing setting is refused: every trial would drop it. One that some
-    trials read is checked by itself here (its type and bounds), as the trials that drop it
-    cannot check it."""
+    """A fixed conditional setting (other than its default) that no trial would read is
+    refused: every trial would drop it. A choice counts as reading it only if it reads it and
+    makes a valid run with the fixed part (exposed-sync under --strategy ddp does not). One
+    that some trials read is checked by itself here (its type and bounds), as the trials that
+    drop it cannot check it. A choosing value that is itself invalid is left to the fixed
+    part's own check, which names it."""
     dims = {d.name: d for d in space}
     for name, value in fixed.items():
         cond = CONDITIONAL.get(name)
@@ -105,14 +118,26 @@ def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
         chooser, readers = cond
         drawn = dims.get(chooser)
         values = drawn.choices if drawn is not None and drawn.choices else (_value(chooser, fixed),)
-        if not readers.intersection(values):
-            said = ", ".join(str(v) for v in values)
-            raise ConfigError(
-                f"{flag(name)}: {flag(chooser)} {said} does not read it; drop it, or give "
-                f"{flag(chooser)} one of {', '.join(sorted(readers))}"
-            )
+        if any(field_problem(chooser, v) for v in values):
+            continue
         if why := field_problem(name, value):
             raise ConfigError(f"{flag(name)}: {why}")
+        reading = [v for v in values if v in readers]
+        if not reading:
+            raise ConfigError(f"{flag(name)}: {unread_reason(name, fixed, list(values))}")
+        if not any(_runs({**fixed, chooser: v}) for v in reading):
+            raise ConfigError(
+                f"{flag(name)}: read only with {flag(chooser)} {', '.join(map(str, reading))}, "
+                "which makes no valid run with the fixed settings; drop it"
+            )
+
+
+def _runs(settings: dict[str, Any]) -> bool:
+    try:
+        load_config({}, {**trial_settings(settings, {}), "out": None})
+    except ConfigError:
+        return False
+    return True
 
 
 def load_enqueue(
@@ -138,6 +163,7 @@ def load_enqueue(
         for name, value in p.items():
             if why := dims[name].outside(value):
                 raise ConfigError(f"--enqueue: {path.name}: entry {i + 1}: {name}: {why}")
+        for name in p:  # every value is one of its dimension's: the choices are known ones
             cond = CONDITIONAL.get(name)
             if cond is None:
                 continue

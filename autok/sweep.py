@@ -23,7 +23,7 @@ import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
 from autok.pareto import pareto_front, plot_front
-from autok.space import CONDITIONAL, Dim, applies, suggest_all, trial_settings
+from autok.space import CONDITIONAL, Dim, applies, suggest_all, trial_settings, unread_reason
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
@@ -216,8 +216,8 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
         if (cond := CONDITIONAL.get(d.name)) is not None and cond[0] in dims:
             contexts = [{cond[0]: c} for c in dims[cond[0]].choices or ()]
         read = [c for c in contexts if applies(d.name, {**fixed, **c})]
-        if not read:  # refused as TrainConfig refuses it: the message names what does not read it
-            why = check_settings({**fixed, **contexts[0], d.name: values[0]}, {}) or ""
+        if not read:
+            why = unread_reason(d.name, fixed, [c.get(cond[0]) for c in contexts if c])
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {why}")
         whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
@@ -511,7 +511,12 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
     plot_front(plot_rows, front, out / "pareto.png", opts.metric_name)
     best = best_row(opts, rows)
     if best is not None:
-        drawn = {d.name: best[d.name] for d in space if best[d.name] is not None}
+        # a conditional setting its trial did not read was not drawn (None): left out
+        drawn = {
+            d.name: best[d.name]
+            for d in space
+            if best[d.name] is not None or d.name not in CONDITIONAL
+        }
         config = {k: _plain(v) for k, v in trial_settings(fixed, drawn).items() if k != "out"}
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
@@ -532,8 +537,8 @@ def table(
     for r in done[:limit] + [r for r in rows if r["state"] != COMPLETE][:limit]:
         cells = [str(r["number"]), r["state"]]
         for d in space:
-            v = r[d.name]
-            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+            v = r[d.name]  # None: not drawn (a setting the trial does not read) or null
+            cells.append(f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v))
         value, wall, total = r["peak_test_metric"], r["wall_seconds"], r.get("total_seconds")
         cells += [f"{value:.4g}" if value is not None else "-", f"{wall:.1f}" if wall else "-"]
         cells.append(f"{total:.1f}" if total else "-")

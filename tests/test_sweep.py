@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -341,8 +342,10 @@ def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
     # the choice fixed by the sweep rather than drawn: the same rule
     trial = study.ask()
     assert "target_sync_share" in suggest_all(space[:1], trial, {"policy": "exposed-sync"})
-    with pytest.raises(ConfigError, match="--space: target_sync_share: no value"):
+    with pytest.raises(ConfigError, match="makes a valid run: --policy fixed does not read it"):
         check_space(fixed, space[:1])  # with no policy drawn, the default `fixed` never reads it
+    with pytest.raises(ConfigError, match="makes a valid run: --optimizer adamw does not read it"):
+        check_space(fixed | {"optimizer": "adamw"}, space[1:2])
     # a fixed setting some trials read is dropped from the others; one none reads is refused
     searched = fixed | {"target_sync_share": 0.3}
     check_fixed(searched, space)
@@ -350,6 +353,8 @@ def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
     assert trial_settings(searched, {"policy": "composite"})["target_sync_share"] == 0.3
     with pytest.raises(ConfigError, match="--target-sync-share: --policy fixed does not read"):
         check_fixed(searched, space[:2])
+    with pytest.raises(ConfigError, match="read only with --policy exposed-sync, composite, wh"):
+        check_fixed(searched | {"strategy": "ddp"}, space)  # no reader of it runs under ddp
     with pytest.raises(ConfigError, match="--target-sync-share: input should be less than 1"):
         check_fixed(fixed | {"target_sync_share": 3.0}, space)  # its bounds, checked by itself
 
@@ -383,8 +388,11 @@ def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path)
     assert rows[0]["k_growth"] == "" and rows[1]["k_growth"] in ("2", "3", "4")
     configs = [json.loads((Path(r["run_dir"]) / "config.json").read_text()) for r in rows]
     assert configs[0]["target_sync_share"] == 0.2 and configs[1]["target_sync_share"] == 0.3
-    best = yaml.safe_load((out / "best.yaml").read_text())
-    assert None not in best.values(), best
+    text = (out / "best.yaml").read_text()
+    best = yaml.safe_load(text)
+    ran = configs[int(re.search(r"# best trial (\d+) ", text).group(1))]
+    assert best == {k: ran[k] for k in best} and {"policy", "workers"} <= set(best), best
+    assert ("k_growth" in best) == (best["policy"] == "exposed-sync"), best
     load_config({}, {**best, "out": None})  # a run: raises if not
 
 
