@@ -125,19 +125,21 @@ def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
         reading = [v for v in values if v in readers]
         if not reading:
             raise ConfigError(f"{flag(name)}: {unread_reason(name, fixed, list(values))}")
-        if not any(_runs({**fixed, chooser: v}) for v in reading):
+        if all(check_settings({**fixed, chooser: v}, {}) for v in reading):
             raise ConfigError(
                 f"{flag(name)}: read only with {flag(chooser)} {', '.join(map(str, reading))}, "
                 "which makes no valid run with the fixed settings; drop it"
             )
 
 
-def _runs(settings: dict[str, Any]) -> bool:
+def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
+    """Why this combination is not a valid run, or None (the fixed conditional settings it
+    does not read dropped, as the trial drops them: trial_settings)."""
     try:
-        load_config({}, {**trial_settings(settings, {}), "out": None})
-    except ConfigError:
-        return False
-    return True
+        load_config({}, {**trial_settings(fixed, params), "out": None})
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def load_enqueue(
@@ -173,10 +175,10 @@ def load_enqueue(
                     f"--enqueue: {path.name}: entry {i + 1}: {name}: read only with {chooser} "
                     f"{', '.join(sorted(readers))}; give {chooser} in the entry too"
                 )
-            if not applies(name, {**(fixed or {}), **p}):
+            if not applies(name, settings := {**(fixed or {}), **p}):
                 raise ConfigError(
                     f"--enqueue: {path.name}: entry {i + 1}: {name}: {chooser} "
-                    f"{_value(chooser, {**(fixed or {}), **p})} does not read it"
+                    f"{_value(chooser, settings)} does not read it"
                 )
         out.append(p)
     return tuple(out)

@@ -21,9 +21,17 @@ from urllib.parse import unquote
 
 import yaml
 
-from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
+from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag
 from autok.pareto import pareto_front, plot_front
-from autok.space import CONDITIONAL, Dim, applies, suggest_all, trial_settings, unread_reason
+from autok.space import (
+    CONDITIONAL,
+    Dim,
+    applies,
+    check_settings,
+    suggest_all,
+    trial_settings,
+    unread_reason,
+)
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
@@ -188,16 +196,6 @@ class StopOnSigint:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
             self._old = None
-
-
-def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:
-    """Why this combination is not a valid run, or None (the fixed conditional settings it
-    does not read dropped, as the trial drops them: trial_settings)."""
-    try:
-        load_config({}, {**trial_settings(fixed, params), "out": None})
-    except ConfigError as exc:
-        return str(exc)
-    return None
 
 
 def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:

@@ -19,10 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from autok.config import ConfigError
-from autok.space import Dim, suggest_all, trial_settings
+from autok.space import Dim, check_settings, suggest_all, trial_settings
 from autok.sweep import (
     SweepOptions,
-    check_settings,
     directions,
     first_line,
     objective_values,

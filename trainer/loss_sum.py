@@ -34,9 +34,8 @@ class LossSum:
                 self.number += float(loss)  # type: ignore[arg-type]
             return
         if loss.is_cpu:
-            if loss.dim() == 0 and loss._base is None:
-                t = loss.detach()
-                self.held.append((t, t._version))
+            if (pair := held_pair(loss)) is not None:
+                self.held.append(pair)
                 if len(self.held) >= LOSSES_HELD:
                     self.number += self._read_held()
             else:
@@ -53,10 +52,15 @@ class LossSum:
         else:
             acc.add_(t)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing added since the sum started (or was taken)."""
+        return not self.held and not self.number and self.device_sum is None
+
     def _read_held(self) -> float:
         """The held scalars' sum, read now; they are dropped."""
         held, self.held = self.held, []
-        return _read(held)
+        return read_held(held)
 
     def _not_held(self) -> float:
         """What is summed already: the numbers and the device sum (read: a host sync)."""
@@ -66,7 +70,7 @@ class LossSum:
 
     def total(self) -> float:
         """The sum so far, left in place."""
-        return self._not_held() + _read(self.held)
+        return self._not_held() + read_held(self.held)
 
     def state_dict(self) -> dict:
         """The sum so far as plain numbers: what has been read, and each held value, so that a
@@ -98,13 +102,17 @@ def _check(held: list[tuple[torch.Tensor, int]]) -> None:
             )
 
 
+def held_pair(loss: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """How LossSum holds `loss` unread: a CPU scalar that is no view, detached, with its
+    version; None for any other tensor (summed at once)."""
+    if loss.is_cpu and loss.dim() == 0 and loss._base is None:
+        t = loss.detach()
+        return t, t._version
+    return None
+
+
 def read_held(held: list[tuple[torch.Tensor, int]]) -> float:
-    """The sum of (tensor, version) pairs held as LossSum holds CPU scalars, read now; refused
-    if one was written over since (Sync's lazy ddp record holds its step's loss so)."""
-    return _read(held)
-
-
-def _read(held: list[tuple[torch.Tensor, int]]) -> float:
+    """The sum of held (tensor, version) pairs, read now; refused if one was written over."""
     _check(held)
     if len(held) <= 1:
         return held[0][0].item() if held else 0.0

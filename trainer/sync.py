@@ -41,7 +41,7 @@ from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finit
 from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
-from trainer.loss_sum import LossSum, read_held
+from trainer.loss_sum import LossSum, held_pair, read_held
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
@@ -433,26 +433,16 @@ class Sync:
         reads the record now, its loss is read only if the record is (`last_boundary`)."""
         if self.observers:
             self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        record = [  # BoundaryStats' fields, in order
-            self.boundary,
-            self.global_step,
-            self.epoch,
+        record = self._ddp_record(
             k,
             interval.steps,
             interval.compute_seconds,
             interval.exposed_sync_seconds,
-            0.0,  # drift
-            0.0,  # update
-            0.0,  # drift ratio
-            0.0,  # the train loss, below
             interval.grad_bytes,
             lr,
-            self.warmup,
-            interval.samples * self.world_size,  # DistributedSampler: equal samples per rank
+            interval.samples,
             interval.grad_syncs,
-            0,  # parameter syncs
-            self.link_name,
-        ]
+        )
         judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         if judge or self.observers or self.last_decision is None:
             record[LOSS_FIELD] = self._loss.take() / interval.steps
@@ -460,13 +450,51 @@ class Sync:
             finite = not judge or params_finite(self._params)
             self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
             return
-        # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
-        # `fixed` (the options allow no other), so its decision stands. The record is kept as
-        # its values and built if `last_boundary` is read.
-        self._lazy_record = (record, self._loss, interval.steps)
-        self._loss = LossSum()
+        loss, self._loss = self._loss, LossSum()
         seconds = interval.compute_seconds + interval.exposed_sync_seconds
-        self._count_k_path(k, seconds, interval.steps)
+        self._keep_ddp_record(record, loss, k, seconds, interval.steps)
+
+    def _ddp_record(
+        self,
+        k: int,
+        steps: int,
+        compute: float,
+        exposed: float,
+        grad_bytes: int,
+        lr: float,
+        samples: int,
+        grad_syncs: int,
+    ) -> list:
+        """A ddp boundary's BoundaryStats fields, in order; its train loss (0.0 here) is filled
+        in where the record is built."""
+        return [
+            self.boundary,
+            self.global_step,
+            self.epoch,
+            k,
+            steps,
+            compute,
+            exposed,
+            0.0,  # drift
+            0.0,  # update
+            0.0,  # drift ratio
+            0.0,  # the train loss
+            grad_bytes,
+            lr,
+            self.warmup,
+            samples * self.world_size,  # DistributedSampler: equal samples per rank
+            grad_syncs,
+            0,  # parameter syncs
+            self.link_name,
+        ]
+
+    def _keep_ddp_record(self, record: list, loss: Any, k: int, seconds: float, steps: int) -> None:
+        """Nobody reads this record now and the guard has nothing to judge; ddp's controller is
+        `fixed` (the options allow no other), so its decision stands. The record is kept as its
+        values, with its loss unread (a LossSum, or held pairs), and built if `last_boundary`
+        is read."""
+        self._lazy_record = (record, loss, steps)
+        self._count_k_path(k, seconds, steps)
         self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
@@ -487,14 +515,11 @@ class Sync:
             return False
         if loss is None:
             held = []
-        elif isinstance(loss, torch.Tensor) and loss.is_cpu and loss.dim() == 0:
-            if loss._base is not None:
-                return False
-            t = loss.detach()
-            held = [(t, t._version)]
+        elif isinstance(loss, torch.Tensor) and (pair := held_pair(loss)) is not None:
+            held = [pair]
         else:
             return False
-        if self._loss.held or self._loss.number or self._loss.device_sum is not None:
+        if not self._loss.empty:
             return False  # a restored state's interval loss: the general path sums it
         forward, backward, optimizer, wait, _, grad_synced = self._last_step
         gs = self.grad_state
@@ -502,31 +527,18 @@ class Sync:
         exposed = interval.exposed_sync_seconds + wait
         steps = interval.steps + 1
         k = self.k_in_force
-        record = [  # BoundaryStats' fields, in order, as _ddp_boundary writes them
-            self.boundary,
-            self.global_step,
-            self.epoch,
+        record = self._ddp_record(
             k,
             steps,
             compute,
             exposed,
-            0.0,
-            0.0,
-            0.0,
-            0.0,  # the train loss: read if the record is
             interval.grad_bytes + gs.nbytes,
             state.lr,
-            self.warmup,
-            interval.samples * self.world_size,
+            interval.samples,
             interval.grad_syncs + grad_synced,
-            0,
-            self.link_name,
-        ]
-        self._lazy_record = (record, held, steps)
+        )
         self.collectives += gs.buckets
-        self._count_k_path(k, compute + exposed, steps)
-        self.sync_period = self.last_decision.next_sync_period
-        self.boundary += 1
+        self._keep_ddp_record(record, held, k, compute + exposed, steps)
         self._interval = Interval()
         self.global_step += 1
         return True
