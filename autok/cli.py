@@ -430,6 +430,16 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--resume: {why}; move the file away to resume without it")
     saved.pop("link_profile", None)
     saved.pop("stop_after_epochs", None)  # a one-shot instruction, not a property of the run
+    from autok.space import never_read
+
+    # a run saved before autok refused an option it never read resumes as it ran
+    for name, (value, why) in never_read(saved).items():
+        saved[name] = TrainConfig.model_fields[name].default
+        print(
+            f"autok: note: --resume: {run} has {flag(name)} {value}, which it never read "
+            f"({why}); resuming without it",
+            file=sys.stderr,
+        )
     given = given_values(ns)
     if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume"}):
         raise ConfigError(

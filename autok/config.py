@@ -173,6 +173,11 @@ class TrainConfig(SyncSettings):
                         f"{flag(name)}: is SGD's; AdamW keeps its own moments (betas 0.9, "
                         "0.999); drop it or use --optimizer sgd"
                     )
+        elif self.nesterov and self.momentum == 0.0:  # torch's SGD refuses it; it was dropped
+            raise ValueError(
+                "--nesterov: looks ahead along the momentum, and --momentum is 0; "
+                "give --momentum > 0 or drop --nesterov"
+            )
         if self.boundary == "fused" and not self.fused_is_exact:
             raise ValueError(
                 "--boundary: fused is exact only for cpdp with --optimizer sgd "

@@ -69,7 +69,33 @@ def _value(name: str, settings: dict[str, Any]) -> Any:
 def applies(name: str, settings: dict[str, Any]) -> bool:
     """Whether a run with `settings` reads setting `name` (always, unless CONDITIONAL)."""
     cond = CONDITIONAL.get(name)
-    return cond is None or _value(cond[0], settings) in cond[1]
+    if cond is None:
+        return True
+    try:
+        return _value(cond[0], settings) in cond[1]
+    except TypeError:  # an unhashable choice (a list from --config): TrainConfig names it
+        return True
+
+
+def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """The settings a run with `settings` accepts no more because it never read them, which
+    autok accepted before it refused them (a K-policy option its policy does not read, SGD's
+    momentum under AdamW, --nesterov with --momentum 0, which SGD was built without): name ->
+    (the value given, why it was never read). A resumed run or study drops them, with a note,
+    and runs as it ran."""
+    out: dict[str, tuple[Any, str]] = {}
+    fields = TrainConfig.model_fields
+    for name, (chooser, _) in CONDITIONAL.items():
+        value = settings.get(name, fields[name].default)
+        if value != fields[name].default and not applies(name, settings):
+            out[name] = (value, f"{flag(chooser)} {_value(chooser, settings)} does not read it")
+    if (
+        "nesterov" not in out
+        and settings.get("nesterov") is True
+        and (_value("momentum", settings) == 0.0)
+    ):
+        out["nesterov"] = (True, "--momentum is 0")
+    return out
 
 
 def suggest_all(space: list[Dim], trial, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +151,15 @@ def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
         reading = [v for v in values if v in readers]
         if not reading:
             raise ConfigError(f"{flag(name)}: {unread_reason(name, fixed, list(values))}")
-        if all(check_settings({**fixed, chooser: v}, {}) for v in reading):
+        # a reading choice with the other searched settings at their defaults, or with one of
+        # them at an end (or a choice) of its range: what some trial would run
+        others = [{}] + [
+            {d.name: v}
+            for d in space
+            if d.name not in (chooser, name)
+            for v in (d.choices or tuple(int(b) if d.kind == "int" else b for b in (d.low, d.high)))
+        ]
+        if all(check_settings({**fixed, chooser: v}, o) for v in reading for o in others):
             raise ConfigError(
                 f"{flag(name)}: read only with {flag(chooser)} {', '.join(map(str, reading))}, "
                 "which makes no valid run with the fixed settings; drop it"
@@ -170,7 +204,12 @@ def load_enqueue(
             if cond is None:
                 continue
             chooser, readers = cond
-            if chooser in dims and chooser not in p:
+            if chooser in dims and chooser not in p:  # drawn: read under every choice?
+                if all(
+                    applies(name, {**(fixed or {}), **p, chooser: c})
+                    for c in dims[chooser].choices or ()
+                ):
+                    continue
                 raise ConfigError(
                     f"--enqueue: {path.name}: entry {i + 1}: {name}: read only with {chooser} "
                     f"{', '.join(sorted(readers))}; give {chooser} in the entry too"

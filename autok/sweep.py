@@ -28,6 +28,7 @@ from autok.space import (
     Dim,
     applies,
     check_settings,
+    never_read,
     suggest_all,
     trial_settings,
     unread_reason,
@@ -198,6 +199,22 @@ class StopOnSigint:
             self._old = None
 
 
+def _read(was_fixed: dict[str, Any], space: list[Dim]) -> dict[str, Any]:
+    """A resumed study's fixed part less what no trial read (never_read, under every choice the
+    space draws): a study made before autok refused such a setting resumes without it, as its
+    trials ran, and the refusal now asks to drop it."""
+    choosers = {d.name: d.choices for d in space if d.choices}
+    out = dict(was_fixed)
+    for name in never_read(was_fixed):
+        chooser = CONDITIONAL[name][0] if name in CONDITIONAL else None
+        if chooser in choosers and any(
+            applies(name, {**was_fixed, chooser: c}) for c in choosers[chooser]
+        ):
+            continue  # some trials read it
+        out.pop(name)
+    return out
+
+
 def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     """Before any trial: each dimension has a value that makes a valid run with the fixed part
     (its ends, or its choices, each with the others unset). One that has none would fail every
@@ -340,7 +357,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     if not opts.resume:
         study.set_user_attr("fixed", given)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict) and (
-        k := first_difference(was_fixed, given, SWEEP_RESUME_MAY_CHANGE)
+        k := first_difference(_read(was_fixed, space), given, SWEEP_RESUME_MAY_CHANGE)
     ):
         raise ConfigError(
             f"--resume: the study {opts.study_name!r} was made with {_setting(k, was_fixed)}"

@@ -296,6 +296,16 @@ TRAIN = [
     # SGD's options with AdamW
     R(["train", "--optimizer", "adamw", "--momentum", "0.5", "--out", "{out}"], "--momentum"),
     R(["train", "--optimizer", "adamw", "--nesterov", "--out", "{out}"], "--nesterov"),
+    R(
+        ["train", "--policy", "qsr", "--qsr-base", "100", "--out", "{out}"],
+        "--qsr-base: 100 is above --max-sync-period 64",
+        id="qsr-base-above-the-cap",
+    ),
+    R(
+        ["train", "--nesterov", "--momentum", "0", "--out", "{out}"],
+        "--nesterov: looks ahead along the momentum, and --momentum is 0",
+        id="nesterov-without-momentum",
+    ),
     R(["train", "--collective-timeout", "1e-9", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--collective-timeout", "1e308", "--out", "{out}"], "--collective-timeout"),
     R(["train", "--weight-decay", "1e308", "--out", "{out}"], "--weight-decay"),
@@ -507,6 +517,15 @@ TRAIN = [
 SWEEP_SPACE = ["sweep", *TINY, "--space", "{tmp}/s.yaml", "--out", "{out}"]
 SWEEP = [
     R(["sweep", "--trials", "0", "--out", "{out}"], "--trials"),
+    R(  # a choosing setting that is not a name: the conditional space leaves it to TrainConfig
+        ["sweep", "--config", "{tmp}/c.yaml", "--space", "{tmp}/s.yaml", "--out", "{out}"],
+        "--policy: input should be a valid string",
+        both(
+            file("c.yaml", "policy: [fixed]\ntarget_sync_share: 0.3\n"),
+            file("s.yaml", "lr: {type: float, low: 0.01, high: 0.1}\n"),
+        ),
+        id="sweep-policy-a-list",
+    ),
     R(["sweep", "--trials", str(10**8), "--out", "{out}"], "--trials"),
     R(["sweep", "--jobs", "0", "--out", "{out}"], "--jobs"),
     R(["sweep", "--jobs", "10000", "--out", "{out}"], "--jobs"),
@@ -1129,6 +1148,8 @@ def test_policy_and_optimizer_options_read_by_the_choice_are_accepted():
         dict(policy="fixed", sync_period=100),  # refused before: --max-sync-period 64 < 100
         dict(policy="fixed", sync_period=100, max_sync_period=100),  # as before: a cap
         dict(optimizer="adamw"),
+        dict(nesterov=True),  # with the default momentum 0.9
+        dict(momentum=0.0),
     ]
     for settings in ok:
         cfg = TrainConfig(**settings)

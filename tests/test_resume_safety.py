@@ -149,6 +149,28 @@ def test_a_resume_with_an_unwritable_tensorboard_is_refused_before_anything_is_w
     assert tree(run) == before  # config.json not rewritten, no row rewound
 
 
+def test_a_run_saved_with_an_option_it_never_read_resumes_without_it(stopped_run, tmp_path):
+    """A run saved before autok refused options it never read (here --target-sync-share under
+    --policy fixed) resumes as it ran, saying what
+    it drops; its config.json then holds what the run reads."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["policy"] == "fixed" and config["optimizer"] == "sgd"
+    config["target_sync_share"] = 0.3
+    (run / "config.json").write_text(json.dumps(config))
+    res = autok("train", "--resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (
+        f"autok: note: --resume: {run} has --target-sync-share 0.3, which it never read "
+        "(--policy fixed does not read it); resuming without it\n"
+    ) in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    resumed = json.loads((run / "config.json").read_text())
+    assert resumed["target_sync_share"] == 0.2  # its default
+    assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4  # epochs 2 and 3 too
+
+
 def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)

@@ -359,6 +359,46 @@ def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
         check_fixed(fixed | {"target_sync_share": 3.0}, space)  # its bounds, checked by itself
 
 
+def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_read_it(tmp_path):
+    """check_fixed accepts a fixed setting whose readers are valid only with another searched
+    setting off its default (K 100 needs a cap above 64: the space draws one); load_enqueue
+    takes an entry without the choosing setting when every choice reads it; a choosing value
+    that is not a name (a list from --config) is left to TrainConfig, which names it."""
+    from autok.space import Dim, applies, check_fixed, load_enqueue
+
+    space = [
+        Dim("policy", "categorical", choices=("fixed", "exposed-sync")),
+        Dim("max_sync_period", "int", 128, 256),
+    ]
+    fixed = {"sync_period": 100, "target_sync_share": 0.3}
+    check_fixed(fixed, space)
+    with pytest.raises(ConfigError, match="makes no valid run with the fixed settings"):
+        check_fixed(fixed, space[:1])  # no trial's cap is above 64: none runs
+    readers = [Dim("policy", "categorical", choices=("exposed-sync", "composite"))]
+    readers.append(Dim("target_sync_share", "float", 0.1, 0.4))
+    path = write(tmp_path / "enqueue.yaml", [{"target_sync_share": 0.3}])
+    assert load_enqueue(path, readers, {}) == ({"target_sync_share": 0.3},)
+    with pytest.raises(ConfigError, match="give policy in the entry too"):
+        load_enqueue(
+            path, [Dim("policy", "categorical", choices=("fixed", "composite"))] + readers[1:], {}
+        )
+    assert applies("target_sync_share", {"policy": ["fixed"]})
+
+
+def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
+    """A study stored before autok refused a fixed setting no trial reads (the refusal now asks
+    to drop it) compares as if made without it; one that some trials read stays."""
+    from autok.space import Dim
+    from autok.sweep import _read
+
+    was = {"epochs": 2, "target_sync_share": 0.3}
+    assert _read(was, [Dim("lr", "float", 0.01, 0.1)]) == {"epochs": 2}
+    policies = [Dim("policy", "categorical", choices=("fixed", "exposed-sync"))]
+    assert _read(was, policies) == was
+    assert _read({"optimizer": "adamw", "momentum": 0.5}, []) == {"optimizer": "adamw"}
+    assert _read({"nesterov": True, "momentum": 0.0}, []) == {"momentum": 0.0}
+
+
 @pytest.mark.timeout(900)
 def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path):
     """End to end: a space over the policy and exposed-sync's share, with a fixed share the

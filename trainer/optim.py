@@ -17,7 +17,7 @@ def build_optimizer(
             lr=lr,
             momentum=momentum,
             weight_decay=weight_decay,
-            nesterov=nesterov and momentum > 0,
+            nesterov=nesterov,  # with momentum 0, refused by TrainConfig (and torch)
         )
     if name == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)

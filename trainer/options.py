@@ -226,6 +226,11 @@ class SyncOptions(BaseModel):
                 f"--random-mean: {self.random_mean:g} is above --max-sync-period "
                 f"{self.max_sync_period}"
             )
+        if self.qsr_base is not None and self.qsr_base > self.max_sync_period:
+            # QSR's K never goes below its base, so a base above the cap would run past it
+            raise ValueError(
+                f"--qsr-base: {self.qsr_base} is above --max-sync-period {self.max_sync_period}"
+            )
         cap_given = self.max_sync_period != type(self).model_fields["max_sync_period"].default
         if (
             "max_sync_period" in POLICY_READS[self.policy] or cap_given
