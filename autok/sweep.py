@@ -208,7 +208,7 @@ def _read(was_fixed: dict[str, Any], space: list[Dim]) -> dict[str, Any]:
     for name in never_read(was_fixed):
         chooser = CONDITIONAL[name][0] if name in CONDITIONAL else None
         if chooser in choosers and any(
-            applies(name, {**was_fixed, chooser: c}) for c in choosers[chooser]
+            name not in never_read({**was_fixed, chooser: c}) for c in choosers[chooser]
         ):
             continue  # some trials read it
         out.pop(name)

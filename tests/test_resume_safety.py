@@ -171,6 +171,29 @@ def test_a_run_saved_with_an_option_it_never_read_resumes_without_it(stopped_run
     assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4  # epochs 2 and 3 too
 
 
+def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
+    """resume_as_ran on configs saved before the refusals: each validates afterwards, with one
+    note per change, and a config that needs none is left as it was."""
+    from autok.cli import resume_as_ran
+    from autok.config import TrainConfig
+
+    fresh = TrainConfig().model_dump(mode="json")
+    cases = [
+        ({"policy": "fixed", "target_sync_share": 0.3}, {"target_sync_share": 0.2}),
+        ({"optimizer": "adamw", "momentum": 0.5}, {"momentum": 0.9}),
+        ({"nesterov": True, "momentum": 0.0}, {"nesterov": False}),
+        ({"policy": "qsr", "qsr_base": 100, "max_sync_period": 64}, {"max_sync_period": 100}),
+    ]
+    for old, changed in cases:
+        saved = fresh | old
+        notes = resume_as_ran(saved)
+        assert len(notes) == 1 and ("without it" in notes[0] or "cap at" in notes[0]), notes
+        assert saved == fresh | old | changed, old
+        TrainConfig.model_validate(saved)
+    saved = dict(fresh)
+    assert resume_as_ran(saved) == [] and saved == fresh
+
+
 def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)

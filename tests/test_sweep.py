@@ -397,6 +397,10 @@ def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
     assert _read(was, policies) == was
     assert _read({"optimizer": "adamw", "momentum": 0.5}, []) == {"optimizer": "adamw"}
     assert _read({"nesterov": True, "momentum": 0.0}, []) == {"momentum": 0.0}
+    optimizers = [Dim("optimizer", "categorical", choices=("sgd", "adamw"))]
+    no_look_ahead = {"nesterov": True, "momentum": 0.0}  # read by no choice: sgd refuses it
+    assert _read(no_look_ahead, optimizers) == {"momentum": 0.0}
+    assert _read({"nesterov": True}, optimizers) == {"nesterov": True}  # sgd's trials read it
 
 
 @pytest.mark.timeout(900)
