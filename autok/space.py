@@ -151,19 +151,23 @@ def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
         reading = [v for v in values if v in readers]
         if not reading:
             raise ConfigError(f"{flag(name)}: {unread_reason(name, fixed, list(values))}")
-        # a reading choice with the other searched settings at their defaults, or with one of
-        # them at an end (or a choice) of its range: what some trial would run
-        others = [{}] + [
-            {d.name: v}
-            for d in space
-            if d.name not in (chooser, name)
-            for v in (d.choices or tuple(int(b) if d.kind == "int" else b for b in (d.low, d.high)))
-        ]
+        others = one_off(space, (chooser, name))
         if all(check_settings({**fixed, chooser: v}, o) for v in reading for o in others):
             raise ConfigError(
                 f"{flag(name)}: read only with {flag(chooser)} {', '.join(map(str, reading))}, "
                 "which makes no valid run with the fixed settings; drop it"
             )
+
+
+def one_off(space: list[Dim], skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Draws near what some trial runs, to try a setting against: every searched setting at
+    its default, or one of them (outside `skip`) at an end of its range or at a choice."""
+    return [{}] + [
+        {d.name: v}
+        for d in space
+        if d.name not in skip
+        for v in (d.choices or tuple(int(b) if d.kind == "int" else b for b in (d.low, d.high)))
+    ]
 
 
 def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:

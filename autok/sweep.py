@@ -29,6 +29,7 @@ from autok.space import (
     applies,
     check_settings,
     never_read,
+    one_off,
     suggest_all,
     trial_settings,
     unread_reason,
@@ -221,7 +222,9 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     trial, each on the same error: a ConfigError naming --space and the dimension. A
     conditional setting (CONDITIONAL: a K-policy option, SGD's momentum) is tried under each
     value the space draws for its choosing setting that reads it (suggest_all draws it only
-    there); with none, it has no valid value."""
+    there); with none, it has no valid value. A categorical choice that makes no valid run
+    (with the others at their defaults, or one of them at an end or a choice: `one_off`) is
+    refused too: every trial that draws it would fail."""
     dims = {d.name: d for d in space}
     for d in space:
         values = d.choices if d.kind == "categorical" else (d.low, d.high)
@@ -237,6 +240,17 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
         whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
+        if d.kind != "categorical":
+            continue
+        # a choice that makes no valid run, with the other searched settings at their defaults
+        # or one at an end of its range (or a choice), would fail each trial that draws it
+        others = one_off(space, (d.name,))
+        for v in values:
+            if all(check_settings(fixed, {**o, **c, d.name: v}) for c in read for o in others):
+                why = check_settings(fixed, {**read[0], d.name: v})
+                raise ConfigError(
+                    f"--space: {d.name}: choice {v!r:.40} makes no valid run: {why}; drop it"
+                )
 
 
 def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:

@@ -251,9 +251,11 @@ class SyncOptions(BaseModel):
         for name in (n for n in POLICY_OPTIONS if n not in reads and n not in CAPS):
             if getattr(self, name) != fields[name].default:
                 readers = ", ".join(p for p, r in POLICY_READS.items() if name in r)
+                # ddp keeps K = 1 under the fixed policy: a reader needs another strategy too
+                strategy = " with --strategy localsgd or cpdp" if self.strategy == "ddp" else ""
                 raise ValueError(
                     f"{flag(name)}: --policy {self.policy} does not read it; drop it, or use a "
-                    f"policy that does ({readers})"
+                    f"policy that does ({readers}){strategy}"
                 )
 
     def _check_fragments(self) -> None:
