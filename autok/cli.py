@@ -430,8 +430,9 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--resume: {why}; move the file away to resume without it")
     saved.pop("link_profile", None)
     saved.pop("stop_after_epochs", None)  # a one-shot instruction, not a property of the run
-    for note in resume_as_ran(saved):
-        print(f"autok: note: --resume: {run} has {note}", file=sys.stderr)
+    from autok.space import as_ran
+
+    saved, notes = as_ran(saved)
     given = given_values(ns)
     if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume"}):
         raise ConfigError(
@@ -441,28 +442,10 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     saved.update(given)
     saved["out"] = str(run)
     saved.pop("resume", None)
-    return load_config({}, saved)
-
-
-def resume_as_ran(saved: dict[str, Any]) -> list[str]:
-    """A run saved before autok refused what it never applied is changed, in place, to run as
-    it ran; one note for each change. Refusing it would strand the run: those settings cannot
-    change on a resume. An option it never read is dropped (autok.space.never_read); a
-    --qsr-base above --max-sync-period, whose K ran past the cap, raises the cap to it."""
-    from autok.space import never_read
-
-    notes = []
-    for name, (value, why) in never_read(saved).items():
-        saved[name] = TrainConfig.model_fields[name].default
-        notes.append(f"{flag(name)} {value}, which it never read ({why}); resuming without it")
-    base, cap = saved.get("qsr_base"), saved.get("max_sync_period")
-    if isinstance(base, int) and isinstance(cap, int) and base > cap:
-        saved["max_sync_period"] = base  # K = max(base, min(cap, ·)) was the base throughout
-        notes.append(
-            f"--qsr-base {base} above --max-sync-period {cap}, which K ran past; resuming "
-            f"with the cap at {base}"
-        )
-    return notes
+    cfg = load_config({}, saved)
+    for note in notes:  # what a run saved before autok refused them never applied
+        print(f"autok: note: --resume: {run} has {note}", file=sys.stderr)
+    return cfg
 
 
 def given_values(ns: argparse.Namespace) -> dict[str, Any]:

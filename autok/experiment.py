@@ -38,6 +38,7 @@ from autok.config import (
 )
 from autok.procs import start_logged
 from autok.resources import experiments_dir
+from autok.space import as_ran
 
 MAX_RUNS = 10_000  # an experiment's runs (runs x vary x seeds), as --trials caps a sweep
 
@@ -338,6 +339,8 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
             # skipped or resumed: nothing is cleared; but a run made with other settings would
             # stand in the report for this one
             was = _recorded(run_dir)
+            if was is not None:  # saved before autok refused what it never applied
+                was = as_ran(was)[0]
             # a mean K taken from another run is set when the run starts: not compared
             skip = {"random_mean"} if run.mean_k_of else set()
             if was is not None and (key := first_difference(was, run.settings, skip)):

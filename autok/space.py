@@ -98,6 +98,38 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     return out
 
 
+def as_ran(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Settings saved before autok refused what they never applied (a run's config.json, a
+    study's fixed part, an experiment run's run.yaml), changed to what the run ran, and a note
+    per change. Refusing them would strand the run: they cannot change on a resume.
+
+    - an option it never read (never_read) is dropped (a full config takes its default);
+    - a --qsr-base above --max-sync-period: under qsr, K = max(base, min(cap, ·)) was the base
+      throughout, so the cap is raised to it; under composite, whose K is capped, the base was
+      never reached, so it is lowered to the cap (qsr's K then sits at the cap as before)."""
+    out = dict(settings)
+    notes = []
+    for name, (value, why) in never_read(settings).items():
+        out.pop(name)
+        notes.append(f"{flag(name)} {value}, which it never read ({why}); resuming without it")
+    base, cap = out.get("qsr_base"), _value("max_sync_period", out)
+    policy = _value("policy", out)
+    if isinstance(base, int) and isinstance(cap, int) and base > cap:
+        if policy == "qsr":
+            out["max_sync_period"] = base
+            notes.append(
+                f"--qsr-base {base} above --max-sync-period {cap}, which K ran past; resuming "
+                f"with the cap at {base}"
+            )
+        elif policy == "composite":
+            out["qsr_base"] = cap
+            notes.append(
+                f"--qsr-base {base} above --max-sync-period {cap}, which K never reached; "
+                f"resuming with the base at {cap}"
+            )
+    return out, notes
+
+
 def suggest_all(space: list[Dim], trial, fixed: dict[str, Any]) -> dict[str, Any]:
     """One trial's drawn settings, define-by-run, the choosing settings (policy, optimizer)
     first: a conditional setting is drawn only where the trial reads it (a conditional space,

@@ -13,6 +13,7 @@ import math
 import re
 import secrets
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,9 @@ from autok.space import (
     CONDITIONAL,
     Dim,
     applies,
+    as_ran,
     check_settings,
     never_read,
-    one_off,
     suggest_all,
     trial_settings,
     unread_reason,
@@ -200,20 +201,20 @@ class StopOnSigint:
             self._old = None
 
 
-def _read(was_fixed: dict[str, Any], space: list[Dim]) -> dict[str, Any]:
-    """A resumed study's fixed part less what no trial read (never_read, under every choice the
-    space draws): a study made before autok refused such a setting resumes without it, as its
-    trials ran, and the refusal now asks to drop it."""
+def _as_ran(was_fixed: dict[str, Any], space: list[Dim]) -> tuple[dict[str, Any], list[str]]:
+    """A resumed study's fixed part as its trials ran it (autok.space.as_ran), and the notes:
+    a study made before autok refused a setting its trials never applied resumes without it
+    (the refusal now asks to drop it). A setting that some drawn choice reads stays."""
     choosers = {d.name: d.choices for d in space if d.choices}
-    out = dict(was_fixed)
-    for name in never_read(was_fixed):
-        chooser = CONDITIONAL[name][0] if name in CONDITIONAL else None
-        if chooser in choosers and any(
-            name not in never_read({**was_fixed, chooser: c}) for c in choosers[chooser]
-        ):
-            continue  # some trials read it
-        out.pop(name)
-    return out
+    kept = {
+        name: value
+        for name, value in was_fixed.items()
+        if name in never_read(was_fixed)
+        and (chooser := CONDITIONAL.get(name, (None,))[0]) in choosers
+        and any(name not in never_read({**was_fixed, chooser: c}) for c in choosers[chooser])
+    }
+    out, notes = as_ran({k: v for k, v in was_fixed.items() if k not in kept})
+    return out | kept, notes
 
 
 def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
@@ -222,9 +223,7 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     trial, each on the same error: a ConfigError naming --space and the dimension. A
     conditional setting (CONDITIONAL: a K-policy option, SGD's momentum) is tried under each
     value the space draws for its choosing setting that reads it (suggest_all draws it only
-    there); with none, it has no valid value. A categorical choice that makes no valid run
-    (with the others at their defaults, or one of them at an end or a choice: `one_off`) is
-    refused too: every trial that draws it would fail."""
+    there); with none, it has no valid value."""
     dims = {d.name: d for d in space}
     for d in space:
         values = d.choices if d.kind == "categorical" else (d.low, d.high)
@@ -240,17 +239,6 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
         whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
-        if d.kind != "categorical":
-            continue
-        # a choice that makes no valid run, with the other searched settings at their defaults
-        # or one at an end of its range (or a choice), would fail each trial that draws it
-        others = one_off(space, (d.name,))
-        for v in values:
-            if all(check_settings(fixed, {**o, **c, d.name: v}) for c in read for o in others):
-                why = check_settings(fixed, {**read[0], d.name: v})
-                raise ConfigError(
-                    f"--space: {d.name}: choice {v!r:.40} makes no valid run: {why}; drop it"
-                )
 
 
 def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:
@@ -370,14 +358,19 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     given = {k: _plain(v) for k, v in fixed.items()}
     if not opts.resume:
         study.set_user_attr("fixed", given)
-    elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict) and (
-        k := first_difference(_read(was_fixed, space), given, SWEEP_RESUME_MAY_CHANGE)
-    ):
-        raise ConfigError(
-            f"--resume: the study {opts.study_name!r} was made with {_setting(k, was_fixed)}"
-            f", this sweep gives {_setting(k, given)}; resume it with the same settings, "
-            "or choose a new --out"
-        )
+    elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
+        was_fixed, notes = _as_ran(was_fixed, space)
+        if k := first_difference(was_fixed, given, SWEEP_RESUME_MAY_CHANGE):
+            raise ConfigError(
+                f"--resume: the study {opts.study_name!r} was made with "
+                f"{_setting(k, was_fixed)}, this sweep gives {_setting(k, given)}; resume it "
+                "with the same settings, or choose a new --out"
+            )
+        for note in notes:
+            print(
+                f"autok: note: --resume: the study {opts.study_name!r} has {note}",
+                file=sys.stderr,
+            )
     for params in opts.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
 

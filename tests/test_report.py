@@ -257,6 +257,27 @@ def test_a_tiny_experiment_end_to_end(tmp_path):
     assert bad.returncode == 2 and "no-such-experiment" in bad.stderr
 
 
+def test_a_finished_run_saved_with_an_option_it_never_read_stands_for_the_run_without_it(
+    tmp_path,
+):
+    """check_run_dirs compares a kept run's run.yaml as it ran (autok.space.as_ran): one saved
+    before autok refused --target-sync-share under the fixed policy is this experiment's run
+    without it; a setting that changed the run still refuses it."""
+    from autok.config import ConfigError
+    from autok.experiment import Run, check_run_dirs
+
+    settings = {"strategy": "cpdp", "sync_period": 3, "epochs": 2, "workers": 2}
+    run = Run("cpdp-k3", 1, settings)
+    run_dir = tmp_path / run.dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(settings | {"target_sync_share": 0.3}))
+    check_run_dirs([run], tmp_path)
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(settings | {"epochs": 3}))
+    with pytest.raises(ConfigError, match="holds a run made with epochs 3"):
+        check_run_dirs([run], tmp_path)
+
+
 def test_the_named_experiments_expand_to_valid_runs():
     from autok.experiment import available, expand, load_experiment
 

@@ -172,10 +172,14 @@ def test_a_run_saved_with_an_option_it_never_read_resumes_without_it(stopped_run
 
 
 def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
-    """resume_as_ran on configs saved before the refusals: each validates afterwards, with one
-    note per change, and a config that needs none is left as it was."""
-    from autok.cli import resume_as_ran
+    """as_ran on configs saved before the refusals: each validates afterwards, with one note
+    per change, a config that needs none is left as it was, and a qsr or composite policy
+    whose base was above its cap chooses the K path it chose before (both ways of driving the
+    controller fed the same boundaries, with a falling LR and a rising share)."""
     from autok.config import TrainConfig
+    from autok.space import as_ran
+    from controllers import PolicyOptions, build_controller
+    from tests.test_controllers import stats
 
     fresh = TrainConfig().model_dump(mode="json")
     cases = [
@@ -183,15 +187,28 @@ def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
         ({"optimizer": "adamw", "momentum": 0.5}, {"momentum": 0.9}),
         ({"nesterov": True, "momentum": 0.0}, {"nesterov": False}),
         ({"policy": "qsr", "qsr_base": 100, "max_sync_period": 64}, {"max_sync_period": 100}),
+        ({"policy": "composite", "qsr_base": 100, "max_sync_period": 64}, {"qsr_base": 64}),
     ]
     for old, changed in cases:
-        saved = fresh | old
-        notes = resume_as_ran(saved)
-        assert len(notes) == 1 and ("without it" in notes[0] or "cap at" in notes[0]), notes
-        assert saved == fresh | old | changed, old
-        TrainConfig.model_validate(saved)
-    saved = dict(fresh)
-    assert resume_as_ran(saved) == [] and saved == fresh
+        saved, notes = as_ran(fresh | old)
+        assert len(notes) == 1 and ("without it" in notes[0] or "at " in notes[0]), notes
+        cfg = TrainConfig.model_validate(saved)
+        assert cfg == TrainConfig.model_validate(fresh | old | changed), old
+    assert as_ran(fresh) == (fresh, [])
+    for policy in ("qsr", "composite"):
+        old = {"qsr_base": 100, "max_sync_period": 64}
+        now = {k: v for k, v in as_ran({"policy": policy, **old})[0].items() if k != "policy"}
+        assert now != old
+        paths = []
+        for options in (old, now):
+            ctrl = build_controller(policy, 4, PolicyOptions(peak_lr=0.1, **options))
+            path, k = [], ctrl.sync_period
+            for i in range(40):  # a falling LR (QSR's K rises) and a rising share
+                k = ctrl.observe(stats(k, i=i, lr=0.1 * (1 - i / 40), sync=0.05 + i / 50))
+                k = k.next_sync_period
+                path.append(k)
+            paths.append(path)
+        assert paths[0] == paths[1], (policy, paths)
 
 
 def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, capsys):

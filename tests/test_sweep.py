@@ -250,17 +250,15 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
         tmp_path / "space.yaml",
         {
             "strategy": {"type": "categorical", "choices": ["cpdp", "ddp"]},
-            "sync_period": {"type": "int", "low": 1, "high": 4},
             "lr": {"type": "float", "low": 0.05, "high": 1e6, "log": True},
         },
     )
-    # (ddp is a valid choice, with K = 1: a choice no trial could run is refused before any)
     first = write(
         tmp_path / "enqueue.yaml",
         [
-            {"strategy": "ddp", "sync_period": 2, "lr": 0.1},  # ddp, K=2: refused at config time
-            {"strategy": "cpdp", "sync_period": 2, "lr": 1e6},  # diverges
-            {"strategy": "cpdp", "sync_period": 2, "lr": 0.1},
+            {"strategy": "ddp", "lr": 0.1},  # ddp with the fixed K=2: refused at config time
+            {"strategy": "cpdp", "lr": 1e6},  # diverges
+            {"strategy": "cpdp", "lr": 0.1},
         ],
     )
     out = tmp_path / "robust"
@@ -275,6 +273,8 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
         "--out",
         str(out),
         *FIXED,
+        "--sync-period",
+        "2",
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -385,38 +385,33 @@ def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_re
     assert applies("target_sync_share", {"policy": ["fixed"]})
 
 
-def test_a_choice_that_makes_no_valid_run_is_refused_before_any_trial():
-    """check_space: a categorical choice every trial drawing it would fail on is refused,
-    naming it; one valid with another searched setting off its default is kept."""
-    from autok.space import Dim
-    from autok.sweep import check_space
-
-    momenta = [Dim("momentum", "categorical", choices=(0.0, 0.5, 0.9))]
-    with pytest.raises(ConfigError, match=r"momentum: choice 0.0 makes no valid run: --nestero"):
-        check_space({"nesterov": True}, momenta)
-    check_space({}, momenta)
-    policies = Dim("policy", "categorical", choices=("fixed", "exposed-sync"))
-    with pytest.raises(ConfigError, match="policy: choice 'exposed-sync' makes no valid run"):
-        check_space({"strategy": "ddp"}, [policies])
-    check_space({}, [policies, Dim("strategy", "categorical", choices=("ddp", "cpdp"))])
-
-
 def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
     """A study stored before autok refused a fixed setting no trial reads (the refusal now asks
     to drop it) compares as if made without it; one that some trials read stays."""
     from autok.space import Dim
-    from autok.sweep import _read
+    from autok.sweep import _as_ran
+
+    def read(was, space):
+        return _as_ran(was, space)[0]
 
     was = {"epochs": 2, "target_sync_share": 0.3}
-    assert _read(was, [Dim("lr", "float", 0.01, 0.1)]) == {"epochs": 2}
+    assert _as_ran(was, [Dim("lr", "float", 0.01, 0.1)]) == (
+        {"epochs": 2},
+        [
+            "--target-sync-share 0.3, which it never read (--policy fixed does not read it); "
+            "resuming without it"
+        ],
+    )
     policies = [Dim("policy", "categorical", choices=("fixed", "exposed-sync"))]
-    assert _read(was, policies) == was
-    assert _read({"optimizer": "adamw", "momentum": 0.5}, []) == {"optimizer": "adamw"}
-    assert _read({"nesterov": True, "momentum": 0.0}, []) == {"momentum": 0.0}
+    assert _as_ran(was, policies) == (was, [])
+    assert read({"optimizer": "adamw", "momentum": 0.5}, []) == {"optimizer": "adamw"}
+    assert read({"nesterov": True, "momentum": 0.0}, []) == {"momentum": 0.0}
     optimizers = [Dim("optimizer", "categorical", choices=("sgd", "adamw"))]
     no_look_ahead = {"nesterov": True, "momentum": 0.0}  # read by no choice: sgd refuses it
-    assert _read(no_look_ahead, optimizers) == {"momentum": 0.0}
-    assert _read({"nesterov": True}, optimizers) == {"nesterov": True}  # sgd's trials read it
+    assert read(no_look_ahead, optimizers) == {"momentum": 0.0}
+    assert read({"nesterov": True}, optimizers) == {"nesterov": True}  # sgd's trials read it
+    qsr = {"policy": "qsr", "qsr_base": 100}  # K ran past the default cap 64
+    assert read(qsr, []) == qsr | {"max_sync_period": 100}
 
 
 @pytest.mark.timeout(900)
