@@ -228,8 +228,10 @@ def load_enqueue(
         raise ConfigError(f"--enqueue: {path} lists over {MAX_ENQUEUED} settings")
     dims = {d.name: d for d in space}
     out = []
-    for i, p in enumerate(raw):
-        p = {str(k).replace("-", "_"): v for k, v in p.items()}
+    for i, given in enumerate(raw):
+        p = {str(k).replace("-", "_"): v for k, v in given.items()}
+        if len(p) < len(given):  # sync-period and sync_period: the last would win
+            raise ConfigError(f"--enqueue: {path.name}: entry {i + 1} sets a setting twice")
         if unknown := set(p) - names:
             raise ConfigError(f"--enqueue: {sorted(unknown)[:3]} not in the search space")
         for name, value in p.items():
@@ -323,6 +325,10 @@ def load_space(path: Path | None) -> list[Dim]:
             raise ConfigError(f"{where}: int bounds must be integers")
         if kind == "float" and _is_int_field(name):
             raise ConfigError(f"{where}: an integer setting; use type: int")
+        if TrainConfig.model_fields[name].annotation is bool:  # every draw between 0 and 1 fails
+            raise ConfigError(
+                f"{where}: a true/false setting; use type: categorical, choices: [true, false]"
+            )
         for bound, v in (("low", low), ("high", high)):
             if why := field_problem(name, int(v) if kind == "int" else v):
                 raise ConfigError(f"{where}: {bound} {v!r}: {why}")

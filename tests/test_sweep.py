@@ -292,6 +292,7 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
         ({"lr": {"type": "float", "low": 0.0, "high": 1.0, "log": True}}, "log scale"),
         ({"not_a_flag": {"type": "int", "low": 1, "high": 2}}, "not an `autok train` setting"),
         ({"policy": {"type": "categorical"}}, "choices"),
+        ({"k_lowering": {"type": "float", "low": 0, "high": 1}}, "a true/false setting"),
         ({"lr": {"type": "normal"}}, "type"),
     ],
 )
@@ -383,6 +384,9 @@ def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_re
             path, [Dim("policy", "categorical", choices=("fixed", "composite"))] + readers[1:], {}
         )
     assert applies("target_sync_share", {"policy": ["fixed"]})
+    twice = write(tmp_path / "twice.yaml", [{"target-sync-share": 0.3, "target_sync_share": 0.4}])
+    with pytest.raises(ConfigError, match="entry 1 sets a setting twice"):
+        load_enqueue(twice, readers, {})
 
 
 def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
