@@ -11,6 +11,9 @@ process, pinned to one core.
    hold: the median time of the sequence. Where the second is many times the first, the
    machine evicts a waiting process's code and data from the caches (a shared VM), and any
    boundary's work after its wait pays that: it is the floor under (i)'s exposed time beyond T.
+   Then the same ops in NumPy, on the same memory. (Issue 17: a boundary whose finish ran in
+   NumPy on the CPU saved about 0.1 ms after the wait, but its NumPy norm in the start, whose
+   code had cooled during the local steps, cost about as much: not landed.)
 
 A rough guide on a shared machine; `autok bench --only i` measures the emulator in place
 (collective held / T) and the exposed time of a whole boundary.
@@ -22,6 +25,7 @@ import os
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from trainer.link import hold_until
@@ -42,11 +46,13 @@ def _sleep(deadline: float) -> None:
         time.sleep(remaining)
 
 
-def _after_hold(n: int = 100) -> tuple[float, float]:
-    """The median seconds of a boundary's post-collective ops, back to back and after a hold."""
+def _after_hold(n: int = 100, host: bool = False) -> tuple[float, float]:
+    """The median seconds of a boundary's post-collective ops, back to back and after a hold;
+    `host`: the same ops in NumPy, on the same memory."""
     x = torch.randn(12_810)
     y, scratch = x.clone(), torch.empty_like(x)
     words = x.view(torch.int32)
+    xa, ya, sa, wa = x.numpy(), y.numpy(), scratch.numpy(), words.numpy()
 
     def ops() -> float:
         t0 = time.perf_counter()
@@ -57,11 +63,21 @@ def _after_hold(n: int = 100) -> tuple[float, float]:
         int(words.sum(dtype=torch.int32))
         return time.perf_counter() - t0
 
-    hot = [ops() for _ in range(n)]
+    def host_ops() -> float:
+        t0 = time.perf_counter()
+        float(np.multiply(xa, xa, out=sa).sum())
+        np.add(ya, np.multiply(xa, 0.5, out=sa), out=ya)
+        np.add(ya, sa, out=ya)
+        np.copyto(sa, ya)
+        int(wa.sum(dtype=np.int32))
+        return time.perf_counter() - t0
+
+    fn = host_ops if host else ops
+    hot = [fn() for _ in range(n)]
     cold = []
     for _ in range(n):
         hold_until(time.perf_counter() + 0.017)
-        cold.append(ops())
+        cold.append(fn())
     return statistics.median(hot), statistics.median(cold)
 
 
@@ -75,11 +91,12 @@ def main() -> None:
             f"{name:12s} late by: median {statistics.median(late) * 1e6:7.1f} µs, "
             f"p90 {late[int(0.9 * len(late))] * 1e6:7.1f} µs, max {late[-1] * 1e6:7.1f} µs"
         )
-    hot, cold = _after_hold()
-    print(
-        f"a boundary's post-collective ops, back to back: {hot * 1e6:7.1f} µs; "
-        f"after a 17 ms hold: {cold * 1e6:7.1f} µs ({cold / hot:.0f}x)"
-    )
+    for name, host in (("torch", False), ("NumPy", True)):
+        hot, cold = _after_hold(host=host)
+        print(
+            f"a boundary's post-collective ops in {name}, back to back: {hot * 1e6:7.1f} µs; "
+            f"after a 17 ms hold: {cold * 1e6:7.1f} µs ({cold / hot:.0f}x)"
+        )
 
 
 if __name__ == "__main__":
