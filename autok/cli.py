@@ -387,7 +387,9 @@ def build_parser() -> Parser:
         "--data-dir", type=path_arg, default=None, help="data for the --full form (CIFAR-100 files)"
     )
     rep = sub.add_parser("report", help="tables and plots of an experiment directory")
-    rep.add_argument("dir", type=path_arg)
+    rep.add_argument(
+        "dir", type=path_arg, help="an experiment's --out directory (autok experiment run)"
+    )
     sub.add_parser(
         "bench", add_help=False, help="side-by-side engine measurements (autok bench --help)"
     )

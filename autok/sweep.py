@@ -553,9 +553,11 @@ def table(
 ) -> str:
     opts = opts or SweepOptions()
     done = sorted(_finished(rows), key=lambda r: -oriented(opts, r["peak_test_metric"]))
-    head = ["#", "state", *[d.name for d in space], f"best {opts.metric_name[:7]}"]
+    head = ["#", "state", *[d.name for d in space], f"peak {opts.metric_name}"]
     head += ["train s", "total s"]
-    lines = ["  ".join(f"{h:>12}" for h in head)]
+    # a column as wide as its header ("peak accuracy", "peak perplexity") or 12
+    widths = [max(12, len(h)) for h in head]
+    lines = ["  ".join(f"{h:>{w}}" for h, w in zip(head, widths, strict=True))]
     for r in done[:limit] + [r for r in rows if r["state"] != COMPLETE][:limit]:
         cells = [str(r["number"]), r["state"]]
         for d in space:
@@ -564,5 +566,5 @@ def table(
         value, wall, total = r["peak_test_metric"], r["wall_seconds"], r.get("total_seconds")
         cells += [f"{value:.4g}" if value is not None else "-", f"{wall:.1f}" if wall else "-"]
         cells.append(f"{total:.1f}" if total else "-")
-        lines.append("  ".join(f"{c:>12}" for c in cells))
+        lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
     return "\n".join(lines)

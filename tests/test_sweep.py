@@ -389,6 +389,20 @@ def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_re
         load_enqueue(twice, readers, {})
 
 
+def test_the_sweep_table_names_its_metric_whole_and_keeps_its_columns_aligned():
+    from autok.space import Dim
+    from autok.sweep import SweepOptions, table
+
+    row = {"number": 0, "state": "COMPLETE", "lr": 0.1, "peak_test_metric": 0.9512}
+    row |= {"wall_seconds": 7.25, "total_seconds": 9.5}
+    for metric in ("accuracy", "perplexity"):
+        lines = table([row], [Dim("lr", "float", 0.01, 0.1)], opts=SweepOptions(metric_name=metric))
+        lines = lines.splitlines()
+        assert lines[0].split()[-6:-4] == ["peak", metric], lines[0]
+        assert len(lines[0]) == len(lines[1]), lines  # every column right-aligned to its header
+        assert lines[1].split()[-3:] == ["0.9512", "7.2", "9.5"], lines[1]
+
+
 def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
     """A study stored before autok refused a fixed setting no trial reads (the refusal now asks
     to drop it) compares as if made without it; one that some trials read stays."""

@@ -138,7 +138,7 @@ class Trainer:
                 # rows after the checkpoint would be re-written
                 rewind_outputs(out_dir, epoch, epoch_columns(self.task.classifies))
                 self.log.info(
-                    f"autok: resuming after epoch {epoch}"
+                    f"autok: resuming after epoch {epoch + 1}"  # counted from 1, as printed
                     if epoch >= 0
                     else "autok: no checkpoint yet; starting over"
                 )
