@@ -38,6 +38,13 @@ class Dim:
             return f"{value!r:.40} is not an integer"
         return None
 
+    def ends(self) -> tuple:
+        """Its choices, or the two ends of its range (as ints for an int dimension): the values
+        a check tries it at."""
+        if self.kind == "categorical":
+            return self.choices
+        return tuple(int(b) if self.kind == "int" else b for b in (self.low, self.high))
+
     def suggest(self, trial) -> Any:
         """Optuna's define-by-run suggestion."""
         if self.kind == "categorical":
@@ -194,12 +201,7 @@ def check_fixed(fixed: dict[str, Any], space: list[Dim]) -> None:
 def one_off(space: list[Dim], skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Draws near what some trial runs, to try a setting against: every searched setting at
     its default, or one of them (outside `skip`) at an end of its range or at a choice."""
-    return [{}] + [
-        {d.name: v}
-        for d in space
-        if d.name not in skip
-        for v in (d.choices or tuple(int(b) if d.kind == "int" else b for b in (d.low, d.high)))
-    ]
+    return [{}] + [{d.name: v} for d in space if d.name not in skip for v in d.ends()]
 
 
 def check_settings(fixed: dict[str, Any], params: dict[str, Any]) -> str | None:

@@ -206,10 +206,11 @@ def _as_ran(was_fixed: dict[str, Any], space: list[Dim]) -> tuple[dict[str, Any]
     a study made before autok refused a setting its trials never applied resumes without it
     (the refusal now asks to drop it). A setting that some drawn choice reads stays."""
     choosers = {d.name: d.choices for d in space if d.choices}
+    unread = never_read(was_fixed)
     kept = {
         name: value
         for name, value in was_fixed.items()
-        if name in never_read(was_fixed)
+        if name in unread
         and (chooser := CONDITIONAL.get(name, (None,))[0]) in choosers
         and any(name not in never_read({**was_fixed, chooser: c}) for c in choosers[chooser])
     }
@@ -226,9 +227,7 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
     there); with none, it has no valid value."""
     dims = {d.name: d for d in space}
     for d in space:
-        values = d.choices if d.kind == "categorical" else (d.low, d.high)
-        if d.kind == "int":
-            values = tuple(int(v) for v in values)
+        values = d.ends()
         contexts: list[dict[str, Any]] = [{}]
         if (cond := CONDITIONAL.get(d.name)) is not None and cond[0] in dims:
             contexts = [{cond[0]: c} for c in dims[cond[0]].choices or ()]
