@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
 from autok.launch import prepare_data, run_workers, usable_cpus
+from benchmarks import bytecodes
 from benchmarks.stats import MIN_ROUNDS, fmt, paired_round, ratios, spread, summarize
 from trainer.data import build_splits
 from trainer.models import build_model
@@ -304,8 +305,26 @@ def _interleaved_steps(
             got = paired_round(times["autok"], times["plain"])
             for key, field in PAIRED_FIELDS:
                 per_round[key].append(got[field])
+    # The Python each side runs per timed step, counted (benchmarks/bytecodes.py): the same
+    # on every run, where the times above move with the machine. Untimed, after the rounds.
+    counted: dict[str, list[tuple[int, int]]] = {"autok": [], "plain": []}
+    for x, y in loader:
+        batch += 1
+        for name, run in sides:
+            timed: dict[int, float] = {}
+            got = bytecodes.count(lambda run=run, x=x, y=y, t=timed: run(x, y, t))
+            if timed:
+                counted[name].append(got)
+        if min(len(c) for c in counted.values()) >= 4:
+            break
     sync.close()
-    return per_round | {"steps_per_epoch": len(loader)}
+    return per_round | {
+        "steps_per_epoch": len(loader),
+        # per side: (all bytecodes, autok's own) of a timed step, the median over 4 or more
+        "bytecodes": {
+            k: [statistics.median(c[i] for c in v) for i in (0, 1)] for k, v in counted.items()
+        },
+    }
 
 
 def local_step(
@@ -331,6 +350,7 @@ def _step_ratios(res: dict, world: int) -> dict:
         "pairs": res["pairs"],
         "plain_rounds": res["plain"],
         "autok_rounds": res["autok"],
+        "bytecodes": res["bytecodes"],
     }
 
 
@@ -730,6 +750,14 @@ def _step_references(part: str, m: dict) -> list[str]:
             f"| ({part}) reference: mean paired excess per step, 1% trimmed at each end (it "
             f"counts work on a few steps, which the median does not), µs "
             f"| {med:+.1f} ({lo:+.1f} to {hi:+.1f}) |"
+        )
+    if "bytecodes" in m:  # a count: no spread (benchmarks/bytecodes.py)
+        (plain, plain_own), (ours, own) = m["bytecodes"]["plain"], m["bytecodes"]["autok"]
+        lines.append(
+            f"| ({part}) reference: Python bytecodes per step, counted (the same on every run), "
+            f"plain / autok; of which autok's own (the model and the LR schedule are autok's "
+            "on both sides) "
+            f"| {plain:.0f} / {ours:.0f} ({ours / plain:.3f}×); {plain_own:.0f} / {own:.0f} |"
         )
     return lines
 

@@ -116,16 +116,14 @@ def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
     return out
 
 
-def _float32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) else x
-
-
 def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float) -> float:
     """mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||², from the SUM of the ranks'
     split_exact pieces. update_sq goes through the same float32 pieces, so where s_i equals it
     (replicas that agree) the difference is exactly 0, also when tiny pieces round to subnormal
     float32s."""
-    update_q = math.fsum(_float32(p) for p in split_exact(update_sq, world_size))
+    pieces = split_exact(update_sq, world_size)
+    form = f"{len(pieces)}f"  # each piece rounded to float32, as the buffer rounds s_i's
+    update_q = math.fsum(struct.unpack(form, struct.pack(form, *pieces)))
     drift_sq = math.fsum(reduced_pieces) / world_size - update_q
     if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
         drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
@@ -174,16 +172,26 @@ def digest_words(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.reshape(-1).view(_WORDS[t.element_size()]) for t in tensors if t.numel()]
 
 
-def digest_of_words(words: list[torch.Tensor], bits: int) -> int:
-    """replica_digest of the tensors whose `digest_words` these are."""
-    numel = sum(w.numel() for w in words)
-    one_width = len({w.dtype for w in words}) == 1
-    if len(words) > 1 and numel < _PIECEWISE_MIN * len(words) and one_width:
+def digest_of_words(words: list[torch.Tensor], bits: int, concat: bool | None = None) -> int:
+    """replica_digest of the tensors whose `digest_words` these are. `concat`: whether to sum
+    them as one copy (`one_copy`), if the caller keeps it with the list."""
+    if concat is None:
+        concat = one_copy(words)
+    if concat:
         words = [torch.cat(words)]  # small tensors: one copy, one sum
     sums = [w.sum(dtype=torch.int32) for w in words]
     # one transfer to the host
     total = sum(torch.stack(sums).tolist()) if len(sums) > 1 else sum(int(t) for t in sums)
     return ((total * _MIX) % (1 << 32)) >> (32 - bits)
+
+
+def one_copy(words: list[torch.Tensor]) -> bool:
+    """Whether digest_of_words sums these words as one copy laid end to end: several small
+    tensors of one width (below _PIECEWISE_MIN elements on average, the ops' dispatch costs
+    more than the pass the copy adds)."""
+    numel = sum(w.numel() for w in words)
+    one_width = len({w.dtype for w in words}) == 1
+    return len(words) > 1 and numel < _PIECEWISE_MIN * len(words) and one_width
 
 
 # sq_norm: the row length of its one-pass form, and the size from which that form is cheaper
@@ -440,6 +448,7 @@ class ParameterAverager:
             self._detached = [p.detach() for p in self.params]
             contiguous = all(p.is_contiguous() for p in self._detached)
             self._words = digest_words(self._detached) if contiguous else None
+            self._one_copy = self._words is not None and one_copy(self._words)
             self._flats = [p.view(-1) for p in self._detached] if contiguous else None
         return self._detached, self._words, self._flats
 
@@ -483,7 +492,12 @@ class ParameterAverager:
             grads, self._captured = [], False
         a, b, pieces, avg_tensors, bc_tensors = self._moved(fragment, grads)
         n = b - a
-        n_avg = sum(t.numel() for t in avg_tensors)
+        # [pieces | grads | extras]: the pieces hold the n moved elements and the gradients
+        # (fused, whole model) n more; only the extras are summed (a Python pass over every
+        # parameter costs a large model's boundary thousands of bytecodes)
+        n_avg = n * (2 if grads else 1) + sum(
+            t.numel() for t in avg_tensors[len(pieces) + len(grads) :]
+        )
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
         avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self._cut(a, b, n_avg, n_bc)
@@ -689,8 +703,9 @@ class ParameterAverager:
             # of the parameters as written, not of θ_new: a faulty write-back is caught too
             words = self._whole()[1] if pending.fragment == WHOLE else None
             if words is None:
-                words = digest_words(pieces)
-            self.last_digest = digest_of_words(words, self._bits)
+                self.last_digest = digest_of_words(digest_words(pieces), self._bits)
+            else:
+                self.last_digest = digest_of_words(words, self._bits, self._one_copy)
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
@@ -774,10 +789,11 @@ class ParameterAverager:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """The fused SGD's momentum buffers and, paired with them, the gradient views of their
         parameters (a parameter without a buffer has no momentum to correct); None if none."""
-        state = self.fused_sgd.state
+        get = self.fused_sgd.state.get  # one lookup a parameter: a tensor hashes in Python
         bufs, gs = [], []
         for p, g in zip(self.params, grads, strict=True):
-            buf = state[p].get("momentum_buffer") if p in state else None
+            st = get(p)
+            buf = st.get("momentum_buffer") if st else None
             if buf is not None:
                 bufs.append(buf)
                 gs.append(g)

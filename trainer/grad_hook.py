@@ -11,9 +11,10 @@ blocked on the network.
 Why two paths (issue 17): any Python comm hook costs about 115 µs per synchronized step against
 DDP's built-in C++ one (world 2, cnn1d, `python -m benchmarks.step_parts`): the call into Python
 and its future's callback on the gloo thread; torch's own Python `allreduce_hook` costs the
-same. With no link to emulate, on the CPU, DDP keeps its C++ hook, and one gradient hook, held
-only while steps synchronize, marks the time. On a GPU the comm hook stays: the end of compute
-there is a CUDA event on the stream that computed the bucket, recorded as it becomes ready.
+same. With no link to emulate, on the CPU, DDP keeps its C++ hook, and one hook on a parameter's
+gradient accumulation, held only while steps synchronize, marks the time. On a GPU the comm hook
+stays: the end of compute there is a CUDA event on the stream that computed the bucket, recorded
+as it becomes ready.
 
 The built-in path relies on every synchronized backward reaching the first trainable parameter,
 which DDP as `Sync` builds it requires (no unused parameters); a user who turns on DDP's private
@@ -71,17 +72,21 @@ class GradSyncState:
 
     def arm(self) -> None:
         """A forward ran with DDP's gradient sync on: its backward all-reduces. The built-in
-        path hooks one parameter's gradient (kept while step after step synchronizes, as on
-        ddp); see _on_grad."""
+        path hooks one parameter's gradient accumulation (kept while step after step
+        synchronizes, as on ddp); see _on_grad."""
         self.synced_forwards += 1
         if self.builtin and self._handle is None:
-            self._handle = self.params[0].register_hook(self._on_grad)
+            # A post-accumulate hook is handed the parameter, which has its Python object
+            # already; a tensor hook is handed a new gradient tensor to wrap and its return
+            # value to check, about 10-15 µs more per step here (issue 17).
+            self._handle = self.params[0].register_post_accumulate_grad_hook(self._on_grad)
 
-    def _on_grad(self, _grad: torch.Tensor) -> None:
-        # Called in backward before this parameter's gradient is accumulated, so before the
-        # last bucket is ready, which is when DDP queues its own end-of-backward callback (that
-        # waits for the buckets). A callback queued here runs first, once every node of the
-        # graph has run: the end of backward compute, with one Python call per backward.
+    def _on_grad(self, _param: torch.Tensor) -> None:
+        # Called in backward inside this parameter's gradient accumulation, before the node's
+        # post hooks, among them DDP's, which marks the parameter ready and, with the last
+        # bucket ready, queues its own end-of-backward callback (that waits for the buckets).
+        # A callback queued here runs first, once every node of the graph has run: the end of
+        # backward compute, with one Python call per backward.
         Variable._execution_engine.queue_callback(self._ready)
 
     def _ready(self) -> None:
@@ -101,7 +106,8 @@ class GradSyncState:
             times = self.synced_forwards  # each synchronized forward's backward sends it all
             if not times:  # a local step: gradients accumulated, none all-reduced
                 return None
-            self.nbytes, self.buckets = times * self.grad_nbytes, times * self.bucket_count()
+            buckets = self._bucket_count if self._bucket_reads >= 2 else self.bucket_count()
+            self.nbytes, self.buckets = times * self.grad_nbytes, times * buckets
         if self.last_ready_event is not None:
             if end_event is not None:  # the caller caps it at backward's span on the device
                 self.last_ready_event.synchronize()  # reached already if on end_event's stream

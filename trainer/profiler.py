@@ -81,9 +81,9 @@ class DeviceMarks:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class Interval:
-    """Open boundary interval on this rank."""
+    """Open boundary interval on this rank. (Slots: made and updated at every step.)"""
 
     steps: int = 0
     loss_sum: float = 0.0

@@ -41,7 +41,7 @@ from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finit
 from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.link import LinkClock
-from trainer.loss_sum import LossSum, held_pair, read_held
+from trainer.loss_sum import LossSum, read_held
 from trainer.optim import state_tensors
 from trainer.options import OptionError, SyncOptions, flag, sync_options
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
@@ -327,7 +327,9 @@ class Sync:
         # any boundary closes below, whose observers may read it, and again with its time
         self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
-        if self.averager is None and self._close_ddp_lazily(state, handle.loss, interval):
+        if self.averager is None and self._close_ddp_lazily(
+            state, handle.loss, interval, forward + backward + optimizer, wait, grad_synced
+        ):
             return
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
@@ -498,13 +500,23 @@ class Sync:
         self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
-    def _close_ddp_lazily(self, state: _StepState, loss: Any, interval: Interval) -> bool:
+    def _close_ddp_lazily(
+        self,
+        state: _StepState,
+        loss: Any,
+        interval: Interval,
+        compute: float,
+        wait: float,
+        grad_synced: bool,
+    ) -> bool:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
         (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
-        step. False, with nothing changed, where the general path must run: observers, no
-        decision yet, a boundary the guard judges, or a loss LossSum would not hold as it is.
-        `last_boundary` builds the record from what is kept."""
+        step, and `_keep_ddp_record` and `held_pair` inlined (every call is paid at every
+        step; `benchmarks/step_parts.py` counts the bytecodes). False, with nothing changed,
+        where the general path must run: observers, no decision yet, a boundary the guard
+        judges, or a loss LossSum would not hold as it is. `last_boundary` builds the record
+        from what is kept."""
         if (
             self.observers
             or self.last_decision is None
@@ -515,18 +527,21 @@ class Sync:
             return False
         if loss is None:
             held = []
-        elif isinstance(loss, torch.Tensor) and (pair := held_pair(loss)) is not None:
-            held = [pair]
+        elif (
+            isinstance(loss, torch.Tensor) and loss.is_cpu and not loss.dim() and loss._base is None
+        ):
+            t = loss.detach()  # as held_pair holds it
+            held = [(t, t._version)]
         else:
             return False
-        if not self._loss.empty:
+        acc = self._loss
+        if acc.held or acc.number or acc.device_sum is not None:
             return False  # a restored state's interval loss: the general path sums it
-        forward, backward, optimizer, wait, _, grad_synced = self._last_step
         gs = self.grad_state
-        compute = interval.compute_seconds + forward + backward + optimizer
+        compute += interval.compute_seconds
         exposed = interval.exposed_sync_seconds + wait
         steps = interval.steps + 1
-        k = self.k_in_force
+        k = 1 if self.warmup else self.sync_period  # k_in_force
         record = self._ddp_record(
             k,
             steps,
@@ -538,7 +553,11 @@ class Sync:
             interval.grad_syncs + grad_synced,
         )
         self.collectives += gs.buckets
-        self._keep_ddp_record(record, held, k, compute + exposed, steps)
+        # _keep_ddp_record
+        self._lazy_record = (record, held, steps)
+        self._count_k_path(k, compute + exposed, steps)
+        self.sync_period = self.last_decision.next_sync_period
+        self.boundary += 1
         self._interval = Interval()
         self.global_step += 1
         return True

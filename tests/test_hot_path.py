@@ -1,0 +1,67 @@
+"""The Python a step under `autok.Sync` runs, counted (benchmarks/bytecodes.py), held to a
+budget: a count, unlike a time, is the same on every run, so this cannot flake on a busy
+machine, and any per-step work added to the hot path (issue 17) shows in it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autok
+from benchmarks.bytecodes import count
+from tests.dist import run_dist
+from trainer.models import build_model
+
+pytestmark = pytest.mark.dist
+
+# autok's own bytecodes per step of the cnn1d at world 2, with about 10% headroom over what
+# they were when set (2026-12-02: ddp 837, a local step 645, a boundary 4157-4206).
+DDP_STEP = 920
+LOCAL_STEP = 710
+BOUNDARY = 4650
+
+
+def _counts(strategy: str, rank: int) -> list[tuple[int, bool]]:
+    """autok's own bytecodes of each of 12 steps (after 4 uncounted) of a user's loop, and
+    whether the step was a boundary."""
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(16, 1, 40, generator=g), torch.randint(0, 10, (16,), generator=g)
+    torch.manual_seed(0)
+    model = build_model("cnn1d", (40,), 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    k = 4 if strategy == "cpdp" else 1
+    sync = autok.Sync(model, opt, strategy=strategy, sync_period=k, policy="fixed", link="none")
+    handles = []
+
+    def step():
+        with sync.step() as s:
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = loss
+        handles.append(s)
+
+    for _ in range(4):
+        step()
+    counts = [(count(step)[1], handles[-1].is_boundary) for _ in range(12)]
+    sync.close()
+    return counts
+
+
+def _counts_worker(rank, world):
+    """ddp, and cpdp K=4 (the fused boundary, SlowMo), on the cnn1d with no link."""
+    return {strategy: _counts(strategy, rank) for strategy in ("ddp", "cpdp")}
+
+
+def test_a_step_under_sync_runs_no_more_python_than_its_budget():
+    for res in run_dist(_counts_worker, 2):
+        ddp = [n for n, _ in res["ddp"]]
+        assert len(set(ddp)) == 1, ddp  # every ddp step runs the same code (no check is due)
+        assert 0 < ddp[0] <= DDP_STEP, ddp
+        local = [n for n, boundary in res["cpdp"] if not boundary]
+        boundaries = [n for n, boundary in res["cpdp"] if boundary]
+        assert len(boundaries) == 3 and len(set(local)) == 1, res["cpdp"]
+        assert 0 < local[0] <= LOCAL_STEP, local
+        assert max(boundaries) <= BOUNDARY, boundaries
