@@ -34,8 +34,9 @@ class LossSum:
                 self.number += float(loss)  # type: ignore[arg-type]
             return
         if loss.is_cpu:
-            if (pair := held_pair(loss)) is not None:
-                self.held.append(pair)
+            if not loss.dim() and loss._base is None:  # a scalar that is no view: held
+                t = loss.detach()
+                self.held.append((t, t._version))
                 if len(self.held) >= LOSSES_HELD:
                     self.number += self._read_held()
             else:
@@ -100,15 +101,6 @@ def _check(held: list[tuple[torch.Tensor, int]]) -> None:
                 "s.loss was written over in place after its sync.step() closed, before the "
                 "boundary read it; give a value that stays: loss.detach().clone() or loss.item()"
             )
-
-
-def held_pair(loss: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """How LossSum holds `loss` unread: a CPU scalar that is no view, detached, with its
-    version; None for any other tensor (summed at once)."""
-    if loss.is_cpu and loss.dim() == 0 and loss._base is None:
-        t = loss.detach()
-        return t, t._version
-    return None
 
 
 def read_held(held: list[tuple[torch.Tensor, int]]) -> float:

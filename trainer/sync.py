@@ -279,7 +279,7 @@ class Sync:
             state.fwd_start = state.t1 = t  # a further forward (accumulation) starts here
             if self._marks is not None:
                 self._marks.mark(T1)
-            if torch.is_grad_enabled() and self.model.require_backward_grad_sync:
+            if self.model.require_backward_grad_sync and torch.is_grad_enabled():
                 self.grad_state.arm()  # DDP all-reduces this forward's backward
             if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
                 self._interval.samples += args[0].shape[0]  # for samples/s in the records
@@ -309,18 +309,20 @@ class Sync:
         t3 = state.t3 if state.t3 is not None else t2
         if state.lr is None:
             state.lr = self.optimizer.param_groups[0]["lr"]
+        gs = self.grad_state
         if self._marks is None:
             forward, span, optimizer = state.forward, t2 - t1, t3 - t2
-            wait = self.grad_state.exposed_wait(t1, t2)
+            # no bucket marked ready (a local step): exposed_wait would say None
+            wait = gs.exposed_wait(t1, t2) if gs.last_ready is not None else None
         else:  # on the device's clock; the one host sync of the step
             forward, span, optimizer, backward_end = self._marks.close()
-            wait = self.grad_state.exposed_wait(t1, t2, backward_end)
+            wait = gs.exposed_wait(t1, t2, backward_end)
             if wait is not None:
                 wait = min(wait, span)
-        grad_synced = wait is not None
-        backward = span - (wait or 0.0)
-        wait = wait or 0.0
-        if grad_synced:
+        if wait is None:  # nothing all-reduced in this step's backward
+            grad_synced, backward, wait = False, span, 0.0
+        else:
+            grad_synced, backward = True, span - wait
             self.grad_syncs += 1
         synced = wait  # this step's exposed sync: the gradient wait, and any averaging below
         # StepTimes' values, built only if `last_step` is read (issue 17: per step); set before
@@ -344,8 +346,8 @@ class Sync:
         interval.steps += 1
         interval.compute_seconds += forward + backward + optimizer
         interval.exposed_sync_seconds += wait
-        interval.grad_bytes += self.grad_state.nbytes
-        self.collectives += self.grad_state.buckets
+        interval.grad_bytes += gs.nbytes
+        self.collectives += gs.buckets
         interval.grad_syncs += grad_synced
         if state.is_boundary:
             # Delayed (overlapped) after warmup, but never at a forced (epoch-end) boundary.
@@ -512,11 +514,11 @@ class Sync:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
         (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
-        step, and `_keep_ddp_record` and `held_pair` inlined (every call is paid at every
-        step; `benchmarks/step_parts.py` counts the bytecodes). False, with nothing changed,
-        where the general path must run: observers, no decision yet, a boundary the guard
-        judges, or a loss LossSum would not hold as it is. `last_boundary` builds the record
-        from what is kept."""
+        step; `_keep_ddp_record` and LossSum's test of what it holds are inlined (each call
+        is paid at every step; tests/test_hot_path.py counts the bytecodes). False, with
+        nothing changed, where the general path must run: observers, no decision yet, a
+        boundary the guard judges, or a loss LossSum would not hold as it is.
+        `last_boundary` builds the record from what is kept."""
         if (
             self.observers
             or self.last_decision is None
@@ -530,7 +532,7 @@ class Sync:
         elif (
             isinstance(loss, torch.Tensor) and loss.is_cpu and not loss.dim() and loss._base is None
         ):
-            t = loss.detach()  # as held_pair holds it
+            t = loss.detach()  # as LossSum.add holds it
             held = [(t, t._version)]
         else:
             return False
