@@ -14,10 +14,11 @@ cores (--cpus, default: every core this process may use).
     by step; per round 1 + median paired difference / median plain step; goal <= 1.02.
     Beside it, without a goal, the ratio of the two sides' median steps (unpaired), and the
     built-in loop (`autok train`) against a hand-written loop in separate runs (the fastest
-    epoch after the first of each);
+    epoch after the first of each), and the Python bytecodes per step of each side, counted
+    (benchmarks/bytecodes.py: the same on every run);
 (g) local step: a step under `autok.Sync` (cpdp, K=8, link `none`) / a hand-written `no_sync()`
     step of the same model and data, both in one process pair taking turns step by step,
-    boundary steps not counted, paired as in (a); goal <= 1.02;
+    boundary steps not counted, paired as in (a), with the bytecodes as in (a); goal <= 1.02;
 (h) boundary fixed cost: a boundary step's sync time (cpdp K=1, fused, link `none`: pack, replica
     check, norms, the collective, outer step, unpack, momentum correction) / one bare
     `all_reduce` of the same flat buffer, world 2, on cnn1d and a ~3M-parameter MLP;
