@@ -11,8 +11,10 @@ over the plain step in µs, with the spread (min-max) of the per-round excess.
 
 - `comm hook`: autok's Python DDP comm hook (the path with an emulated link), against DDP's
   built-in C++ one;
-- `end-of-compute hook`: the built-in path's timing: one gradient hook that queues an autograd
-  callback (trainer/grad_hook.py, GradSyncState.arm);
+- `end-of-compute hook`: the built-in path's timing: one hook on a parameter's gradient
+  accumulation that queues an autograd callback (trainer/grad_hook.py, GradSyncState.arm);
+- `end-of-compute tensor hook`: the same callback from a tensor hook on that parameter, as the
+  built-in path had it before (torch hands a tensor hook a new gradient tensor to wrap);
 - `module forward hook`: a forward hook on the model, as `sync.model` used to time forwards;
 - `forward override`: a DDP subclass whose forward reports its end (`sync.model` now);
 - `optimizer hooks`: a step pre- and post-hook, as `Sync` registers;
@@ -42,6 +44,7 @@ VARIANTS = (
     "plain",
     "comm hook",
     "end-of-compute hook",
+    "end-of-compute tensor hook",
     "module forward hook",
     "forward override",
     "optimizer hooks",
@@ -81,6 +84,9 @@ def _variant(name: str, model: nn.Module, world: int):
         state = GradSyncState(world, None, builtin=True)
         state.params = [p for p in model.parameters() if p.requires_grad]
         state.arm()
+    if name == "end-of-compute tensor hook":
+        state = GradSyncState(world, None, builtin=True)
+        next(model.parameters()).register_hook(lambda grad: state._on_grad(None))
     clock = []  # hooks record a time and return None (a value would replace the output)
     if name == "module forward hook":
         model.register_forward_hook(lambda module, args, out: clock.append(time.perf_counter()))
