@@ -3,10 +3,12 @@
 On the 2-core machine of issue 17 a per-step time ratio moves by more than the few µs the hot
 path's changes are worth; the Python work of a step does not move at all. `count` runs a
 function under `sys.settrace` with opcode events and returns every bytecode executed in this
-thread, and those in autok's own modules (`autok`, `trainer`, `controllers`). Autograd runs a
-CPU backward, and its hooks, on the thread that called it, so the hooks are counted too. The
-counts depend on the Python version (3.11 here) and, for the total, on torch's; autok's own
-count depends on autok alone. `autok bench` (a) and (g) print it beside their time ratios;
+thread, and those in autok's own frames: code in its modules (`autok`, `trainer`,
+`controllers`), wherever it is called from (torch calls autok's hooks back), and generated code
+(a dataclass's `__init__`) that autok's code calls. Autograd runs a CPU backward, and its hooks,
+on the thread that called it, so the hooks are counted too. The counts depend on the Python
+version (3.11 here); the total depends on torch's too, autok's own on the code paths autok
+takes. `autok bench` (a) and (g) print the counts beside their time ratios;
 tests/test_hot_path.py holds autok's per-step count to a budget.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import autok
 import controllers
@@ -30,20 +33,21 @@ def count(fn: Callable[[], object], own: tuple[str, ...] = OWN) -> tuple[int, in
     which is the construction of one of autok's records."""
     total = mine = 0
 
-    def other(frame, event, arg):
+    def other(frame: FrameType, event: str, arg: object) -> Callable:
         nonlocal total
         if event == "opcode":
             total += 1
         return other
 
-    def autok_frame(frame, event, arg):
+    def autok_frame(frame: FrameType, event: str, arg: object) -> Callable:
         nonlocal total, mine
         if event == "opcode":
             total += 1
             mine += 1
         return autok_frame
 
-    def call(frame, event, arg):  # each new frame: whose it is decides its local tracer
+    def call(frame: FrameType, event: str, arg: object) -> Callable:
+        # each new frame: whose it is decides its local tracer
         frame.f_trace_opcodes = True
         name = frame.f_code.co_filename
         if name == "<string>" and frame.f_back is not None:

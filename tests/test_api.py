@@ -606,6 +606,52 @@ def test_ddps_lazy_records_are_the_records_an_observer_gets():
         assert same
 
 
+def _ddp_holds_worker(rank, world):
+    """Which losses ddp's fast close holds unread (Sync._close_ddp_lazily) and which LossSum.add
+    holds: the two spell the same test, inlined for the hot path."""
+    from trainer.loss_sum import LossSum
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="ddp", link="none")
+    kinds = {
+        "scalar": lambda loss: loss,
+        "scalar, detached": lambda loss: loss.detach(),
+        "a view": lambda loss: loss.reshape(1)[0],
+        "a 1-element vector": lambda loss: loss.reshape(1),
+        "a float": lambda loss: loss.item(),
+    }
+    out = {}
+    for i, (x, y) in enumerate(_batches(rank, 2 + 2 * len(kinds))):
+        name = list(kinds)[(i // 2) % len(kinds)]
+        with sync.step() as s:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = kinds[name](loss)
+        if i < 2:
+            continue  # the first boundary: the general path (no decision yet, a guard check)
+        kept = sync._lazy_record[1]  # held pairs (the fast close) or a LossSum (the general path)
+        fast = isinstance(kept, list) and bool(kept)
+        acc = LossSum()
+        acc.add(kinds[name](loss))
+        out.setdefault(name, set()).add((fast, bool(acc.held)))
+    sync.close()
+    return out
+
+
+def test_ddps_fast_close_holds_the_losses_loss_sum_holds():
+    for res in run_dist(_ddp_holds_worker, 2):
+        assert res == {
+            "scalar": {(True, True)},
+            "scalar, detached": {(True, True)},
+            "a view": {(False, False)},
+            "a 1-element vector": {(False, False)},
+            "a float": {(False, False)},
+        }
+
+
 def _builtin_path_worker(rank, world, link):
     """ddp steps with rank 1 sleeping between its forward and its backward, so rank 0's
     backward waits on the gradient all-reduce; then two-phase cpdp steps for the counts."""
@@ -664,9 +710,9 @@ def _builtin_path_worker(rank, world, link):
 
 
 def test_the_builtin_gradient_path_times_a_slow_ranks_wait_as_sync_and_counts_as_the_hook():
-    """With no link on the CPU, DDP all-reduces in C++ and one gradient hook marks the end of
-    backward compute. Rank 1 sleeps 0.2 s before each backward: rank 0's backward is blocked
-    for about that long, and it must land in sync seconds, not backward compute. Counts
+    """With no link on the CPU, DDP all-reduces in C++ and one post-accumulate-grad hook marks
+    the end of backward compute. Rank 1 sleeps 0.2 s before each backward: rank 0's backward is
+    blocked for about that long, and it must land in sync seconds, not backward compute. Counts
     (gradient syncs, collectives, bytes) and which steps synchronized are the same as through
     the comm hook on an emulated link (`lan`), which sees every bucket."""
     none = run_dist(_builtin_path_worker, 2, "none")

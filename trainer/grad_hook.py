@@ -16,10 +16,11 @@ gradient accumulation, held only while steps synchronize, marks the time. On a G
 stays: the end of compute there is a CUDA event on the stream that computed the bucket, recorded
 as it becomes ready.
 
-The built-in path relies on every synchronized backward reaching the first trainable parameter,
-which DDP as `Sync` builds it requires (no unused parameters); a user who turns on DDP's private
-static-graph mode or runs backward through a reentrant checkpoint may see the wait counted as
-backward compute.
+The built-in path relies on every synchronized backward reaching the first trainable parameter
+DDP manages, which DDP as `Sync` builds it requires (no unused parameters); a user who turns on
+DDP's private static-graph mode, its Python reducer (compiled autograd's `optimize_ddp`
+"python_reducer", whose own post-accumulate hooks come first), or runs backward through a
+reentrant checkpoint may see the wait counted as backward compute.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
@@ -54,7 +55,7 @@ class GradSyncState:
     grad_nbytes: int = 0  # the gradients' bytes: one synchronized backward's payload
     reducer: dist.Reducer | None = None
     params: list[torch.Tensor] = field(default_factory=list)  # the built-in path's
-    _handle: Any = None  # its gradient hook, while held
+    _handle: Any = None  # its post-accumulate-grad hook, while held
     _bucket_count: int = 0
     _bucket_reads: int = 0
 
@@ -136,7 +137,10 @@ def install_grad_sync(ddp: DistributedDataParallel, state: GradSyncState) -> Non
     if state.clock is not None or device.type != "cpu":
         ddp.register_comm_hook(state, emulated_allreduce_hook)
         return
-    state.params = [p for p in ddp.module.parameters() if p.requires_grad]
+    # the parameters DDP all-reduces: a name in the module's _ddp_params_and_buffers_to_ignore
+    # is not one, and its hook could run after DDP's end-of-backward callback
+    managed = getattr(ddp, "_module_parameters", None) or list(ddp.module.parameters())
+    state.params = [p for p in managed if p.requires_grad]
     state.builtin = True
     state.reducer = ddp.reducer
     state.grad_nbytes = sum(p.numel() * p.element_size() for p in state.params)

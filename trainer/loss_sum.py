@@ -34,7 +34,8 @@ class LossSum:
                 self.number += float(loss)  # type: ignore[arg-type]
             return
         if loss.is_cpu:
-            if not loss.dim() and loss._base is None:  # a scalar that is no view: held
+            # a scalar that is no view: held (Sync._close_ddp_lazily holds ddp's loss alike)
+            if not loss.dim() and loss._base is None:
                 t = loss.detach()
                 self.held.append((t, t._version))
                 if len(self.held) >= LOSSES_HELD:
@@ -52,11 +53,6 @@ class LossSum:
             self.device_sum = t.to(torch.float64, copy=True)  # never the loop's own tensor
         else:
             acc.add_(t)
-
-    @property
-    def empty(self) -> bool:
-        """Nothing added since the sum started (or was taken)."""
-        return not self.held and not self.number and self.device_sum is None
 
     def _read_held(self) -> float:
         """The held scalars' sum, read now; they are dropped."""

@@ -532,11 +532,11 @@ class Sync:
         elif (
             isinstance(loss, torch.Tensor) and loss.is_cpu and not loss.dim() and loss._base is None
         ):
-            t = loss.detach()  # as LossSum.add holds it
+            t = loss.detach()  # as LossSum.add holds it: keep the two tests the same
             held = [(t, t._version)]
         else:
             return False
-        acc = self._loss
+        acc = self._loss  # anything added since the sum started
         if acc.held or acc.number or acc.device_sum is not None:
             return False  # a restored state's interval loss: the general path sums it
         gs = self.grad_state
