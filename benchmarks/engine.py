@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import os
 import platform
@@ -309,16 +310,15 @@ def _interleaved_steps(
     # The Python each side runs per timed step, counted (benchmarks/bytecodes.py): the same
     # on every run, where the times above move with the machine. Untimed, after the rounds.
     counted: dict[str, list[tuple[int, int]]] = {"autok": [], "plain": []}
-    while min(len(c) for c in counted.values()) < 4:  # a loader of a few batches: again
-        for x, y in loader:
-            batch += 1
-            for name, run in sides:
-                timed: dict[int, float] = {}
-                got = bytecodes.count(lambda run=run, x=x, y=y, t=timed: run(x, y, t))
-                if timed:
-                    counted[name].append(got)
-            if min(len(c) for c in counted.values()) >= 4:
-                break
+    for x, y in itertools.chain.from_iterable(itertools.repeat(loader)):  # epoch after epoch
+        if min(len(c) for c in counted.values()) >= 4:
+            break
+        batch += 1
+        for name, run in sides:
+            timed: dict[int, float] = {}
+            got = bytecodes.count(lambda run=run, x=x, y=y, t=timed: run(x, y, t))
+            if timed:
+                counted[name].append(got)
     sync.close()
     return per_round | {
         "steps_per_epoch": len(loader),

@@ -514,8 +514,8 @@ class Sync:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
         (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
-        step; `_keep_ddp_record` and LossSum's test of what it holds are inlined (each call
-        is paid at every step; tests/test_hot_path.py counts the bytecodes). False, with
+        step; LossSum's test of what it holds is inlined (each call is paid at every step;
+        tests/test_hot_path.py counts the bytecodes). False, with
         nothing changed, where the general path must run: observers, no decision yet, a
         boundary the guard judges, or a loss LossSum would not hold as it is.
         `last_boundary` builds the record from what is kept."""
@@ -543,7 +543,7 @@ class Sync:
         compute += interval.compute_seconds
         exposed = interval.exposed_sync_seconds + wait
         steps = interval.steps + 1
-        k = 1 if self.warmup else self.sync_period  # k_in_force
+        k = self.k_in_force
         record = self._ddp_record(
             k,
             steps,
@@ -555,11 +555,7 @@ class Sync:
             interval.grad_syncs + grad_synced,
         )
         self.collectives += gs.buckets
-        # _keep_ddp_record
-        self._lazy_record = (record, held, steps)
-        self._count_k_path(k, compute + exposed, steps)
-        self.sync_period = self.last_decision.next_sync_period
-        self.boundary += 1
+        self._keep_ddp_record(record, held, k, compute + exposed, steps)
         self._interval = Interval()
         self.global_step += 1
         return True
