@@ -202,7 +202,7 @@ class Sync:
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
         self._fragments = opts.fragments
-        self._in_step: _StepState | None = None
+        self._in_step: _Step | None = None
         optimizer.register_step_pre_hook(self._before_optimizer_step)
         optimizer.register_step_post_hook(self._after_optimizer_step)
 
@@ -252,15 +252,17 @@ class Sync:
         epochs start identical)."""
         return _Step(self, boundary)
 
-    def _open_step(self, boundary: bool) -> tuple[_StepState, AbstractContextManager]:
+    def _open_step(self, state: _Step) -> AbstractContextManager:
         if self._in_step is not None:
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
         if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
             gap, fragment = 1 if self.warmup else self.sync_period, WHOLE
         else:
             gap, fragment = self._next_sync()
-        is_boundary = boundary or self._interval.steps + 1 >= gap
-        state = self._in_step = _StepState(is_boundary, boundary, WHOLE if boundary else fragment)
+        is_boundary = state.is_boundary = state.last_of_epoch or self._interval.steps + 1 >= gap
+        if fragment != WHOLE and not state.last_of_epoch:
+            state.fragment = fragment
+        self._in_step = state
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         syncs = self.strategy.syncs_gradients(is_boundary)
@@ -269,7 +271,7 @@ class Sync:
         state.t0 = state.fwd_start = self.now()
         if self._marks is not None:
             self._marks.start()
-        return state, ctx
+        return ctx
 
     def _after_forward(self, args: tuple) -> None:
         state = self._in_step
@@ -302,7 +304,7 @@ class Sync:
             if self._marks is not None:
                 self._marks.mark(T3)
 
-    def _close_step(self, state: _StepState, handle: StepHandle) -> None:
+    def _close_step(self, state: _Step) -> None:
         end = self.now()
         t1 = state.t1 if state.t1 is not None else state.t0
         t2 = state.t2 if state.t2 is not None else end  # GradScaler skipped the step
@@ -325,14 +327,22 @@ class Sync:
             grad_synced, backward = True, span - wait
             self.grad_syncs += 1
         synced = wait  # this step's exposed sync: the gradient wait, and any averaging below
+        compute = forward + backward + optimizer
         # StepTimes' values, built only if `last_step` is read (issue 17: per step); set before
         # any boundary closes below, whose observers may read it, and again with its time
         self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
         if self.averager is None and self._close_ddp_lazily(
-            state, handle.loss, interval, forward + backward + optimizer, wait, grad_synced
+            state, interval, compute, wait, grad_synced
         ):
             return
+        # the step's payload: any all-reduced bucket counts, as its wait may not (a forward
+        # after backward moves t1 past the buckets)
+        interval.grad_bytes += gs.nbytes
+        self.collectives += gs.buckets
+        if grad_synced:  # (a local step's wait and syncs add nothing)
+            interval.grad_syncs += 1
+            interval.exposed_sync_seconds += wait
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
@@ -342,13 +352,9 @@ class Sync:
                 interval.exposed_sync_seconds += finish
                 synced += finish
                 self._last_step = (forward, backward, optimizer, synced, *self._last_step[4:])
-        self._loss.add(handle.loss)
+        self._loss.add(state.loss)
         interval.steps += 1
-        interval.compute_seconds += forward + backward + optimizer
-        interval.exposed_sync_seconds += wait
-        interval.grad_bytes += gs.nbytes
-        self.collectives += gs.buckets
-        interval.grad_syncs += grad_synced
+        interval.compute_seconds += compute
         if state.is_boundary:
             # Delayed (overlapped) after warmup, but never at a forced (epoch-end) boundary.
             delay = (
@@ -503,22 +509,16 @@ class Sync:
         self.boundary += 1
 
     def _close_ddp_lazily(
-        self,
-        state: _StepState,
-        loss: Any,
-        interval: Interval,
-        compute: float,
-        wait: float,
-        grad_synced: bool,
+        self, state: _Step, interval: Interval, compute: float, wait: float, grad_synced: bool
     ) -> bool:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
         (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
         step; LossSum's test of what it holds is inlined (each call is paid at every step;
-        tests/test_hot_path.py counts the bytecodes). False, with
-        nothing changed, where the general path must run: observers, no decision yet, a
-        boundary the guard judges, or a loss LossSum would not hold as it is.
-        `last_boundary` builds the record from what is kept."""
+        tests/test_hot_path.py counts the bytecodes). False, with nothing changed, where the
+        general path must run: observers, no decision yet, a boundary the guard
+        judges, or a loss LossSum would not hold as it is. `last_boundary` builds the record
+        from what is kept."""
         if (
             self.observers
             or self.last_decision is None
@@ -527,6 +527,7 @@ class Sync:
             or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         ):
             return False
+        loss = state.loss
         if loss is None:
             held = []
         elif (
@@ -826,38 +827,34 @@ class _InFlight:
     age: int = 0  # steps closed since it was launched
 
 
-@dataclass(slots=True)
-class _StepState:
-    is_boundary: bool
-    last_of_epoch: bool
-    fragment: int = WHOLE  # what the step's boundary moves
-    t0: float = 0.0
-    fwd_start: float = 0.0
-    forward: float = 0.0
+class _Step(StepHandle):
+    """`with sync.step() as s`: the handle the loop body gets, and the step's state (its clock
+    points), one object per step (issue 17: each object a step makes is paid at every step).
+    A class rather than a generator context manager, which costs a generator and its frames on
+    every step. The state's fields read their class defaults until the step sets them."""
+
+    last_of_epoch = False  # a boundary the loop asked for (`boundary=True`)
+    fragment = WHOLE  # what the step's boundary moves
+    t0 = fwd_start = forward = 0.0
     t1: float | None = None
     t2: float | None = None
     t3: float | None = None
     lr: float | None = None
 
-
-class _Step:
-    """`with sync.step() as s`: a class rather than a generator context manager, which costs
-    a generator and its frames on every step (issue 17: the per-step overhead)."""
-
-    __slots__ = ("sync", "boundary", "state", "handle", "ctx")
-
     def __init__(self, sync: Sync, boundary: bool) -> None:
-        self.sync, self.boundary = sync, boundary
+        self.sync, self.loss = sync, None
+        if boundary:
+            self.last_of_epoch = True
 
     def __enter__(self) -> StepHandle:
-        self.state, self.ctx = self.sync._open_step(self.boundary)
-        self.handle = StepHandle(self.state.is_boundary)
+        sync = self.sync
+        self.ctx = sync._open_step(self)
         try:
             self.ctx.__enter__()
         except BaseException:
-            self.sync._in_step = None
+            sync._in_step = None
             raise
-        return self.handle
+        return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         sync = self.sync
@@ -866,5 +863,5 @@ class _Step:
         finally:
             sync._in_step = None
         if exc_type is None:
-            sync._close_step(self.state, self.handle)
+            sync._close_step(self)
         return False
