@@ -217,6 +217,58 @@ def test_a_state_of_another_kind_of_sync_is_refused_naming_what_differs():
     assert said["none"].startswith("load_state_dict: expected the dict sync.state_dict()")
 
 
+def _step_object_worker(rank, world):
+    """One `sync.step()` object per step: entered twice, nested, or after an opening that
+    raised, the engine says so or carries on as a fresh step would."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
+    (x, y), said = _batches(rank, 1)[0], {}
+
+    def body(s):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(sync.model(x), y)
+        loss.backward()
+        opt.step()
+        s.loss = loss
+
+    step = sync.step()
+    with step as s:
+        body(s)
+    try:
+        with step as s:
+            body(s)
+    except RuntimeError as exc:
+        said["reused"] = str(exc)
+    with sync.step() as s:
+        try:
+            with sync.step():
+                pass
+        except RuntimeError as exc:
+            said["nested"] = str(exc)
+        body(s)
+    sync.clock = "not a clock"  # its opening raises after the step's state is made
+    try:
+        with sync.step() as s:
+            body(s)
+    except AttributeError:
+        said["raised"] = True
+    sync.clock = None
+    with sync.step() as s:  # nothing was left open
+        body(s)
+    said["steps"], said["boundaries"] = sync.global_step, sync.boundary
+    sync.close()
+    return said
+
+
+def test_a_step_object_serves_one_step_and_a_failed_opening_leaves_none_open():
+    (said,) = run_dist(_step_object_worker, 1)
+    assert said["reused"] == "a sync.step() serves one step: open a new one for each"
+    assert said["nested"] == "sync.step() is already open: one optimizer step at a time"
+    assert said["raised"] is True
+    assert (said["steps"], said["boundaries"]) == (3, 1)
+
+
 def _exposed_sync_worker(rank, world):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -259,26 +259,26 @@ class Sync:
             gap, fragment = 1 if self.warmup else self.sync_period, WHOLE
         else:
             gap, fragment = self._next_sync()
-        is_boundary = state.is_boundary = state.last_of_epoch or self._interval.steps + 1 >= gap
-        if fragment != WHOLE and not state.last_of_epoch:
-            state.fragment = fragment
-        self._in_step = state
+        is_boundary = state.is_boundary = state._last_of_epoch or self._interval.steps + 1 >= gap
+        if fragment != WHOLE and not state._last_of_epoch:
+            state._fragment = fragment
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         syncs = self.strategy.syncs_gradients(is_boundary)
         self.grad_state.reset(local=not syncs)
         ctx = self.strategy.backward_context(self.model, syncs)
-        state.t0 = state.fwd_start = self.now()
+        state._t0 = state._fwd_start = self.now()
         if self._marks is not None:
             self._marks.start()
+        self._in_step = state  # last: a step whose opening raised is not left open
         return ctx
 
     def _after_forward(self, args: tuple) -> None:
         state = self._in_step
-        if state is not None and state.t2 is None:
+        if state is not None and state._t2 is None:
             t = self.now()
-            state.forward += t - state.fwd_start
-            state.fwd_start = state.t1 = t  # a further forward (accumulation) starts here
+            state._forward += t - state._fwd_start
+            state._fwd_start = state._t1 = t  # a further forward (accumulation) starts here
             if self._marks is not None:
                 self._marks.mark(T1)
             if self.model.require_backward_grad_sync and torch.is_grad_enabled():
@@ -288,32 +288,32 @@ class Sync:
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
-        if state is None or state.t2 is not None:
+        if state is None or state._t2 is not None:
             return
-        state.t2 = self.now()
+        state._t2 = self.now()
         if self._marks is not None:
             self._marks.mark(T2)
-        state.lr = optimizer.param_groups[0]["lr"]
+        state._lr = optimizer.param_groups[0]["lr"]
         if state.is_boundary and self.strategy.fused_gradients:
             self.averager.capture_boundary_grads()  # g_i as it enters the step
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
-        if state is not None and state.t3 is None and state.t2 is not None:
-            state.t3 = self.now()
+        if state is not None and state._t3 is None and state._t2 is not None:
+            state._t3 = self.now()
             if self._marks is not None:
                 self._marks.mark(T3)
 
     def _close_step(self, state: _Step) -> None:
         end = self.now()
-        t1 = state.t1 if state.t1 is not None else state.t0
-        t2 = state.t2 if state.t2 is not None else end  # GradScaler skipped the step
-        t3 = state.t3 if state.t3 is not None else t2
-        if state.lr is None:
-            state.lr = self.optimizer.param_groups[0]["lr"]
+        t1 = state._t1 if state._t1 is not None else state._t0
+        t2 = state._t2 if state._t2 is not None else end  # GradScaler skipped the step
+        t3 = state._t3 if state._t3 is not None else t2
+        if state._lr is None:
+            state._lr = self.optimizer.param_groups[0]["lr"]
         gs = self.grad_state
         if self._marks is None:
-            forward, span, optimizer = state.forward, t2 - t1, t3 - t2
+            forward, span, optimizer = state._forward, t2 - t1, t3 - t2
             # no bucket marked ready (a local step): exposed_wait would say None
             wait = gs.exposed_wait(t1, t2) if gs.last_ready is not None else None
         else:  # on the device's clock; the one host sync of the step
@@ -336,13 +336,6 @@ class Sync:
             state, interval, compute, wait, grad_synced
         ):
             return
-        # the step's payload: any all-reduced bucket counts, as its wait may not (a forward
-        # after backward moves t1 past the buckets)
-        interval.grad_bytes += gs.nbytes
-        self.collectives += gs.buckets
-        if grad_synced:  # (a local step's wait and syncs add nothing)
-            interval.grad_syncs += 1
-            interval.exposed_sync_seconds += wait
         if self._pending is not None:
             # A delayed average is applied τ local steps after its sync started, or earlier
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
@@ -355,20 +348,27 @@ class Sync:
         self._loss.add(state.loss)
         interval.steps += 1
         interval.compute_seconds += compute
+        # the step's payload: any all-reduced bucket counts, as its wait may not (a forward
+        # after backward moves t1 past the buckets)
+        interval.grad_bytes += gs.nbytes
+        self.collectives += gs.buckets
+        if grad_synced:  # (a local step's wait and syncs add nothing)
+            interval.exposed_sync_seconds += wait
+            interval.grad_syncs += 1
         if state.is_boundary:
             # Delayed (overlapped) after warmup, but never at a forced (epoch-end) boundary.
             delay = (
                 self.options.delay
-                if self.averager is not None and not self.warmup and not state.last_of_epoch
+                if self.averager is not None and not self.warmup and not state._last_of_epoch
                 else 0
             )
             carried = self._boundary(
                 interval,
                 self.k_in_force,
-                state.lr,
+                state._lr,
                 delay,
-                fragment=state.fragment,
-                forced=state.last_of_epoch,
+                fragment=state._fragment,
+                forced=state._last_of_epoch,
             )
             self._interval = Interval(exposed_sync_seconds=carried)
             if carried:
@@ -523,7 +523,7 @@ class Sync:
             self.observers
             or self.last_decision is None
             or not state.is_boundary  # (never on ddp, whose K is 1)
-            or state.last_of_epoch
+            or state._last_of_epoch
             or self.boundary % DDP_PARAM_CHECK_EVERY == 0
         ):
             return False
@@ -551,7 +551,7 @@ class Sync:
             compute,
             exposed,
             interval.grad_bytes + gs.nbytes,
-            state.lr,
+            state._lr,
             interval.samples,
             interval.grad_syncs + grad_synced,
         )
@@ -831,35 +831,39 @@ class _Step(StepHandle):
     """`with sync.step() as s`: the handle the loop body gets, and the step's state (its clock
     points), one object per step (issue 17: each object a step makes is paid at every step).
     A class rather than a generator context manager, which costs a generator and its frames on
-    every step. The state's fields read their class defaults until the step sets them."""
+    every step. The state's fields are private (the body sets `loss` alone) and read their
+    class defaults until the step sets them; one object serves one step."""
 
-    last_of_epoch = False  # a boundary the loop asked for (`boundary=True`)
-    fragment = WHOLE  # what the step's boundary moves
-    t0 = fwd_start = forward = 0.0
-    t1: float | None = None
-    t2: float | None = None
-    t3: float | None = None
-    lr: float | None = None
+    _ctx: AbstractContextManager | None = None  # the backward context, once entered
+    _last_of_epoch = False  # a boundary the loop asked for (`boundary=True`)
+    _fragment = WHOLE  # what the step's boundary moves
+    _t0 = _fwd_start = _forward = 0.0
+    _t1: float | None = None
+    _t2: float | None = None
+    _t3: float | None = None
+    _lr: float | None = None
 
     def __init__(self, sync: Sync, boundary: bool) -> None:
-        self.sync, self.loss = sync, None
+        self._sync, self.loss = sync, None
         if boundary:
-            self.last_of_epoch = True
+            self._last_of_epoch = True
 
     def __enter__(self) -> StepHandle:
-        sync = self.sync
-        self.ctx = sync._open_step(self)
+        if self._ctx is not None:
+            raise RuntimeError("a sync.step() serves one step: open a new one for each")
+        sync = self._sync
+        self._ctx = sync._open_step(self)
         try:
-            self.ctx.__enter__()
+            self._ctx.__enter__()
         except BaseException:
             sync._in_step = None
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        sync = self.sync
+        sync = self._sync
         try:
-            self.ctx.__exit__(exc_type, exc, tb)
+            self._ctx.__exit__(exc_type, exc, tb)
         finally:
             sync._in_step = None
         if exc_type is None:
