@@ -516,9 +516,9 @@ class Sync:
         (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
         step; LossSum's test of what it holds is inlined (each call is paid at every step;
         tests/test_hot_path.py counts the bytecodes). False, with nothing changed, where the
-        general path must run: observers, no decision yet, a boundary the guard
-        judges, or a loss LossSum would not hold as it is. `last_boundary` builds the record
-        from what is kept."""
+        general path must run: observers, no decision yet, a boundary the guard judges, or a
+        loss LossSum would not hold as it is. `last_boundary` builds the record from what is
+        kept."""
         if (
             self.observers
             or self.last_decision is None
