@@ -218,8 +218,9 @@ def test_a_state_of_another_kind_of_sync_is_refused_naming_what_differs():
 
 
 def _step_object_worker(rank, world):
-    """One `sync.step()` object per step: entered twice, nested, or after an opening that
-    raised, the engine says so or carries on as a fresh step would."""
+    """One `sync.step()` object per step: entered twice (also after an opening that raised),
+    nested, or a fresh one after an opening that raised: the engine says so or carries on as a
+    fresh step would."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
@@ -248,12 +249,18 @@ def _step_object_worker(rank, world):
             said["nested"] = str(exc)
         body(s)
     sync.clock = "not a clock"  # its opening raises after the step's state is made
+    failed = sync.step()
     try:
-        with sync.step() as s:
+        with failed as s:
             body(s)
     except AttributeError:
         said["raised"] = True
     sync.clock = None
+    try:  # an object whose opening raised is spent too: it would carry that opening's state
+        with failed as s:
+            body(s)
+    except RuntimeError as exc:
+        said["reentered"] = str(exc)
     with sync.step() as s:  # nothing was left open
         body(s)
     said["steps"], said["boundaries"] = sync.global_step, sync.boundary
@@ -266,6 +273,7 @@ def test_a_step_object_serves_one_step_and_a_failed_opening_leaves_none_open():
     assert said["reused"] == "a sync.step() serves one step: open a new one for each"
     assert said["nested"] == "sync.step() is already open: one optimizer step at a time"
     assert said["raised"] is True
+    assert said["reentered"] == said["reused"]
     assert (said["steps"], said["boundaries"]) == (3, 1)
 
 

@@ -6,17 +6,14 @@
 | localsgd | no_sync() backward, local step | local step, parameter average (+ SlowMo if β > 0) |
 | cpdp     | no_sync() backward, local step | grad AllReduce, synced step, average, SlowMo      |
 
-The training loop asks a strategy two questions and never branches on its name.
+The engine asks a strategy its flags and its backward context, and never branches on its name.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from torch.nn.parallel import DistributedDataParallel
-
-_NO_CONTEXT = nullcontext()  # reusable: enters and exits any number of times
 
 
 class _NoSync:
@@ -48,16 +45,13 @@ class SyncStrategy:
     # cpdp's gradient AllReduce rides inside the averaging collective (one latency, not two)
     fused_gradients: bool = False
 
-    def syncs_gradients(self, is_boundary: bool) -> bool:
-        """Whether this step's backward all-reduces its gradients through DDP."""
-        return is_boundary and self.grad_sync_at_boundary
-
-    @staticmethod
-    def backward_context(model: DistributedDataParallel, syncs: bool) -> AbstractContextManager:
-        """The context of a step's backward, given `syncs_gradients` for it: DDP all-reduces
-        gradients inside backward unless no_sync() suppresses its hooks; local steps keep their
-        gradients local, so the optimizer step that follows is a local one."""
-        return _NO_CONTEXT if syncs else _NoSync(model)
+    def backward_context(self, model: DistributedDataParallel, is_boundary: bool) -> _NoSync | None:
+        """The context of a step's backward: DDP all-reduces gradients inside backward unless
+        no_sync() suppresses its hooks; local steps keep their gradients local, so the optimizer
+        step that follows is a local one. None where the backward all-reduces (a boundary, where
+        the strategy syncs gradients in it): nothing to enter, where a null context's two frames
+        were paid at every synchronized step (issue 17)."""
+        return None if is_boundary and self.grad_sync_at_boundary else _NoSync(model)
 
 
 def fused(strategy: SyncStrategy) -> SyncStrategy:

@@ -54,7 +54,6 @@ from trainer.strategies import STRATEGIES, fused
 # caught at most that many steps late (64 steps, about 0.1-0.2 s of the cnn1d; at 16 the check
 # cost 5-8 µs a step, issue 17). Its other checks (drift, update) are zero by construction.
 DDP_PARAM_CHECK_EVERY = 64
-LOSS_FIELD = [f.name for f in fields(BoundaryStats)].index("train_loss")
 
 
 @dataclass(slots=True)
@@ -127,6 +126,7 @@ class Sync:
         )
         if use_fused:
             self.strategy = fused(self.strategy)
+        self._fused = self.strategy.fused_gradients  # (asked at every step)
         # The host clock, read without a device sync; on a GPU the step's spans come from
         # DeviceMarks' events, read once at the step's close.
         self.now = time.perf_counter
@@ -188,7 +188,7 @@ class Sync:
         # gradient sync and one parameter sync in a single collective; DDP may use several
         # buckets for one gradient sync.
         self.collectives = 0
-        self.k_path: dict[int, dict[str, float]] = {}  # K -> seconds, boundaries, steps
+        self.k_path = {}  # K -> seconds, boundaries, steps (a property: see there)
         self._last_boundary: BoundaryStats | None = None
         # ddp with no observers: the last record's field values, built only if it is read
         self._lazy_record: tuple | None = None
@@ -252,7 +252,7 @@ class Sync:
         epochs start identical)."""
         return _Step(self, boundary)
 
-    def _open_step(self, state: _Step) -> AbstractContextManager:
+    def _open_step(self, state: _Step) -> AbstractContextManager | None:
         if self._in_step is not None:
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
         if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
@@ -264,9 +264,8 @@ class Sync:
             state._fragment = fragment
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
-        syncs = self.strategy.syncs_gradients(is_boundary)
-        self.grad_state.reset(local=not syncs)
-        ctx = self.strategy.backward_context(self.model, syncs)
+        ctx = self.strategy.backward_context(self.model, is_boundary)
+        self.grad_state.reset(local=ctx is not None)  # (a local step: no_sync's context)
         state._t0 = state._fwd_start = self.now()
         if self._marks is not None:
             self._marks.start()
@@ -283,8 +282,8 @@ class Sync:
                 self._marks.mark(T1)
             if self.model.require_backward_grad_sync and torch.is_grad_enabled():
                 self.grad_state.arm()  # DDP all-reduces this forward's backward
-            if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
-                self._interval.samples += args[0].shape[0]  # for samples/s in the records
+            if args and isinstance(x := args[0], torch.Tensor) and (shape := x.shape):
+                self._interval.samples += shape[0]  # for samples/s in the records
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
@@ -294,7 +293,7 @@ class Sync:
         if self._marks is not None:
             self._marks.mark(T2)
         state._lr = optimizer.param_groups[0]["lr"]
-        if state.is_boundary and self.strategy.fused_gradients:
+        if self._fused and state.is_boundary:
             self.averager.capture_boundary_grads()  # g_i as it enters the step
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
@@ -443,88 +442,84 @@ class Sync:
         reads the record now, its loss is read only if the record is (`last_boundary`)."""
         if self.observers:
             self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        record = self._ddp_record(
-            k,
+        kept = (
             interval.steps,
-            interval.compute_seconds,
-            interval.exposed_sync_seconds,
-            interval.grad_bytes,
-            lr,
-            interval.samples,
-            interval.grad_syncs,
-        )
-        judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
-        if judge or self.observers or self.last_decision is None:
-            record[LOSS_FIELD] = self._loss.take() / interval.steps
-            stats = BoundaryStats(*record)
-            finite = not judge or params_finite(self._params)
-            self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
-            return
-        loss, self._loss = self._loss, LossSum()
-        seconds = interval.compute_seconds + interval.exposed_sync_seconds
-        self._keep_ddp_record(record, loss, k, seconds, interval.steps)
-
-    def _ddp_record(
-        self,
-        k: int,
-        steps: int,
-        compute: float,
-        exposed: float,
-        grad_bytes: int,
-        lr: float,
-        samples: int,
-        grad_syncs: int,
-    ) -> list:
-        """A ddp boundary's BoundaryStats fields, in order; its train loss (0.0 here) is filled
-        in where the record is built."""
-        return [
+            self._loss,
             self.boundary,
             self.global_step,
             self.epoch,
             k,
+            interval.compute_seconds,
+            interval.exposed_sync_seconds,
+            interval.grad_bytes,
+            lr,
+            self.warmup,
+            interval.samples,
+            interval.grad_syncs,
+            self.link_name,
+        )
+        judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
+        if judge or self.observers or self.last_decision is None:
+            stats = self._ddp_stats(kept, self._loss.take())
+            finite = not judge or params_finite(self._params)
+            self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
+            return
+        # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
+        # `fixed` (the options allow no other), so its decision stands. The record is kept as
+        # its values, its loss unread, and built if `last_boundary` is read.
+        self._lazy_record, self._loss = kept, LossSum()
+        seconds = interval.compute_seconds + interval.exposed_sync_seconds
+        self._count_k_path(k, seconds, interval.steps)
+        self.boundary += 1
+
+    def _ddp_stats(self, kept: tuple, loss_sum: float) -> BoundaryStats:
+        """A ddp boundary's record from the values kept at its close (`_ddp_boundary`,
+        `_close_ddp_lazily`), with the interval's loss sum read from what [1] held."""
+        steps, _, boundary, global_step, epoch, k, compute, exposed, nbytes, lr = kept[:10]
+        warmup, samples, grad_syncs, link = kept[10:]
+        return BoundaryStats(
+            boundary,
+            global_step,
+            epoch,
+            k,
             steps,
             compute,
             exposed,
-            0.0,  # drift
+            0.0,  # drift: ddp's replicas never drift
             0.0,  # update
             0.0,  # drift ratio
-            0.0,  # the train loss
-            grad_bytes,
+            loss_sum / steps,
+            nbytes,
             lr,
-            self.warmup,
+            warmup,
             samples * self.world_size,  # DistributedSampler: equal samples per rank
             grad_syncs,
             0,  # parameter syncs
-            self.link_name,
-        ]
-
-    def _keep_ddp_record(self, record: list, loss: Any, k: int, seconds: float, steps: int) -> None:
-        """Nobody reads this record now and the guard has nothing to judge; ddp's controller is
-        `fixed` (the options allow no other), so its decision stands. The record is kept as its
-        values, with its loss unread (a LossSum, or held pairs), and built if `last_boundary`
-        is read."""
-        self._lazy_record = (record, loss, steps)
-        self._count_k_path(k, seconds, steps)
-        self.sync_period = self.last_decision.next_sync_period
-        self.boundary += 1
+            link,
+        )
 
     def _close_ddp_lazily(
         self, state: _Step, interval: Interval, compute: float, wait: float, grad_synced: bool
     ) -> bool:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
-        (issue 17), with the loss held as LossSum holds a CPU scalar but no LossSum made per
-        step; LossSum's test of what it holds is inlined (each call is paid at every step;
-        tests/test_hot_path.py counts the bytecodes). False, with nothing changed, where the
-        general path must run: observers, no decision yet, a boundary the guard judges, or a
-        loss LossSum would not hold as it is. `last_boundary` builds the record from what is
-        kept."""
+        (issue 17): the record kept as one tuple of its values, the K path's sums kept as three
+        numbers (`k_path` folds them in), the loss held as LossSum holds a CPU scalar but no
+        LossSum made per step; LossSum's test of what it holds is inlined (each call is paid at
+        every step; tests/test_hot_path.py counts the bytecodes). False, with nothing changed,
+        where the general path must run: observers, no decision yet, a boundary the guard
+        judges, or a loss LossSum would not hold as it is. ddp's K is 1 (its options allow no
+        other). `last_boundary` builds the record from what is kept."""
+        acc = self._loss  # anything added since the sum started: a restored state's
         if (
             self.observers
             or self.last_decision is None
             or not state.is_boundary  # (never on ddp, whose K is 1)
             or state._last_of_epoch
             or self.boundary % DDP_PARAM_CHECK_EVERY == 0
+            or acc.held
+            or acc.number
+            or acc.device_sum is not None
         ):
             return False
         loss = state.loss
@@ -537,28 +532,36 @@ class Sync:
             held = [(t, t._version)]
         else:
             return False
-        acc = self._loss  # anything added since the sum started
-        if acc.held or acc.number or acc.device_sum is not None:
-            return False  # a restored state's interval loss: the general path sums it
         gs = self.grad_state
         compute += interval.compute_seconds
         exposed = interval.exposed_sync_seconds + wait
         steps = interval.steps + 1
-        k = self.k_in_force
-        record = self._ddp_record(
-            k,
+        self._lazy_record = (
             steps,
+            held,
+            self.boundary,
+            self.global_step,
+            self.epoch,
+            1,  # K
             compute,
             exposed,
             interval.grad_bytes + gs.nbytes,
             state._lr,
+            self.warmup,
             interval.samples,
             interval.grad_syncs + grad_synced,
+            self.link_name,
         )
+        self._k1_seconds += compute + exposed
+        self._k1_boundaries += 1
+        self._k1_steps += steps
         self.collectives += gs.buckets
-        self._keep_ddp_record(record, held, k, compute + exposed, steps)
-        self._interval = Interval()
+        self.boundary += 1
         self.global_step += 1
+        # the next interval: this one emptied in place (what Interval() makes, without its
+        # frame at every step); no other holder of it reads it after this close
+        interval.steps = interval.compute_seconds = interval.exposed_sync_seconds = 0
+        interval.grad_bytes = interval.samples = interval.grad_syncs = 0
         return True
 
     def _finish_boundary(self, settle: bool = False) -> float:
@@ -614,12 +617,29 @@ class Sync:
         self.boundary += 1
 
     def _count_k_path(self, k: int, seconds: float, steps: int) -> None:
-        at_k = self.k_path.get(k)
+        path = self.k_path  # (with ddp's fast-path sums folded in)
+        at_k = path.get(k)
         if at_k is None:
-            at_k = self.k_path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
+            at_k = path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
         at_k["seconds"] += seconds
         at_k["boundaries"] += 1
         at_k["steps"] += steps
+
+    @property
+    def k_path(self) -> dict[int, dict[str, float]]:
+        """K -> the seconds, boundaries and steps spent at it, in the order K was first used."""
+        if self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart (issue 17)
+            at_1 = self._k_path.setdefault(1, {"seconds": 0.0, "boundaries": 0, "steps": 0})
+            at_1["seconds"] += self._k1_seconds
+            at_1["boundaries"] += self._k1_boundaries
+            at_1["steps"] += self._k1_steps
+            self._k1_seconds, self._k1_boundaries, self._k1_steps = 0.0, 0, 0
+        return self._k_path
+
+    @k_path.setter
+    def k_path(self, path: dict[int, dict[str, float]]) -> None:
+        self._k_path = path
+        self._k1_seconds, self._k1_boundaries, self._k1_steps = 0.0, 0, 0
 
     @property
     def last_step(self) -> StepTimes:
@@ -633,11 +653,11 @@ class Sync:
         """The record of the last boundary (None before the first). Read it from the loop's
         own thread: on ddp it is built on reading (and reads the interval's loss)."""
         if self._lazy_record is not None:
-            record, loss, steps = self._lazy_record
+            loss = self._lazy_record[1]
             # a LossSum (_ddp_boundary) or the held (tensor, version) list (_close_ddp_lazily)
             total = loss.take() if isinstance(loss, LossSum) else read_held(loss)
-            record[LOSS_FIELD] = total / steps
-            self._last_boundary, self._lazy_record = BoundaryStats(*record), None
+            self._last_boundary = self._ddp_stats(self._lazy_record, total)
+            self._lazy_record = None
         return self._last_boundary
 
     def sync_now(self) -> float:
@@ -834,7 +854,8 @@ class _Step(StepHandle):
     every step. The state's fields are private (the body sets `loss` alone) and read their
     class defaults until the step sets them; one object serves one step."""
 
-    _ctx: AbstractContextManager | None = None  # the backward context, once entered
+    _opened = False  # entered once: the object serves no other step
+    _ctx: AbstractContextManager | None = None  # the backward context of a local step
     _last_of_epoch = False  # a boundary the loop asked for (`boundary=True`)
     _fragment = WHOLE  # what the step's boundary moves
     _t0 = _fwd_start = _forward = 0.0
@@ -849,23 +870,25 @@ class _Step(StepHandle):
             self._last_of_epoch = True
 
     def __enter__(self) -> StepHandle:
-        if self._ctx is not None:
+        if self._opened:
             raise RuntimeError("a sync.step() serves one step: open a new one for each")
+        self._opened = True  # first: an opening that raised leaves nothing to enter again
         sync = self._sync
-        self._ctx = sync._open_step(self)
-        try:
-            self._ctx.__enter__()
-        except BaseException:
-            sync._in_step = None
-            raise
+        ctx = sync._open_step(self)
+        if ctx is not None:
+            try:
+                ctx.__enter__()
+            except BaseException:
+                sync._in_step = None
+                raise
+            self._ctx = ctx
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         sync = self._sync
-        try:
+        sync._in_step = None
+        if self._ctx is not None:
             self._ctx.__exit__(exc_type, exc, tb)
-        finally:
-            sync._in_step = None
         if exc_type is None:
             sync._close_step(self)
         return False
