@@ -241,13 +241,19 @@ def _step_object_worker(rank, world):
             body(s)
     except RuntimeError as exc:
         said["reused"] = str(exc)
-    with sync.step() as s:
+    boundary = sync.step()  # the second step: a boundary, whose backward has no context
+    with boundary as s:
         try:
             with sync.step():
                 pass
         except RuntimeError as exc:
             said["nested"] = str(exc)
         body(s)
+    try:
+        with boundary as s:
+            body(s)
+    except RuntimeError as exc:
+        said["reused boundary"] = str(exc)
     sync.clock = "not a clock"  # its opening raises after the step's state is made
     failed = sync.step()
     try:
@@ -265,6 +271,18 @@ def _step_object_worker(rank, world):
         body(s)
     said["steps"], said["boundaries"] = sync.global_step, sync.boundary
     sync.close()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="ddp", link="none")
+    ddp_step = sync.step()
+    for _ in range(2):
+        try:
+            with ddp_step as s:
+                body(s)
+        except RuntimeError as exc:
+            said["reused ddp"] = str(exc)
+    said["ddp steps"] = sync.global_step
+    sync.close()
     return said
 
 
@@ -274,6 +292,8 @@ def test_a_step_object_serves_one_step_and_a_failed_opening_leaves_none_open():
     assert said["nested"] == "sync.step() is already open: one optimizer step at a time"
     assert said["raised"] is True
     assert said["reentered"] == said["reused"]
+    assert said["reused boundary"] == said["reused ddp"] == said["reused"]
+    assert said["ddp steps"] == 1
     assert (said["steps"], said["boundaries"]) == (3, 1)
 
 
@@ -611,7 +631,7 @@ def _ddp_records_worker(rank, world):
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         syncs.append((autok.Sync(model, opt, strategy="ddp", observers=observers), opt, model))
     timing = {"compute_seconds", "exposed_sync_seconds"}
-    lazy, kept, fast = [], [], []
+    lazy, kept, fast, types, seconds = [], [], [], [], 0.0
     batches = _batches(rank, 70, batch=4)  # past DDP_PARAM_CHECK_EVERY (64): both branches
     losses = [(i % 3 == 0, i % 5 == 0) for i in range(len(batches))]  # no loss; a float
     for (x, y), (none, number) in zip(batches, losses, strict=True):
@@ -625,14 +645,19 @@ def _ddp_records_worker(rank, world):
         held = syncs[0][0]._lazy_record
         fast.append(held is not None and isinstance(held[1], list))  # _close_ddp_lazily's
         b = syncs[0][0].last_boundary
+        seconds += b.compute_seconds + b.exposed_sync_seconds
         lazy.append({k: v for k, v in asdict(b).items() if k not in timing})
         kept.append({k: v for k, v in asdict(keep.records[-1]).items() if k not in timing})
+        # (== takes 0 for 0.0 and True for 1: the types too, timing's among them)
+        types.append([[type(v) for v in asdict(r).values()] for r in (b, keep.records[-1])])
     counts = [
         (s.global_step, s.boundary, s.grad_syncs, s.collectives, s.sync_period)
         + tuple((k, v["boundaries"], v["steps"]) for k, v in sorted(s.k_path.items()))
         for s, _, _ in syncs
     ]
     same = torch.equal(_flat(syncs[0][2]), _flat(syncs[1][2]))
+    # the K path's seconds: every record's, whether a fast close kept them apart or not
+    path_seconds = (syncs[0][0].k_path[1]["seconds"], seconds)
     # a loss written over in place before the record is read: refused, not misread
     sync, opt, _ = syncs[0]
     x, y = batches[0]
@@ -651,19 +676,72 @@ def _ddp_records_worker(rank, world):
         refused = str(exc)
     for sync, _, _ in syncs:
         sync.close()
-    return lazy, kept, counts, refused, same, fast
+    return lazy, kept, counts, refused, same, fast, types, path_seconds
 
 
 def test_ddps_lazy_records_are_the_records_an_observer_gets():
     # the fast path: not at the first step (no decision yet) nor at a guard check (boundary
     # 0, 64), nor with a loss given as a number (the general path sums it)
     expected = [i not in (0, 64) and (i % 3 == 0 or i % 5 != 0) for i in range(70)]
-    for lazy, kept, counts, refused, same, fast in run_dist(_ddp_records_worker, 2):
+    for lazy, kept, counts, refused, same, fast, types, path_seconds in run_dist(
+        _ddp_records_worker, 2
+    ):
         assert fast == expected
         assert len(lazy) == 70 and lazy == kept  # every field but the two times, losses exact
+        assert all(a == b for a, b in types), types
+        assert path_seconds[0] == pytest.approx(path_seconds[1], rel=1e-9, abs=1e-12)
         assert counts[0] == counts[1]
         assert refused is not None and "written over in place" in refused
         assert same
+
+
+def _ddp_state_worker(rank, world):
+    """ddp's state after fast closes (the K path's sums kept apart), saved and loaded into a
+    fresh Sync and into the one that saved it."""
+    syncs = []
+    for _ in range(2):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        syncs.append((autok.Sync(model, opt, strategy="ddp", link="none"), opt))
+
+    def step(sync, opt, x, y):
+        with sync.step() as s:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = loss
+
+    batches = _batches(rank, 11)
+    (saver, opt), (fresh, _) = syncs
+    for x, y in batches[:10]:
+        step(saver, opt, x, y)
+    fast = saver._lazy_record is not None and isinstance(saver._lazy_record[1], list)
+    state = saver.state_dict()
+    out = {"fast": fast, "saved": state["counters"]["k_path"]}
+    fresh.load_state_dict(state)
+    before = saver.last_boundary is not None
+    saver.load_state_dict(state)
+    out["last"] = (before, saver.last_boundary, fresh.last_boundary)
+    counters = [(s.global_step, s.boundary, s.k_path) for s, _ in syncs]
+    out["loaded"] = counters[0] == counters[1]
+    x, y = batches[10]
+    for sync, opt in syncs:
+        step(sync, opt, x, y)
+    out["after"] = [(s.global_step, s.boundary, s.k_path[1]["boundaries"]) for s, _ in syncs]
+    for sync, _ in syncs:
+        sync.close()
+    return out
+
+
+def test_ddps_state_holds_the_k_path_its_fast_close_kept_apart():
+    for out in run_dist(_ddp_state_worker, 2):
+        assert out["fast"]  # the last of the 10 steps closed on the fast path
+        assert list(out["saved"]) == [1]
+        assert (out["saved"][1]["boundaries"], out["saved"][1]["steps"]) == (10, 10)
+        assert out["loaded"]
+        assert out["last"] == (True, None, None)  # no record before the load is this run's
+        assert out["after"] == [(11, 11, 11), (11, 11, 11)]
 
 
 def _ddp_holds_worker(rank, world):

@@ -392,7 +392,7 @@ class Sync:
         steps later. `boundary_step` is False for sync_now(): no step's gradients ride along.
         `fragment`: what the averaging moves (trainer/fragments.py), or the whole model.
         `forced`: a boundary the loop asked for (an epoch's end)."""
-        if self.strategy.fused_gradients and boundary_step:
+        if self._fused and boundary_step:
             # the fused boundary's gradient AllReduce rides in the averaging
             self.grad_syncs += 1
             interval.grad_syncs += 1
@@ -470,6 +470,7 @@ class Sync:
         self._lazy_record, self._loss = kept, LossSum()
         seconds = interval.compute_seconds + interval.exposed_sync_seconds
         self._count_k_path(k, seconds, interval.steps)
+        self.sync_period = self.last_decision.next_sync_period
         self.boundary += 1
 
     def _ddp_stats(self, kept: tuple, loss_sum: float) -> BoundaryStats:
@@ -503,18 +504,20 @@ class Sync:
     ) -> bool:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
-        (issue 17): the record kept as one tuple of its values, the K path's sums kept as three
+        (issue 17): the record kept as one tuple of its values, the K path's sums kept as two
         numbers (`k_path` folds them in), the loss held as LossSum holds a CPU scalar but no
         LossSum made per step; LossSum's test of what it holds is inlined (each call is paid at
         every step; tests/test_hot_path.py counts the bytecodes). False, with nothing changed,
         where the general path must run: observers, no decision yet, a boundary the guard
-        judges, or a loss LossSum would not hold as it is. ddp's K is 1 (its options allow no
-        other). `last_boundary` builds the record from what is kept."""
+        judges, an interval of more than this step, or a loss LossSum would not hold as it is.
+        A boundary at an interval's first step has K = 1 in force (ddp's options allow no other
+        K). `last_boundary` builds the record from what is kept."""
         acc = self._loss  # anything added since the sum started: a restored state's
         if (
             self.observers
             or self.last_decision is None
             or not state.is_boundary  # (never on ddp, whose K is 1)
+            or interval.steps  # (never on ddp either: K = 1 is this close's assumption)
             or state._last_of_epoch
             or self.boundary % DDP_PARAM_CHECK_EVERY == 0
             or acc.held
@@ -535,9 +538,8 @@ class Sync:
         gs = self.grad_state
         compute += interval.compute_seconds
         exposed = interval.exposed_sync_seconds + wait
-        steps = interval.steps + 1
         self._lazy_record = (
-            steps,
+            1,  # the interval's steps
             held,
             self.boundary,
             self.global_step,
@@ -553,14 +555,13 @@ class Sync:
             self.link_name,
         )
         self._k1_seconds += compute + exposed
-        self._k1_boundaries += 1
-        self._k1_steps += steps
+        self._k1_boundaries += 1  # each of one step
         self.collectives += gs.buckets
         self.boundary += 1
         self.global_step += 1
-        # the next interval: this one emptied in place (what Interval() makes, without its
-        # frame at every step); no other holder of it reads it after this close
-        interval.steps = interval.compute_seconds = interval.exposed_sync_seconds = 0
+        # the next interval: this one emptied in place, as Interval() makes it (its steps are 0
+        # already), without that frame at every step; nothing else holds it
+        interval.compute_seconds = interval.exposed_sync_seconds = interval.loss_sum = 0.0
         interval.grad_bytes = interval.samples = interval.grad_syncs = 0
         return True
 
@@ -627,19 +628,20 @@ class Sync:
 
     @property
     def k_path(self) -> dict[int, dict[str, float]]:
-        """K -> the seconds, boundaries and steps spent at it, in the order K was first used."""
+        """K -> the seconds, boundaries and steps spent at it, in the order K was first used.
+        Read it again for later steps: ddp's fast close adds to it when it is read."""
         if self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart (issue 17)
             at_1 = self._k_path.setdefault(1, {"seconds": 0.0, "boundaries": 0, "steps": 0})
             at_1["seconds"] += self._k1_seconds
             at_1["boundaries"] += self._k1_boundaries
-            at_1["steps"] += self._k1_steps
-            self._k1_seconds, self._k1_boundaries, self._k1_steps = 0.0, 0, 0
+            at_1["steps"] += self._k1_boundaries
+            self._k1_seconds, self._k1_boundaries = 0.0, 0
         return self._k_path
 
     @k_path.setter
     def k_path(self, path: dict[int, dict[str, float]]) -> None:
         self._k_path = path
-        self._k1_seconds, self._k1_boundaries, self._k1_steps = 0.0, 0, 0
+        self._k1_seconds, self._k1_boundaries = 0.0, 0
 
     @property
     def last_step(self) -> StepTimes:
@@ -650,8 +652,9 @@ class Sync:
 
     @property
     def last_boundary(self) -> BoundaryStats | None:
-        """The record of the last boundary (None before the first). Read it from the loop's
-        own thread: on ddp it is built on reading (and reads the interval's loss)."""
+        """The record of the last boundary (None before the first, and after load_state_dict
+        until the next). Read it from the loop's own thread: on ddp it is built on reading (and
+        reads the interval's loss)."""
         if self._lazy_record is not None:
             loss = self._lazy_record[1]
             # a LossSum (_ddp_boundary) or the held (tensor, version) list (_close_ddp_lazily)
@@ -783,6 +786,7 @@ class Sync:
         self.collectives = c.get("collectives", 0)  # absent from checkpoints before it existed
         self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
         self._interval = Interval(**c["interval"])
+        self._last_boundary = self._lazy_record = None  # the record before the load is not this
         self._loss = LossSum()
         self._loss.load_state_dict(c)  # loss_held: absent from states saved before it
 
