@@ -703,19 +703,9 @@ def _ddp_state_worker(rank, world):
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         syncs.append((autok.Sync(model, opt, strategy="ddp", link="none"), opt))
-
-    def step(sync, opt, x, y):
-        with sync.step() as s:
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(sync.model(x), y)
-            loss.backward()
-            opt.step()
-            s.loss = loss
-
     batches = _batches(rank, 11)
     (saver, opt), (fresh, _) = syncs
-    for x, y in batches[:10]:
-        step(saver, opt, x, y)
+    _train(saver, opt, batches[:10])
     fast = saver._lazy_record is not None and isinstance(saver._lazy_record[1], list)
     state = saver.state_dict()
     out = {"fast": fast, "saved": state["counters"]["k_path"]}
@@ -725,9 +715,8 @@ def _ddp_state_worker(rank, world):
     out["last"] = (before, saver.last_boundary, fresh.last_boundary)
     counters = [(s.global_step, s.boundary, s.k_path) for s, _ in syncs]
     out["loaded"] = counters[0] == counters[1]
-    x, y = batches[10]
     for sync, opt in syncs:
-        step(sync, opt, x, y)
+        _train(sync, opt, batches[10:])
     out["after"] = [(s.global_step, s.boundary, s.k_path[1]["boundaries"]) for s, _ in syncs]
     for sync, _ in syncs:
         sync.close()
