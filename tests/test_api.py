@@ -233,14 +233,19 @@ def _step_object_worker(rank, world):
         opt.step()
         s.loss = loss
 
+    def refused(step) -> str | None:
+        """What entering `step` raises (None: it ran a step)."""
+        try:
+            with step as s:
+                body(s)
+        except RuntimeError as exc:
+            return str(exc)
+        return None
+
     step = sync.step()
     with step as s:
         body(s)
-    try:
-        with step as s:
-            body(s)
-    except RuntimeError as exc:
-        said["reused"] = str(exc)
+    said["reused"] = refused(step)
     boundary = sync.step()  # the second step: a boundary, whose backward has no context
     with boundary as s:
         try:
@@ -249,11 +254,7 @@ def _step_object_worker(rank, world):
         except RuntimeError as exc:
             said["nested"] = str(exc)
         body(s)
-    try:
-        with boundary as s:
-            body(s)
-    except RuntimeError as exc:
-        said["reused boundary"] = str(exc)
+    said["reused boundary"] = refused(boundary)
     sync.clock = "not a clock"  # its opening raises after the step's state is made
     failed = sync.step()
     try:
@@ -262,11 +263,8 @@ def _step_object_worker(rank, world):
     except AttributeError:
         said["raised"] = True
     sync.clock = None
-    try:  # an object whose opening raised is spent too: it would carry that opening's state
-        with failed as s:
-            body(s)
-    except RuntimeError as exc:
-        said["reentered"] = str(exc)
+    # an object whose opening raised is spent too: it would carry that opening's state
+    said["reentered"] = refused(failed)
     with sync.step() as s:  # nothing was left open
         body(s)
     said["steps"], said["boundaries"] = sync.global_step, sync.boundary
@@ -275,12 +273,9 @@ def _step_object_worker(rank, world):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sync = autok.Sync(model, opt, strategy="ddp", link="none")
     ddp_step = sync.step()
-    for _ in range(2):
-        try:
-            with ddp_step as s:
-                body(s)
-        except RuntimeError as exc:
-            said["reused ddp"] = str(exc)
+    with ddp_step as s:
+        body(s)
+    said["reused ddp"] = refused(ddp_step)
     said["ddp steps"] = sync.global_step
     sync.close()
     return said

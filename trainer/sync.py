@@ -618,23 +618,14 @@ class Sync:
         self.boundary += 1
 
     def _count_k_path(self, k: int, seconds: float, steps: int) -> None:
-        path = self.k_path  # (with ddp's fast-path sums folded in)
-        at_k = path.get(k)
-        if at_k is None:
-            at_k = path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
-        at_k["seconds"] += seconds
-        at_k["boundaries"] += 1
-        at_k["steps"] += steps
+        _add_to_path(self.k_path, k, seconds, 1, steps)  # (ddp's fast-path sums folded in)
 
     @property
     def k_path(self) -> dict[int, dict[str, float]]:
         """K -> the seconds, boundaries and steps spent at it, in the order K was first used.
         Read it again for later steps: ddp's fast close adds to it when it is read."""
-        if self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart (issue 17)
-            at_1 = self._k_path.setdefault(1, {"seconds": 0.0, "boundaries": 0, "steps": 0})
-            at_1["seconds"] += self._k1_seconds
-            at_1["boundaries"] += self._k1_boundaries
-            at_1["steps"] += self._k1_boundaries
+        if n := self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart (issue 17)
+            _add_to_path(self._k_path, 1, self._k1_seconds, n, n)  # each of one step
             self._k1_seconds, self._k1_boundaries = 0.0, 0
         return self._k_path
 
@@ -823,6 +814,18 @@ class Sync:
             close = getattr(obs, "close", None)
             if close is not None:
                 close()
+
+
+def _add_to_path(
+    path: dict[int, dict[str, float]], k: int, seconds: float, boundaries: int, steps: int
+) -> None:
+    """Count boundaries at K into a K path (`Sync.k_path`), K added where it is new."""
+    at_k = path.get(k)
+    if at_k is None:
+        at_k = path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
+    at_k["seconds"] += seconds
+    at_k["boundaries"] += boundaries
+    at_k["steps"] += steps
 
 
 class _TimedDDP(DistributedDataParallel):
