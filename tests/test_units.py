@@ -13,9 +13,11 @@ from autok.config import ConfigError, load_config
 from trainer.averaging import (
     ParameterAverager,
     digest_bits,
+    digest_of_words,
     drift_sq_from,
     replica_digest,
     split_exact,
+    sq_norm,
 )
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
@@ -133,6 +135,32 @@ def test_agreeing_replicas_read_zero_drift_even_when_pieces_are_subnormal(world,
     assert drift_sq_from([world * p * 1.5 for p in pieces], world, s) > 0.0
 
 
+@pytest.mark.parametrize("world", [2, 3, 8, 512, 513, 2**15])
+def test_drift_skips_the_split_only_where_the_split_is_exact(world):
+    """drift_sq_from takes the update norm as is where its float32 pieces would restore it
+    exactly (issue 17): across and beyond that range, on random mantissas, it reads what the
+    full split and float32 rounding read, bit for bit."""
+    import random
+    import struct
+
+    rng = random.Random(world)
+
+    def by_split(reduced, x):
+        pieces = split_exact(x, world)
+        form = f"{len(pieces)}f"
+        update_q = math.fsum(struct.unpack(form, struct.pack(form, *pieces)))
+        d = math.fsum(reduced) / world - update_q
+        return d if d > 0.0 else (0.0 if math.isfinite(d) else math.nan)
+
+    xs = [0.0, 2.0**-64, 2.0**-65, 2.0**120, 2.0**121, 2.0**-73, 2.0**-80]
+    xs += [rng.uniform(0.5, 1.0) * 2.0 ** rng.randint(-160, 130) for _ in range(600)]
+    for x in xs:
+        own = [float(torch.tensor(p, dtype=torch.float32)) for p in split_exact(x, world)]
+        for reduced in ([world * p for p in own], [world * p * 1.25 for p in own]):
+            got, want = drift_sq_from(reduced, world, x), by_split(reduced, x)
+            assert got == want or (math.isnan(got) and math.isnan(want)), x
+
+
 def test_a_hi_lo_split_would_round_in_a_float32_sum():
     """Why the pieces are shortened: 3·hi of a full 24-bit float32 is not representable."""
     hi = torch.tensor(1 + 2**-23, dtype=torch.float32)
@@ -212,6 +240,29 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
     col = torch.randn(1, 5, dtype=torch.float64)
     assert replica_digest([col.t()], bits) == replica_digest([col], bits)
     assert replica_digest([col[0, 0]], bits) == replica_digest([col[0, :1]], bits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype):
+    """A small model's boundary takes its norms and digest into kept buffers, read through
+    NumPy (issue 17): bit for bit the digest and squared norm the plain ops give. (A boundary's
+    digest of the parameters as written is checked at world 2: tests/test_engine_dist.py.)"""
+    torch.manual_seed(0)
+    params = [torch.randn(s, dtype=dtype) * 3 for s in (7, 1, 300, 40)]
+    av = ParameterAverager(params, rank=0, world_size=1, beta=0.5)
+    words = av._whole()[1]
+    assert av._one_copy
+    for bits in (16, 23):
+        assert av._digest_sums is not None
+        kept = digest_of_words(words, bits, True, av._digest_sums)
+        assert kept == replica_digest(params, bits)
+    if dtype in (torch.float32, torch.float64):  # the norms' kept sum: NumPy has the dtype
+        for n in (1, 5, 348, 12_810, 65_535):
+            x = torch.randn(n, dtype=dtype)
+            scratch = torch.empty(n, dtype=dtype)
+            assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
+    else:
+        assert av._sums is None
 
 
 def test_captured_gradients_survive_the_averaging_buffer_growing():

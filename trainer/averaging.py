@@ -116,14 +116,27 @@ def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
     return out
 
 
+# Where split_exact's pieces of x are all float32s as they are: each nonzero piece is a run of
+# x's bits, so it is at least ulp(x) > 2^-53·x, a normal float32 (above 2^-126) from x >= 2^-73,
+# and at most x, far below float32's overflow; its bits fit float32's 24 while N <= 512 (the
+# last piece's 53 − 3·keep bits). A margin on each side.
+_EXACT_LO, _EXACT_HI, _EXACT_WORLD = 2.0**-64, 2.0**120, 512
+
+
 def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float) -> float:
     """mean_i ||θ_i − θ_avg||² = mean_i s_i − ||θ_avg − θ_ref||², from the SUM of the ranks'
     split_exact pieces. update_sq goes through the same float32 pieces, so where s_i equals it
     (replicas that agree) the difference is exactly 0, also when tiny pieces round to subnormal
     float32s."""
-    pieces = split_exact(update_sq, world_size)
-    form = f"{len(pieces)}f"  # each piece rounded to float32, as the buffer rounds s_i's
-    update_q = math.fsum(struct.unpack(form, struct.pack(form, *pieces)))
+    if world_size <= _EXACT_WORLD and (_EXACT_LO <= update_sq <= _EXACT_HI or update_sq == 0.0):
+        # every piece is a normal float32 (or 0), so rounding it to float32 is exact and the
+        # pieces sum back to update_sq: the split below would return it unchanged (issue 17:
+        # that Python runs after the collective's wait, on cold caches)
+        update_q = update_sq
+    else:
+        pieces = split_exact(update_sq, world_size)
+        form = f"{len(pieces)}f"  # each piece rounded to float32, as the buffer rounds s_i's
+        update_q = math.fsum(struct.unpack(form, struct.pack(form, *pieces)))
     drift_sq = math.fsum(reduced_pieces) / world_size - update_q
     if not drift_sq > 0.0:  # rounding can dip below zero; NaN must stay NaN (divergence)
         drift_sq = 0.0 if math.isfinite(drift_sq) else math.nan
@@ -172,11 +185,17 @@ def digest_words(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.reshape(-1).view(_WORDS[t.element_size()]) for t in tensors if t.numel()]
 
 
-def digest_of_words(words: list[torch.Tensor], bits: int, concat: bool | None = None) -> int:
+def digest_of_words(
+    words: list[torch.Tensor], bits: int, concat: bool | None = None, into: _Sums | None = None
+) -> int:
     """replica_digest of the tensors whose `digest_words` these are. `concat`: whether to sum
-    them as one copy (`one_copy`), if the caller keeps it with the list."""
+    them as one copy (`one_copy`), if the caller keeps it with the list; `into`: where to take
+    that copy and its sum, kept by the caller (on the CPU)."""
     if concat is None:
         concat = one_copy(words)
+    if concat and into is not None:
+        total = into.sum(torch.cat(words, out=into.copy))
+        return ((total * _MIX) % (1 << 32)) >> (32 - bits)
     if concat:
         words = [torch.cat(words)]  # small tensors: one copy, one sum
     sums = [w.sum(dtype=torch.int32) for w in words]
@@ -194,13 +213,30 @@ def one_copy(words: list[torch.Tensor]) -> bool:
     return len(words) > 1 and numel < _PIECEWISE_MIN * len(words) and one_width
 
 
+class _Sums:
+    """A 0-dim sum read through NumPy on the CPU, not by `item()`: a torch op fewer for each
+    of a small model's boundary sums (issue 17: after the collective's wait every op costs tens
+    of µs on a shared VM). `copy`: a buffer for what is summed, if the caller needs one."""
+
+    def __init__(self, dtype: torch.dtype, copy: torch.Tensor | None = None) -> None:
+        self.out = torch.zeros((), dtype=dtype)
+        self.host = self.out.numpy()
+        self.copy = copy
+
+    def sum(self, x: torch.Tensor) -> float | int:
+        """x.sum() (in the dtype of `out`) as a Python number; x 1-D. Bit for bit `x.sum()`:
+        the same reduction over the one dimension."""
+        torch.sum(x, dim=0, dtype=self.out.dtype, out=self.out)
+        return self.host.item()
+
+
 # sq_norm: the row length of its one-pass form, and the size from which that form is cheaper
 # than squaring into scratch and summing (below it, its extra ops cost more than the pass).
 _NORM_ROW = 512
 _NORM_ROWS_MIN = 1 << 16
 
 
-def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
+def sq_norm(x: torch.Tensor, scratch: torch.Tensor, into: _Sums | None = None) -> float:
     """||x||² of a contiguous 1-D float tensor, for the drift, whose cancellation of two such
     sums needs them accurate: it keeps drift within 1e-5 wherever it is more than a few
     thousandths of the update. Deterministic: replicas that agree compute identical values, so
@@ -210,12 +246,13 @@ def sq_norm(x: torch.Tensor, scratch: torch.Tensor) -> float:
     float32 model; a sum that short is accurate per lane), squared and summed in float64.
     Measured on 3M and 30M float32 elements: 4e-10 relative error and about half the time of
     squaring into `scratch` and taking the cascade sum (6e-9 to 1e-7), the form used below
-    _NORM_ROWS_MIN. (One float32 dot product or `vector_norm` of the whole vector sums
-    sequentially per lane: 1e-5 to 3e-3 relative error at 3M to 30M elements; a float64 norm
-    pays a conversion pass.)"""
+    _NORM_ROWS_MIN (summed `into` a kept 0-dim tensor where the caller has one). (One float32
+    dot product or `vector_norm` of the whole vector sums sequentially per lane: 1e-5 to 3e-3
+    relative error at 3M to 30M elements; a float64 norm pays a conversion pass.)"""
     n = x.numel()
     if n < _NORM_ROWS_MIN:  # (a slice is an op too: not taken where scratch already fits)
-        return float(torch.mul(x, x, out=scratch if scratch.numel() == n else scratch[:n]).sum())
+        squares = torch.mul(x, x, out=scratch if scratch.numel() == n else scratch[:n])
+        return float(squares.sum()) if into is None else into.sum(squares)
     r = n - n % _NORM_ROW
     total = torch.linalg.vector_norm(x[:r].view(-1, _NORM_ROW), dim=1).double().square_().sum()
     if r < n:
@@ -254,6 +291,7 @@ def _add_to_momentum(
 
 _FOLDABLE = (torch.float32, torch.float64, torch.bfloat16)
 _NUMPY = (torch.float32, torch.float64)  # buffer dtypes whose scalars are written through NumPy
+_F32_MAX = float(np.finfo(np.float32).max)  # a float64 within it casts to float32 silently
 
 
 def digest_bits(world_size: int) -> int:
@@ -321,6 +359,11 @@ class ParameterAverager:
         self._buf: torch.Tensor | None = None
         self._snapshot: torch.Tensor | None = None  # overlap: what was sent
         self._bits = digest_bits(world_size)
+        # finish()'s 1/N can ride in the outer step's factors (see there): N a power of two
+        self._foldable = world_size & (world_size - 1) == 0 and flat.dtype in _FOLDABLE
+        host = flat.device.type == "cpu"
+        self._sums = _Sums(flat.dtype) if host and flat.dtype in _NUMPY else None  # the norms'
+        self._digest_sums: _Sums | None = None  # the digest's copy and sum; set by _whole()
         self.last_digest = replica_digest(params, self._bits)
         self.last_fragment = WHOLE  # what the last boundary moved (the digest describes it)
         self.boundaries = 0
@@ -449,6 +492,11 @@ class ParameterAverager:
             contiguous = all(p.is_contiguous() for p in self._detached)
             self._words = digest_words(self._detached) if contiguous else None
             self._one_copy = self._words is not None and one_copy(self._words)
+            self._digest_sums = None
+            if self._one_copy and self._words[0].device.type == "cpu":
+                total = sum(w.numel() for w in self._words)
+                copy = torch.empty(total, dtype=self._words[0].dtype)
+                self._digest_sums = _Sums(torch.int32, copy)
             self._flats = [p.view(-1) for p in self._detached] if contiguous else None
         return self._detached, self._words, self._flats
 
@@ -515,7 +563,7 @@ class ParameterAverager:
             torch.cat([t.reshape(-1) for t in bc_tensors], out=bc_seg)
 
         # s_i = ||θ_i − θ_ref||²; see drift in finish().
-        s = sq_norm(head if delta_form else torch.sub(head, ref, out=scratch), scratch)
+        s = sq_norm(head if delta_form else torch.sub(head, ref, out=scratch), scratch, self._sums)
         momenta = None
         if grads:  # m_i − g_i now, while g_i is here; finish() adds ḡ (see _add_to_momentum)
             momenta = self._momenta(grads)
@@ -537,8 +585,11 @@ class ParameterAverager:
             self.last_digest if self.rank == 0 else 0,
         ]
         if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
-            with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
-                host[:] = values
+            if min(values) >= -_F32_MAX and max(values) <= _F32_MAX:  # nothing can overflow
+                host[:] = values  # (NaN, which the test may let through, casts silently)
+            else:  # np.errstate costs a boundary tens of µs: only where a value may overflow
+                with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
+                    host[:] = values
         else:
             scalars.copy_(torch.tensor(values, dtype=buf.dtype))
         pending = _Pending(
@@ -640,7 +691,7 @@ class ParameterAverager:
         # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32
         # and bfloat16, but below 6.1e-5 in float16, whose update norm (squares summed in float16
         # under 65,536 elements) would also see Σ² overflow or underflow where Δ̄² does not.
-        fold = pending.delta_form and n & (n - 1) == 0 and self.ref.dtype in _FOLDABLE
+        fold = pending.delta_form and self._foldable
         scale = 1.0 / n if fold else 1.0
         if not fold:
             head.div_(n)
@@ -654,12 +705,12 @@ class ParameterAverager:
         theta_avg = delta = None
         if pending.delta_form or pending.compressed:  # the mean Δ = θ_avg − θ_ref was sent
             delta = head  # scale·Δ̄
-            update_sq = sq_norm(delta, scratch) * scale * scale
+            update_sq = sq_norm(delta, scratch, self._sums) * scale * scale
             if self.outer.is_plain_average:
                 theta_avg, delta = delta.add_(ref), None
         else:
             theta_avg = avg_seg[:m]
-            update_sq = sq_norm(torch.sub(theta_avg, ref, out=scratch), scratch)
+            update_sq = sq_norm(torch.sub(theta_avg, ref, out=scratch), scratch, self._sums)
             if not self.outer.is_plain_average:  # its squares took its place: Δ once more
                 delta = torch.sub(theta_avg, ref, out=scratch)
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
@@ -700,12 +751,17 @@ class ParameterAverager:
                 self._write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
                 self._write_back(pending.bc_tensors, bc_seg)
-            # of the parameters as written, not of θ_new: a faulty write-back is caught too
-            words = self._whole()[1] if pending.fragment == WHOLE else None
+            # of the parameters as written, not of θ_new: a faulty write-back is caught too.
+            # start() has just cut their words (a boundary whose average lands later may have
+            # waited past a change of storage: cut again)
+            whole = pending.fragment == WHOLE
+            words = (self._words if not pending.overlap else self._whole()[1]) if whole else None
             if words is None:
                 self.last_digest = digest_of_words(digest_words(pieces), self._bits)
             else:
-                self.last_digest = digest_of_words(words, self._bits, self._one_copy)
+                self.last_digest = digest_of_words(
+                    words, self._bits, self._one_copy, self._digest_sums
+                )
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
