@@ -136,12 +136,14 @@ def test_agreeing_replicas_read_zero_drift_even_when_pieces_are_subnormal(world,
 
 
 @pytest.mark.parametrize("world", [2, 3, 8, 512, 513, 2**15])
-def test_drift_skips_the_split_only_where_the_split_is_exact(world):
+def test_drift_skips_the_split_only_where_the_split_is_exact(world, monkeypatch):
     """drift_sq_from takes the update norm as is where its float32 pieces would restore it
     exactly (issue 17): across and beyond that range, on random mantissas, it reads what the
     full split and float32 rounding read, bit for bit."""
     import random
     import struct
+
+    import trainer.averaging as averaging
 
     rng = random.Random(world)
 
@@ -159,6 +161,13 @@ def test_drift_skips_the_split_only_where_the_split_is_exact(world):
         for reduced in ([world * p for p in own], [world * p * 1.25 for p in own]):
             got, want = drift_sq_from(reduced, world, x), by_split(reduced, x)
             assert got == want or (math.isnan(got) and math.isnan(want)), x
+    # and the shortcut is taken: inside its range the split (here None) is not called
+    monkeypatch.setattr(averaging, "split_exact", None)
+    if world <= 512:
+        assert drift_sq_from([world * 0.75, 0.0, 0.0, 0.0], world, 0.5) == 0.25
+    for x in (0.5, 2.0**-70) if world > 512 else (2.0**-70,):  # outside it, the split is
+        with pytest.raises(TypeError):
+            drift_sq_from([0.0] * 4, world, x)
 
 
 def test_a_hi_lo_split_would_round_in_a_float32_sum():
@@ -243,7 +252,7 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype):
+def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype, monkeypatch):
     """A small model's boundary takes its norms and digest into kept buffers, read through
     NumPy (issue 17): bit for bit the digest and squared norm the plain ops give. (A boundary's
     digest of the parameters as written is checked at world 2: tests/test_engine_dist.py.)"""
@@ -259,10 +268,16 @@ def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype):
     if dtype in (torch.float32, torch.float64):  # the norms' kept sum: NumPy has the dtype
         for n in (1, 5, 348, 12_810, 65_535):
             x = torch.randn(n, dtype=dtype)
-            scratch = torch.empty(n, dtype=dtype)
-            assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
+            for scratch in (torch.empty(n, dtype=dtype), torch.empty(n + 3, dtype=dtype)):
+                assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
     else:
         assert av._sums is None
+    # a copy above the cap is not kept (a many-tensor model's): taken per boundary, as before
+    import trainer.averaging as averaging
+
+    monkeypatch.setattr(averaging, "_KEPT_COPY_MAX", 100)
+    large = ParameterAverager(params, rank=0, world_size=1, beta=0.5)
+    assert large._whole()[1] is not None and large._one_copy and large._digest_sums is None
 
 
 def test_captured_gradients_survive_the_averaging_buffer_growing():

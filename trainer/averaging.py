@@ -118,8 +118,9 @@ def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
 
 # Where split_exact's pieces of x are all float32s as they are: each nonzero piece is a run of
 # x's bits, so it is at least ulp(x) > 2^-53·x, a normal float32 (above 2^-126) from x >= 2^-73,
-# and at most x, far below float32's overflow; its bits fit float32's 24 while N <= 512 (the
-# last piece's 53 − 3·keep bits). A margin on each side.
+# and at most x, far below float32's overflow; its bits fit float32's 24 (the last piece has
+# 53 − 3·keep, within 24 up to N = 8192; split_exact's own exactness is for N <= 512, the
+# bound kept here). A margin on each side.
 _EXACT_LO, _EXACT_HI, _EXACT_WORLD = 2.0**-64, 2.0**120, 512
 
 
@@ -292,6 +293,7 @@ def _add_to_momentum(
 _FOLDABLE = (torch.float32, torch.float64, torch.bfloat16)
 _NUMPY = (torch.float32, torch.float64)  # buffer dtypes whose scalars are written through NumPy
 _F32_MAX = float(np.finfo(np.float32).max)  # a float64 within it casts to float32 silently
+_KEPT_COPY_MAX = 1 << 20  # words: the largest digest copy an averager keeps (4 MiB of int32)
 
 
 def digest_bits(world_size: int) -> int:
@@ -493,8 +495,10 @@ class ParameterAverager:
             self._words = digest_words(self._detached) if contiguous else None
             self._one_copy = self._words is not None and one_copy(self._words)
             self._digest_sums = None
-            if self._one_copy and self._words[0].device.type == "cpu":
-                total = sum(w.numel() for w in self._words)
+            total = sum(w.numel() for w in self._words) if self._one_copy else 0
+            # the copy is kept for the run: only where it is small (a many-tensor model's
+            # one copy can be large; it is then taken per boundary, as before)
+            if 0 < total <= _KEPT_COPY_MAX and self._words[0].device.type == "cpu":
                 copy = torch.empty(total, dtype=self._words[0].dtype)
                 self._digest_sums = _Sums(torch.int32, copy)
             self._flats = [p.view(-1) for p in self._detached] if contiguous else None
