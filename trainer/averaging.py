@@ -590,7 +590,7 @@ class ParameterAverager:
         ]
         if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
             if min(values) >= -_F32_MAX and max(values) <= _F32_MAX:  # nothing can overflow
-                host[:] = values  # (NaN, which the test may let through, casts silently)
+                host[:] = values  # (a NaN, which the guard may let through, casts silently)
             else:  # np.errstate costs a boundary tens of µs: only where a value may overflow
                 with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
                     host[:] = values
