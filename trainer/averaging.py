@@ -196,12 +196,12 @@ def digest_of_words(
         concat = one_copy(words)
     if concat and into is not None:
         total = into.sum(torch.cat(words, out=into.copy))
-        return ((total * _MIX) % (1 << 32)) >> (32 - bits)
-    if concat:
-        words = [torch.cat(words)]  # small tensors: one copy, one sum
-    sums = [w.sum(dtype=torch.int32) for w in words]
-    # one transfer to the host
-    total = sum(torch.stack(sums).tolist()) if len(sums) > 1 else sum(int(t) for t in sums)
+    else:
+        if concat:
+            words = [torch.cat(words)]  # small tensors: one copy, one sum
+        sums = [w.sum(dtype=torch.int32) for w in words]
+        # one transfer to the host
+        total = sum(torch.stack(sums).tolist()) if len(sums) > 1 else sum(int(t) for t in sums)
     return ((total * _MIX) % (1 << 32)) >> (32 - bits)
 
 
