@@ -224,6 +224,100 @@ def test_drift_norm_matches_direct_computation_on_gathered_replicas(world, beta)
         assert rec.exposed_sync_seconds == pytest.approx(0.25)
 
 
+def _narrow_worker(rank, world, dtype_name):
+    """Parameters in bfloat16 or float16: two plain-average boundaries of the same start, each
+    rank moved its own way before each, then one whose write-back goes wrong on rank 1, and
+    the boundary after it."""
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    params = [
+        torch.nn.Parameter(torch.randn(600, dtype=dtype)),
+        torch.nn.Parameter(torch.randn(7, dtype=dtype)),
+    ]
+    averager = ParameterAverager(params, rank=rank, world_size=world, beta=0.0, lr_aware=False)
+    totals = IntervalTotals(1.0, 1, 0.0, 0.0)
+    out = {"buffer": None, "mismatch": None}
+    for b in range(2):
+        torch.manual_seed(100 * b + rank)
+        with torch.no_grad():
+            for p in params:
+                p.add_(0.1 * torch.randn(p.shape, dtype=dtype))
+        mine = torch.cat([p.detach().reshape(-1) for p in params])
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        stack = torch.stack(gathered).double()
+        drift = ((stack - stack.mean(0)) ** 2).sum(1).mean().sqrt().item()
+        rec = averager.reconcile(totals, lr=0.1, clock=None)
+        # three bfloat16/float16 values sum exactly in float32: θ_new is their float32 mean,
+        # rounded to the parameters' dtype as it is written back
+        expected = (stack.float().sum(0) / world).to(dtype)
+        got = torch.cat([p.detach().reshape(-1) for p in params])
+        out[b] = (drift, rec.drift_norm, torch.equal(got, expected), got.dtype)
+    out["buffer"] = averager._buf.dtype
+    if rank == 1:  # a faulty write-back (as in _mismatch_worker): caught at the next boundary
+        write_back = averager._copy_into
+
+        def faulty(tensors, values):
+            write_back(tensors, values)
+            with torch.no_grad():
+                tensors[0].view(-1)[0] += 1.0
+
+        averager._copy_into = faulty
+    averager.reconcile(totals, lr=0.1, clock=None)
+    try:
+        averager.reconcile(totals, lr=0.1, clock=None)
+    except ReplicaMismatch as exc:
+        out["mismatch"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_parameters_average_in_float32_and_their_replica_check_holds(dtype):
+    """The averaging works in float32 for narrower parameters: in bfloat16 three ranks' digests
+    summed in the buffer's own dtype rounded (a false ReplicaMismatch on agreeing replicas), in
+    float16 they overflowed to inf (inf == 3 x inf: a real mismatch went unseen)."""
+    for out in run_dist(_narrow_worker, 3, dtype):
+        assert out["buffer"] == torch.float32
+        for b in range(2):
+            drift, drift_norm, exact, held = out[b]
+            assert exact and held == getattr(torch, dtype)
+            assert drift_norm == pytest.approx(drift, rel=1e-4)
+        assert out["mismatch"] and "after boundary 2" in out["mismatch"], out["mismatch"]
+
+
+def _narrow_sync_worker(rank, world):
+    """A bfloat16 model under autok.Sync: cpdp K=4, the fused boundary with SlowMo."""
+    import autok
+    from trainer.averaging import param_digest
+    from trainer.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("cnn1d", (40,), 10).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=4, policy="fixed", link="none")
+    g = torch.Generator().manual_seed(rank)
+    drifts = []
+    for _ in range(12):
+        x = torch.randn(16, 1, 40, generator=g, dtype=torch.bfloat16)
+        y = torch.randint(0, 10, (16,), generator=g)
+        with sync.step() as s:
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(sync.model(x).float(), y).backward()
+            opt.step()
+        if s.is_boundary:
+            drifts.append(sync.last_boundary.drift_norm)
+    sync.close()
+    return drifts, param_digest(list(model.parameters()), 32)
+
+
+def test_a_bfloat16_model_trains_under_sync_with_replicas_that_agree():
+    res = run_dist(_narrow_sync_worker, 3)
+    assert len({digest for _, digest in res}) == 1  # every boundary wrote the same θ_new
+    drifts = res[0][0]
+    assert len(drifts) == 3 and all(0.0 < d < 1.0 for d in drifts), drifts
+    assert all(r[0] == drifts for r in res)
+
+
 def _mismatch_worker(rank, world):
     """Rank 1's write-back at boundary 2 goes wrong (as a faulty reduce would): the replicas leave
     that boundary different, and the digest riding in boundary 3's buffer must say so."""

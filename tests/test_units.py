@@ -265,13 +265,14 @@ def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype, monkeypatc
         assert av._digest_sums is not None
         kept = digest_of_words(words, bits, True, av._digest_sums)
         assert kept == replica_digest(params, bits)
-    if dtype in (torch.float32, torch.float64):  # the norms' kept sum: NumPy has the dtype
-        for n in (1, 5, 348, 12_810, 65_535):
-            x = torch.randn(n, dtype=dtype)
-            for scratch in (torch.empty(n, dtype=dtype), torch.empty(n + 3, dtype=dtype)):
-                assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
-    else:
-        assert av._sums is None
+    # the norms' kept sum, in the dtype the averaging works in: the parameters', or float32
+    # for narrower ones (NumPy has both)
+    work = torch.promote_types(dtype, torch.float32)
+    assert av.ref.dtype == work and av._sums.out.dtype == work
+    for n in (1, 5, 348, 12_810, 65_535):
+        x = torch.randn(n, dtype=work)
+        for scratch in (torch.empty(n, dtype=work), torch.empty(n + 3, dtype=work)):
+            assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
     # a copy above the cap is not kept (a many-tensor model's): taken per boundary, as before
     import trainer.averaging as averaging
 

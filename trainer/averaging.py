@@ -149,7 +149,8 @@ def param_digest(tensors: list[torch.Tensor], bits: int) -> int:
     (once per run; it copies every tensor to the host). Boundaries use `replica_digest`."""
     crc = 0
     for t in tensors:
-        crc = zlib.crc32(t.detach().cpu().contiguous().numpy().view("uint8"), crc)
+        # the bytes viewed by torch: NumPy has no bfloat16 to view them as
+        crc = zlib.crc32(t.detach().reshape(-1).view(torch.uint8).cpu().numpy(), crc)
     return crc & ((1 << bits) - 1)
 
 
@@ -290,7 +291,7 @@ def _add_to_momentum(
         torch._foreach_add_(momenta[0], momenta[1], alpha=scale)
 
 
-_FOLDABLE = (torch.float32, torch.float64, torch.bfloat16)
+_FOLDABLE = (torch.float32, torch.float64)  # what the averaging works in (not complex)
 _NUMPY = (torch.float32, torch.float64)  # buffer dtypes whose scalars are written through NumPy
 _F32_MAX = float(np.finfo(np.float32).max)  # a float64 within it casts to float32 silently
 _KEPT_COPY_MAX = 1 << 20  # words: the largest digest copy an averager keeps (4 MiB of int32)
@@ -344,7 +345,14 @@ class ParameterAverager:
         self._residual: torch.Tensor | None = None  # error feedback: what quantization dropped
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        # The averaging works in at least float32 (its buffer, θ_ref, the velocity): the
+        # buffer's scalars must carry N digests and the drift's exact pieces (24 bits each),
+        # and the norms and SlowMo need more than bfloat16's 8 bits or float16's range. The
+        # parameters themselves keep their dtype: θ_new is rounded to it as it is written back.
+        work = torch.float32
+        for p in params:
+            work = torch.promote_types(work, p.dtype)
+        flat = torch.cat([p.detach().reshape(-1) for p in params]).to(work)
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
         self._ref_views = self._views(self.ref, params)
@@ -692,9 +700,8 @@ class ParameterAverager:
         # The mean Δ's 1/n rides in the outer step's factors where that is exact: with n a power
         # of two every product with it is exact, so the step is bit-identical to one on Σ/n and
         # the division's pass over the parameters is saved (issue 17). Only a subnormal Σ/n could
-        # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32
-        # and bfloat16, but below 6.1e-5 in float16, whose update norm (squares summed in float16
-        # under 65,536 elements) would also see Σ² overflow or underflow where Δ̄² does not.
+        # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32,
+        # the narrowest dtype the averaging works in.
         fold = pending.delta_form and self._foldable
         scale = 1.0 / n if fold else 1.0
         if not fold:
@@ -908,6 +915,7 @@ def reconcile_buffers(
     """Average or broadcast (from rank 0) float buffers in one collective; return its wall time.
     Used where no parameter averaging runs to carry them (ddp, at each epoch end)."""
     flat = torch.cat([b.reshape(-1) for b in buffers])
+    flat = flat.to(torch.promote_types(flat.dtype, torch.float32))  # a bfloat16 mean: in float32
     if policy == "broadcast" and rank != 0:
         flat.zero_()
     seconds = allreduce_sum_(flat, clock)
