@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 
 import pytest
@@ -516,6 +517,58 @@ def test_the_releaser_completes_each_future_at_or_after_its_deadline_in_order():
     torch.futures.wait_all(futures)
     assert [i for i, _ in done] == [3, 1, 2, 0]  # by deadline
     assert all(at >= deadlines[i] for i, at in done)
+
+
+class _Gate:
+    """A stand-in for a CUDA event: synchronize() returns once the test opens the gate (the
+    device reaching the gradients' kernels), or raises the error it was closed with."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.error: BaseException | None = None
+
+    def synchronize(self) -> None:
+        assert self.opened.wait(30), "the test never opened the gate"
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued():
+    """On a GPU a comm hook runs when backward has queued a bucket's kernels; the modelled
+    transfer starts once the device reaches them (LinkClock.reserve_when), on one thread in the
+    order asked, and the future resolves no earlier than that booking's deadline."""
+    import trainer.link as link
+
+    clock = LinkClock(PROFILES["wan"], world_size=2, seed=0)
+    nbytes = 1 << 20
+    gates = [_Gate(), _Gate()]
+    bookings = [clock.reserve_when(g, nbytes) for g in gates]
+    outs = []
+    for i, booking in enumerate(bookings):
+        fut = torch.futures.Future()
+        fut.set_result(i)  # the collective itself is done: the booking holds the value back
+        outs.append(link.delayed(fut, booking))
+    time.sleep(0.05)
+    assert all(b.deadline is None for b in bookings) and not any(o.done() for o in outs)
+    opened = time.perf_counter()
+    gates[0].opened.set()
+    gates[1].opened.set()
+    assert [o.wait() for o in outs] == [0, 1]
+    done = time.perf_counter()
+    first = bookings[0].deadline
+    # booked after the gate opened, back to back on the link, in the order asked
+    assert first >= opened + clock.profile.allreduce_seconds(nbytes, 2)
+    assert bookings[1].deadline >= first + clock.profile.allreduce_seconds(nbytes, 2)
+    assert done >= bookings[1].deadline
+    # a device error before the data existed reaches whoever waits on the future
+    gate = _Gate()
+    gate.error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    fut = torch.futures.Future()
+    fut.set_result(0)
+    out = link.delayed(fut, clock.reserve_when(gate, nbytes))
+    gate.opened.set()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        out.wait()
 
 
 def test_the_fused_boundary_captures_every_kind_of_gradient():

@@ -114,7 +114,7 @@ class GradSyncState:
                 self.last_ready_event.synchronize()  # reached already if on end_event's stream
                 return max(0.0, self.last_ready_event.elapsed_time(end_event) / 1e3)
             end = torch.cuda.Event(enable_timing=True)  # no clock points: wait here
-            end.record()
+            end.record(torch.cuda.current_stream(self.last_ready_event.device))  # its device's
             end.synchronize()
             wait = self.last_ready_event.elapsed_time(end) / 1e3
             return min(max(0.0, wait), backward_end - backward_start)
@@ -171,4 +171,6 @@ def emulated_allreduce_hook(
     fut = state.process_group.allreduce([tensor]).get_future()
     if state.clock is None:
         return fut.then(lambda f: f.value()[0])
+    if tensor.is_cuda:  # the link is booked when the device has the gradients, not when queued
+        return delayed(fut, state.clock.reserve_when(event, nbytes), _first, device=tensor.device)
     return delayed(fut, state.clock.reserve(nbytes), _first, device=tensor.device)

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 import os
+import queue
 import random
 import threading
 import time
@@ -183,6 +184,25 @@ class LinkClock:
             self._link_free = start + duration
             return self._link_free
 
+    def reserve_when(self, reached, nbytes: int) -> Booking:
+        """Book the link for an all-reduce of `nbytes` once the device reaches `reached` (a CUDA
+        event recorded after the data's kernels): a comm hook runs when backward has *queued* a
+        bucket's kernels, which the GPU may run tens of ms later, and a transfer cannot start
+        before its data exists; booked at the hook, the host's lead would pass for link time.
+        Booked on one thread in the order asked, the order every rank asks in, so the ranks'
+        jitter draws stay aligned."""
+        booking = Booking()
+
+        def book() -> None:
+            try:
+                reached.synchronize()
+                booking.deadline = self.reserve(nbytes)
+            except BaseException as exc:  # noqa: BLE001 - whoever waits on the future gets it
+                booking.error = exc
+
+        _get_in_order().put(book)
+        return booking
+
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self._rng.getstate()}
 
@@ -265,7 +285,43 @@ class _Releaser:
                     fut.set_exception(exc)
 
 
+class Booking:
+    """A link reservation made on the booking thread (LinkClock.reserve_when): its deadline, or
+    the error that stopped it, once that thread has run it."""
+
+    __slots__ = ("deadline", "error")
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.error: BaseException | None = None
+
+
+class _InOrder:
+    """One daemon thread that runs jobs one at a time in the order they were put."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="autok-link-booking", daemon=True).start()
+
+    def put(self, job) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._jobs.get()()  # each job keeps its own errors (it must not end this thread)
+
+
 _releaser: _Releaser | None = None
+_in_order: _InOrder | None = None
+_in_order_lock = threading.Lock()
+
+
+def _get_in_order() -> _InOrder:
+    global _in_order
+    with _in_order_lock:  # a comm hook may ask first from autograd's thread
+        if _in_order is None:
+            _in_order = _InOrder()
+        return _in_order
 
 
 def _get_releaser() -> _Releaser:
@@ -277,11 +333,12 @@ def _get_releaser() -> _Releaser:
 
 def delayed(
     fut: torch.futures.Future,
-    deadline: float,
+    deadline: float | Booking,
     pick=lambda v: v,
     device: torch.device | None = None,
 ) -> torch.futures.Future:
-    """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed.
+    """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed. A
+    Booking's deadline is read on the booking thread, after the booking itself has run there.
 
     With a CUDA `device` the returned future is CUDA-aware (DDP requires that of a comm hook's
     future, and completing a device-less future with CUDA tensors fails): the value is handed
@@ -301,10 +358,20 @@ def delayed(
                 ready.record(torch.cuda.current_stream(device))
         except Exception as exc:  # surface collective errors to whoever waits on `out`
             value = exc
-        releaser.release_at(deadline, out, value, ready)
+        if isinstance(deadline, Booking):  # put after the booking: it has run when this runs
+            _get_in_order().put(lambda: _release_booked(releaser, deadline, out, value, ready))
+        else:
+            releaser.release_at(deadline, out, value, ready)
 
     fut.add_done_callback(_on_done)
     return out
+
+
+def _release_booked(releaser: _Releaser, booking: Booking, out, value, ready) -> None:
+    if booking.error is not None:  # the device failed before the data existed: that error
+        releaser.release_at(0.0, out, booking.error, None)
+    else:
+        releaser.release_at(booking.deadline, out, value, ready)
 
 
 def allreduce_sum_(
