@@ -100,7 +100,23 @@ t2 = time.perf_counter()
 wait = state.exposed_wait(t1, t2)
 if wait is None or not 0.005 < wait <= t2 - t1:
     bad.append(f"exposed wait {wait} not within (5 ms, {t2 - t1:.3f} s]")
-print("; ".join(bad) if bad else f"link future held {held * 1e3:.0f} ms; event wait {wait * 1e3:.1f} ms")
+# 3. a bucket's link booking starts when the device reaches its gradients, not when queued
+from trainer.link import PROFILES, LinkClock
+
+clock = LinkClock(PROFILES["wan"], world_size=2, seed=0)
+torch.cuda._sleep(int(50e6))  # the gradients' kernels, still running when the hook asks
+ready = torch.cuda.Event()
+ready.record()
+asked = time.perf_counter()
+booking = clock.reserve_when(ready, 1 << 20)
+src = torch.futures.Future(devices=[dev])
+src.set_result(x)
+delayed(src, booking, device=dev).wait()
+lead = booking.deadline - asked - PROFILES["wan"].allreduce_seconds(1 << 20, 2)
+if lead < 0.005:
+    bad.append(f"link booked {lead * 1e3:.1f} ms after the hook asked; the device had ~25 ms left")
+print("; ".join(bad) if bad else f"link future held {held * 1e3:.0f} ms; event wait "
+      f"{wait * 1e3:.1f} ms; booking waited {lead * 1e3:.1f} ms for the device")
 raise SystemExit(1 if bad else 0)
 PY
 ); then echo "PASS cuda pieces: $line"; else echo "FAIL cuda pieces: $line"; fails=$((fails + 1)); fi
