@@ -253,6 +253,7 @@ def _narrow_worker(rank, world, dtype_name):
         expected = (stack.float().sum(0) / world).to(dtype)
         got = torch.cat([p.detach().reshape(-1) for p in params])
         out[b] = (drift, rec.drift_norm, torch.equal(got, expected), got.dtype)
+        out[f"ref{b}"] = torch.equal(averager.ref, got.float())  # θ_ref: what the replicas hold
     out["buffer"] = averager._buf.dtype
     if rank == 1:  # a faulty write-back (as in _mismatch_worker): caught at the next boundary
         write_back = averager._copy_into
@@ -282,6 +283,7 @@ def test_narrow_parameters_average_in_float32_and_their_replica_check_holds(dtyp
             drift, drift_norm, exact, held = out[b]
             assert exact and held == getattr(torch, dtype)
             assert drift_norm == pytest.approx(drift, rel=1e-4)
+            assert out[f"ref{b}"]
         assert out["mismatch"] and "after boundary 2" in out["mismatch"], out["mismatch"]
 
 
@@ -306,16 +308,21 @@ def _narrow_sync_worker(rank, world):
             opt.step()
         if s.is_boundary:
             drifts.append(sync.last_boundary.drift_norm)
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    # θ_ref as the replicas hold it after the last boundary (step 12), in float32
+    ref_held = sync.averager.ref.dtype == torch.float32 and torch.equal(
+        sync.averager.ref, params.float()
+    )
     sync.close()
-    return drifts, param_digest(list(model.parameters()), 32)
+    return drifts, param_digest(list(model.parameters()), 32), ref_held
 
 
 def test_a_bfloat16_model_trains_under_sync_with_replicas_that_agree():
     res = run_dist(_narrow_sync_worker, 3)
-    assert len({digest for _, digest in res}) == 1  # every boundary wrote the same θ_new
+    assert len({digest for _, digest, _ in res}) == 1  # every boundary wrote the same θ_new
     drifts = res[0][0]
     assert len(drifts) == 3 and all(0.0 < d < 1.0 for d in drifts), drifts
-    assert all(r[0] == drifts for r in res)
+    assert all(r[0] == drifts and r[2] for r in res)
 
 
 def _mismatch_worker(rank, world):

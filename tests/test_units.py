@@ -541,25 +541,25 @@ def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued
 
     clock = LinkClock(PROFILES["wan"], world_size=2, seed=0)
     nbytes = 1 << 20
+    t = clock.profile.allreduce_seconds(nbytes, 2)
     gates = [_Gate(), _Gate()]
     bookings = [clock.reserve_when(g, nbytes) for g in gates]
-    outs = []
-    for i, booking in enumerate(bookings):
-        fut = torch.futures.Future()
-        fut.set_result(i)  # the collective itself is done: the booking holds the value back
-        outs.append(link.delayed(fut, booking))
+    futs = [torch.futures.Future(), torch.futures.Future()]  # the collectives, still running
+    outs = [link.delayed(f, b) for f, b in zip(futs, bookings, strict=True)]
     time.sleep(0.05)
     assert all(b.deadline is None for b in bookings) and not any(o.done() for o in outs)
     opened = time.perf_counter()
     gates[0].opened.set()
+    futs[0].set_result(0)  # done after bucket 1 asked for its booking: it waits for its own only
+    assert outs[0].wait() == 0 and not outs[1].done()
+    assert bookings[1].deadline is None and bookings[1].error is None  # (its gate never timed out)
+    assert bookings[0].deadline >= opened + t  # booked after the device reached the gradients
+    assert time.perf_counter() >= bookings[0].deadline
     gates[1].opened.set()
-    assert [o.wait() for o in outs] == [0, 1]
-    done = time.perf_counter()
-    first = bookings[0].deadline
-    # booked after the gate opened, back to back on the link, in the order asked
-    assert first >= opened + clock.profile.allreduce_seconds(nbytes, 2)
-    assert bookings[1].deadline >= first + clock.profile.allreduce_seconds(nbytes, 2)
-    assert done >= bookings[1].deadline
+    futs[1].set_result(1)
+    assert outs[1].wait() == 1
+    assert bookings[1].deadline >= bookings[0].deadline + t  # back to back, in the order asked
+    assert time.perf_counter() >= bookings[1].deadline
     # a device error before the data existed reaches whoever waits on the future
     gate = _Gate()
     gate.error = RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -569,6 +569,14 @@ def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued
     gate.opened.set()
     with pytest.raises(RuntimeError, match="illegal memory access"):
         out.wait()
+    # a failed collective's error, at once: not held until the device reaches its gradients
+    gate = _Gate()
+    fut = torch.futures.Future()
+    fut.set_exception(RuntimeError("gloo: connection closed by peer"))
+    out = link.delayed(fut, clock.reserve_when(gate, nbytes))
+    with pytest.raises(RuntimeError, match="connection closed"):
+        out.wait()
+    gate.opened.set()
 
 
 def test_the_fused_boundary_captures_every_kind_of_gradient():

@@ -353,6 +353,7 @@ class ParameterAverager:
         for p in params:
             work = torch.promote_types(work, p.dtype)
         flat = torch.cat([p.detach().reshape(-1) for p in params]).to(work)
+        self._narrow = any(p.dtype != work for p in params)  # θ_new is rounded as written
         self.ref = flat.clone()  # θ_ref, initialised from θ_0
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
         self._ref_views = self._views(self.ref, params)
@@ -756,6 +757,9 @@ class ParameterAverager:
                 self._copy_into(pieces, self._ref_views)
             else:
                 self._write_back(pieces, theta_new)
+            if self._narrow:  # θ_ref as the replicas hold it: rounding θ_new to the parameters'
+                # dtype is no update of theirs (the next Δ_i, and SlowMo's velocity, would carry it)
+                self._copy_into(self._views(theta_new, pieces), pieces)
             if pending.momenta is not None:  # the gradient views hold Σ g now
                 _add_to_momentum(pending.momenta, 1.0 / n)
             if rest_tensors:
@@ -825,7 +829,9 @@ class ParameterAverager:
         if state["snapshot"] is not None:
             snap = state["snapshot"].to(self.ref.device)
             if self._snapshot is None or self._snapshot.numel() < snap.numel():
-                self._snapshot = torch.empty_like(snap)
+                self._snapshot = torch.empty(  # the averaging's dtype (a saved one may be older)
+                    snap.numel(), dtype=self.ref.dtype, device=self.ref.device
+                )
             self._snapshot[: snap.numel()].copy_(snap)
         pending = _Pending(
             avg_tensors,
@@ -900,7 +906,7 @@ class ParameterAverager:
             self.velocity.copy_(state["velocity"])
         self.boundaries = int(state["boundaries"])
         if state.get("residual") is not None:
-            self._residual = state["residual"].to(self.ref.device, copy=True)
+            self._residual = state["residual"].to(self.ref.device, self.ref.dtype, copy=True)
         self.last_fragment = int(state.get("fragment", WHOLE))
         if recompute_digest or "digest" not in state:
             # of what the last boundary left identical: its fragment (or the whole model)

@@ -156,7 +156,8 @@ def emulated_allreduce_hook(
     state.last_ready = time.perf_counter()
     tensor = bucket.buffer()
     if tensor.is_cuda:
-        event = torch.cuda.Event(enable_timing=True)
+        # blocking: the link's booking thread waits on it (reserve_when) without spinning a core
+        event = torch.cuda.Event(enable_timing=True, blocking=True)
         event.record()  # on the stream that computed the bucket's gradients
         state.last_ready_event = event
     nbytes = tensor.numel() * tensor.element_size()

@@ -196,9 +196,11 @@ class LinkClock:
         def book() -> None:
             try:
                 reached.synchronize()
-                booking.deadline = self.reserve(nbytes)
+                deadline = self.reserve(nbytes)
             except BaseException as exc:  # noqa: BLE001 - whoever waits on the future gets it
-                booking.error = exc
+                booking.settle(None, exc)
+            else:
+                booking.settle(deadline, None)
 
         _get_in_order().put(book)
         return booking
@@ -287,13 +289,31 @@ class _Releaser:
 
 class Booking:
     """A link reservation made on the booking thread (LinkClock.reserve_when): its deadline, or
-    the error that stopped it, once that thread has run it."""
+    the error that stopped it, once that thread has run it; and what to run then."""
 
-    __slots__ = ("deadline", "error")
+    __slots__ = ("deadline", "error", "_lock", "_then")
 
     def __init__(self) -> None:
         self.deadline: float | None = None
         self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._then = None
+
+    def settle(self, deadline: float | None, error: BaseException | None) -> None:
+        with self._lock:
+            self.deadline, self.error = deadline, error
+            then, self._then = self._then, None
+        if then is not None:
+            then()
+
+    def then(self, job) -> None:
+        """Run `job` once booked: now if it is, else on the booking thread when it is (its own
+        booking only: a release never waits for a later bucket's)."""
+        with self._lock:
+            if self.deadline is None and self.error is None:
+                self._then = job
+                return
+        job()
 
 
 class _InOrder:
@@ -313,12 +333,12 @@ class _InOrder:
 
 _releaser: _Releaser | None = None
 _in_order: _InOrder | None = None
-_in_order_lock = threading.Lock()
+_threads_lock = threading.Lock()
 
 
 def _get_in_order() -> _InOrder:
     global _in_order
-    with _in_order_lock:  # a comm hook may ask first from autograd's thread
+    with _threads_lock:  # a comm hook may ask first from autograd's thread
         if _in_order is None:
             _in_order = _InOrder()
         return _in_order
@@ -326,9 +346,10 @@ def _get_in_order() -> _InOrder:
 
 def _get_releaser() -> _Releaser:
     global _releaser
-    if _releaser is None:
-        _releaser = _Releaser()
-    return _releaser
+    with _threads_lock:  # one thread, whichever thread asks first
+        if _releaser is None:
+            _releaser = _Releaser()
+        return _releaser
 
 
 def delayed(
@@ -358,10 +379,12 @@ def delayed(
                 ready.record(torch.cuda.current_stream(device))
         except Exception as exc:  # surface collective errors to whoever waits on `out`
             value = exc
-        if isinstance(deadline, Booking):  # put after the booking: it has run when this runs
-            _get_in_order().put(lambda: _release_booked(releaser, deadline, out, value, ready))
-        else:
+        if not isinstance(deadline, Booking):
             releaser.release_at(deadline, out, value, ready)
+        elif isinstance(value, BaseException):  # a failed collective: its error, at once
+            releaser.release_at(0.0, out, value, None)
+        else:
+            deadline.then(lambda: _release_booked(releaser, deadline, out, value, ready))
 
     fut.add_done_callback(_on_done)
     return out
