@@ -346,6 +346,8 @@ def _get_in_order() -> _InOrder:
 
 def _get_releaser() -> _Releaser:
     global _releaser
+    if _releaser is not None:  # (every bucket asks: no lock once it runs)
+        return _releaser
     with _threads_lock:  # one thread, whichever thread asks first
         if _releaser is None:
             _releaser = _Releaser()
