@@ -361,7 +361,7 @@ def delayed(
     device: torch.device | None = None,
 ) -> torch.futures.Future:
     """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed. A
-    Booking's deadline is read on the booking thread, after the booking itself has run there.
+    Booking's deadline is awaited first: the release is put once that booking is made.
 
     With a CUDA `device` the returned future is CUDA-aware (DDP requires that of a comm hook's
     future, and completing a device-less future with CUDA tensors fails): the value is handed
