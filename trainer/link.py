@@ -338,6 +338,8 @@ _threads_lock = threading.Lock()
 
 def _get_in_order() -> _InOrder:
     global _in_order
+    if _in_order is not None:  # (every bucket on a GPU asks: no lock once it runs)
+        return _in_order
     with _threads_lock:  # a comm hook may ask first from autograd's thread
         if _in_order is None:
             _in_order = _InOrder()
