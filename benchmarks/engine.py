@@ -419,26 +419,36 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     flat = sync.averager._buf
     assert flat.numel() == numel
 
+    # How busy the bare all_reduce keeps this rank's cores: CPU time of all its threads (gloo's
+    # included) over the wall time. What is left, (1 - share) x its time, bounds how much of
+    # the boundary's own work could hide behind the collective by pipelining it in chunks.
+    shares: list[float] = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
     def bare() -> float:
         assert flat.data_ptr() == sync.averager._buf.data_ptr()  # still the boundary's buffer
         flat.zero_()
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         dist.all_reduce(flat)
-        return time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        shares.append((time.process_time() - c0) / wall / cores)
+        return wall
 
     sides = [("autok", boundary), ("bare", bare), *_averaging_references(model, world)]
     for _ in range(3):  # warm every path
         for _, fn in sides:
             fn()
-    per_round: dict[str, list[float]] = {name: [] for name, _ in sides}
+    per_round: dict[str, list[float]] = {name: [] for name, _ in sides} | {"bare_cpu_share": []}
     for _ in range(rounds):
         times: dict[str, list[float]] = {name: [] for name, _ in sides}
+        shares.clear()
         for i in range(reps):  # call by call, the sides take turns (the order reverses each call)
             for name, fn in sides[:: 1 if i % 2 == 0 else -1]:
                 times[name].append(fn())
-        for name in per_round:
+        for name in times:
             per_round[name].append(statistics.median(times[name]))
+        per_round["bare_cpu_share"].append(statistics.median(shares))
     sync.close()
     params = sum(p.numel() for p in model.parameters())
     return per_round | {"params": params, "buffer_numel": numel}
@@ -508,6 +518,7 @@ def boundary_fixed(
             "floor_ratio": summarize(ratios(res["floor"], res["bare_params"])),
             "torch_average_s": statistics.median(res["torch_average"]),
             "torch_average_ratio": summarize(ratios(res["torch_average"], res["bare_params"])),
+            "bare_cpu_share": summarize(res["bare_cpu_share"]),
         }
     return out
 
@@ -865,6 +876,16 @@ def render(res: dict) -> str:
                     f"({m['torch_average_s'] * 1e3:.2f} ms) / the same bare all_reduce "
                     f"| {_ratio(m['torch_average_ratio'])} |",
                 ]
+            if "bare_cpu_share" in m:
+                share = m["bare_cpu_share"]["median"]
+                idle = (1 - share) * m["bare_allreduce_s"]
+                excess = m["autok_boundary_s"] - m["bare_allreduce_s"]
+                lines.append(
+                    f"| (h) {model}, reference: the bare all_reduce's CPU time (all of a rank's "
+                    f"threads) / its wall time on the rank's cores; the idle rest "
+                    f"({idle * 1e3:.2f} ms) bounds what pipelining could hide of the boundary's "
+                    f"excess ({excess * 1e3:.2f} ms) | {_ratio(m['bare_cpu_share'])} |"
+                )
     if "link_fidelity" in res:
         lf = res["link_fidelity"]
         for world in ("2", "4"):

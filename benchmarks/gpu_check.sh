@@ -115,8 +115,29 @@ delayed(src, booking, device=dev).wait()
 lead = booking.deadline - asked - PROFILES["wan"].allreduce_seconds(1 << 20, 2)
 if lead < 0.005:
     bad.append(f"link booked {lead * 1e3:.1f} ms after the hook asked; the device had ~25 ms left")
+# 4. a released future does not stall the default stream (where the loop's steps run) behind
+# the collective: only whoever takes the value waits for it
+torch.cuda.synchronize(dev)
+with torch.cuda.stream(side):
+    torch.cuda._sleep(int(200e6))  # the "collective", ~100 ms of device time
+    z = x + 1
+    src = torch.futures.Future(devices=[dev])
+    src.set_result(z)
+out = delayed(src, time.perf_counter(), device=dev)
+while not out.done():
+    time.sleep(0.001)
+step = torch.cuda.Event()
+step.record()  # a local step's work, queued on the default stream after the release
+t3 = time.perf_counter()
+while not step.query() and time.perf_counter() - t3 < 5:
+    pass
+stalled = time.perf_counter() - t3
+v4 = out.wait()  # the consumer's stream now waits for the collective
+if stalled > 0.02 or not torch.equal(v4, torch.full_like(v4, 2.0)):
+    bad.append(f"default stream stalled {stalled * 1e3:.1f} ms behind a released collective")
 print("; ".join(bad) if bad else f"link future held {held * 1e3:.0f} ms; event wait "
-      f"{wait * 1e3:.1f} ms; booking waited {lead * 1e3:.1f} ms for the device")
+      f"{wait * 1e3:.1f} ms; booking waited {lead * 1e3:.1f} ms for the device; default "
+      f"stream free {stalled * 1e3:.1f} ms after a release")
 raise SystemExit(1 if bad else 0)
 PY
 ); then echo "PASS cuda pieces: $line"; else echo "FAIL cuda pieces: $line"; fails=$((fails + 1)); fi

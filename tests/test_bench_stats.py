@@ -182,7 +182,9 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
         "floor_ratio": summarize([1.25] * 7),
         "torch_average_s": 1e-2,
         "torch_average_ratio": summarize([1.43] * 7),
+        "bare_cpu_share": summarize([0.8] * 7),
     }
+    res["boundary_fixed"]["mlp-3m"]["autok_boundary_s"] = 1.5e-3
     res["link_fidelity"] = {"link": "wan", "strategy": "cpdp K=4 fused"} | {
         w: {
             "modelled_s": 0.0174,
@@ -208,6 +210,13 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
         "| 1.250× (1.250–1.250, 7 rounds) |"
     ) in text
     assert "torch's `average_parameters` (10.00 ms) / the same bare all_reduce | 1.430×" in text
+    # the idle rest of the bare all_reduce (20% of 1 ms) against the boundary's excess (0.5 ms)
+    assert (
+        "(h) mlp-3m, reference: the bare all_reduce's CPU time (all of a rank's threads) / its "
+        "wall time on the rank's cores; the idle rest (0.20 ms) bounds what pipelining could "
+        "hide of the boundary's excess (0.50 ms) | 0.800× (0.800–0.800, 7 rounds) |"
+    ) in text
+    assert text.count("the bare all_reduce's CPU time") == 1  # not for a result saved before it
     assert (
         "(a) **overhead ratio** autok / plain, paired (excess per step +40.0 µs, +38.5 to "
         "+41.0; at least 298 pairs a round) | **1.010× (1.010–1.010, 7 rounds; goal ≤ 1.02×): "
@@ -223,7 +232,7 @@ def test_render_prints_every_ratio_with_spread_and_verdict():
         "(g) **local-step ratio** autok / no_sync(), unpaired (the two sides' median steps) | "
         "**1.100×" in text
     )
-    assert text.count("reference:") == 4
+    assert text.count("reference:") == 5
 
 
 def test_render_reads_results_saved_before_rounds():

@@ -241,6 +241,7 @@ class _Releaser:
         self._heap: list[tuple[float, int, torch.futures.Future, Any]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
+        self._streams: dict = {}  # CUDA device -> the side stream futures are completed on
         threading.Thread(target=self._run, name="autok-link", daemon=True).start()
 
     def release_at(
@@ -251,6 +252,24 @@ class _Releaser:
         with self._cv:
             heapq.heappush(self._heap, (deadline, next(self._seq), fut, (value, ready)))
             self._cv.notify()
+
+    def _hand_over(self, fut: torch.futures.Future, value: Any, ready) -> None:
+        """Complete a CUDA-aware `fut` once the device has run the collective (`ready`).
+
+        set_result records the value's readiness on this thread's current stream, which a
+        consumer's stream waits for when it takes the value. That stream must wait for the
+        collective first (on the device, not here on the host), and it must be a side stream of
+        this thread's own: were it the device's default stream, where the training loop runs,
+        every kernel queued after the release would wait for the real collective too, and a
+        delayed averaging would serialise the local steps behind it."""
+        import torch
+
+        stream = self._streams.get(ready.device)
+        if stream is None:  # (only this thread reads or writes _streams)
+            stream = self._streams[ready.device] = torch.cuda.Stream(ready.device)
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            fut.set_result(value)
 
     def _run(self) -> None:
         while True:
@@ -273,12 +292,8 @@ class _Releaser:
                     fut.set_exception(value)
                     continue
                 if ready is not None:
-                    import torch
-
-                    # set_result records the value's readiness on this thread's current stream;
-                    # make that stream wait for the collective first (a wait on the device, not
-                    # here on the host).
-                    torch.cuda.current_stream(ready.device).wait_event(ready)
+                    self._hand_over(fut, value, ready)
+                    continue
                 fut.set_result(value)
             except BaseException as exc:  # noqa: BLE001 - this thread must outlive any one future
                 # Whoever waits on `fut` gets the error; a dead releaser would hang every
