@@ -266,6 +266,10 @@ class _Releaser:
 
         stream = self._streams.get(ready.device)
         if stream is None:  # (only this thread reads or writes _streams)
+            # this thread's current device too: leaving the stream context below restores the
+            # thread's previous stream, which is set with its device, and CUDA would make a
+            # context on device 0 (hundreds of MB) in a rank that runs on another
+            torch.cuda.set_device(ready.device)
             stream = self._streams[ready.device] = torch.cuda.Stream(ready.device)
         with torch.cuda.stream(stream):
             stream.wait_event(ready)
