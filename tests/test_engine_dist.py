@@ -620,3 +620,22 @@ def test_the_step_bench_pairs_each_timed_step_with_the_plain_one_on_its_batch(st
     assert out["unpaired_ratio"]["rounds"] == [
         a / p for a, p in zip(res["autok"], res["plain"], strict=True)
     ]
+
+
+def test_the_boundary_bench_times_both_sides_and_how_busy_the_bare_collective_keeps_a_rank():
+    """`autok bench` (h): per round, one median for the boundary, the bare all_reduce and the
+    references, and the bare all_reduce's CPU time (all of the rank's threads, gloo's included)
+    over its wall time on the rank's cores: a share of the cores, the idle rest of which bounds
+    what pipelining the boundary's work into the collective could hide."""
+    from autok.launch import prepare_data
+    from benchmarks import engine
+
+    cfg = tiny_cfg(strategy="cpdp", link="none")
+    prepare_data(cfg)
+    res = engine._workers(engine._boundaries, 2, None, cfg.model_dump_json(), "cnn1d", 2, 3)[0]
+    for side in ("autok", "bare", "floor", "torch_average", "bare_params", "bare_cpu_share"):
+        assert len(res[side]) == 2 and all(v > 0 for v in res[side]), (side, res[side])
+    # CPU time on the rank's own cores cannot exceed their wall time (the two clock reads
+    # around the collective's timer add a few µs at most)
+    assert all(s <= 1.2 for s in res["bare_cpu_share"]), res["bare_cpu_share"]
+    assert res["buffer_numel"] > 2 * res["params"]  # Δ_i, g_i and the scalar tail
