@@ -583,6 +583,29 @@ def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued
     with pytest.raises(RuntimeError, match="connection closed"):
         out.wait()
     gate.opened.set()
+    # and so on the CPU path, whose deadline is a time: an hour ahead, it is not waited for
+    fut = torch.futures.Future()
+    fut.set_exception(RuntimeError("gloo: connection closed by peer"))
+    out = link.delayed(fut, time.perf_counter() + 3600.0)
+    with pytest.raises(RuntimeError, match="connection closed"):
+        out.wait()
+
+
+def test_the_booking_thread_outlives_a_job_that_raises(capsys):
+    """A job that raised on the booking thread must not end it: every later booking would wait
+    for ever. The error is printed, and the next job runs."""
+    import trainer.link as link
+
+    in_order = link._InOrder()
+    ran = threading.Event()
+
+    def bad() -> None:
+        raise RuntimeError("a booking job failed")
+
+    in_order.put(bad)
+    in_order.put(ran.set)
+    assert ran.wait(timeout=60)  # (at once where the thread lives; the timeout only ends a hang)
+    assert "a booking job failed" in capsys.readouterr().err
 
 
 def test_the_fused_boundary_captures_every_kind_of_gradient():

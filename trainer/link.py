@@ -22,6 +22,7 @@ import queue
 import random
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +196,13 @@ class LinkClock:
 
         def book() -> None:
             try:
+                device = getattr(reached, "device", None)  # a CUDA event's (a test's has none)
+                if device is not None and device.type == "cuda":
+                    import torch
+
+                    # this thread's device first: a CUDA call on a thread that has none makes a
+                    # context on device 0 (hundreds of MB) in a rank that runs on another
+                    torch.cuda.set_device(device)
                 reached.synchronize()
                 deadline = self.reserve(nbytes)
             except BaseException as exc:  # noqa: BLE001 - whoever waits on the future gets it
@@ -347,7 +355,11 @@ class _InOrder:
 
     def _run(self) -> None:
         while True:
-            self._jobs.get()()  # each job keeps its own errors (it must not end this thread)
+            job = self._jobs.get()
+            try:
+                job()  # each job delivers its own errors to its waiter
+            except BaseException:  # noqa: BLE001 - a dead thread would hang every later booking
+                traceback.print_exc()
 
 
 _releaser: _Releaser | None = None
@@ -382,7 +394,8 @@ def delayed(
     device: torch.device | None = None,
 ) -> torch.futures.Future:
     """A future that resolves to pick(fut.value()) once fut is done AND deadline has passed. A
-    Booking's deadline is awaited first: the release is put once that booking is made.
+    Booking's deadline is awaited first: the release is put once that booking is made. A failed
+    collective's error is delivered at once, whatever the deadline.
 
     With a CUDA `device` the returned future is CUDA-aware (DDP requires that of a comm hook's
     future, and completing a device-less future with CUDA tensors fails): the value is handed
@@ -402,10 +415,10 @@ def delayed(
                 ready.record(torch.cuda.current_stream(device))
         except Exception as exc:  # surface collective errors to whoever waits on `out`
             value = exc
-        if not isinstance(deadline, Booking):
-            releaser.release_at(deadline, out, value, ready)
-        elif isinstance(value, BaseException):  # a failed collective: its error, at once
+        if isinstance(value, BaseException):  # a failed collective: its error, at once
             releaser.release_at(0.0, out, value, None)
+        elif not isinstance(deadline, Booking):
+            releaser.release_at(deadline, out, value, ready)
         else:
             deadline.then(lambda: _release_booked(releaser, deadline, out, value, ready))
 
