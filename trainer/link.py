@@ -198,11 +198,7 @@ class LinkClock:
             try:
                 device = getattr(reached, "device", None)  # a CUDA event's (a test's has none)
                 if device is not None and device.type == "cuda":
-                    import torch
-
-                    # this thread's device first: a CUDA call on a thread that has none makes a
-                    # context on device 0 (hundreds of MB) in a rank that runs on another
-                    torch.cuda.set_device(device)
+                    _use_device(device)
                 reached.synchronize()
                 deadline = self.reserve(nbytes)
             except BaseException as exc:  # noqa: BLE001 - whoever waits on the future gets it
@@ -236,6 +232,20 @@ def hold_until(deadline: float) -> None:
         time.sleep(remaining - HOLD_POLL)
     while time.perf_counter() < deadline:
         _yield()
+
+
+_thread = threading.local()  # the CUDA device each of the link's threads has made current
+
+
+def _use_device(device: torch.device) -> None:
+    """Make `device` this thread's CUDA device, once per thread: a CUDA call on a thread that
+    has none current makes a context on device 0 (hundreds of MB) in a rank that runs on
+    another. The link's own threads (booking, releaser) are not the rank's main thread."""
+    if getattr(_thread, "device", None) != device:
+        import torch
+
+        torch.cuda.set_device(device)
+        _thread.device = device
 
 
 class _Releaser:
@@ -274,11 +284,8 @@ class _Releaser:
 
         stream = self._streams.get(ready.device)
         if stream is None:  # (only this thread reads or writes _streams)
-            # this thread's current device too: leaving the stream context below restores the
-            # thread's previous stream, which is set with its device, and CUDA would make a
-            # context on device 0 (hundreds of MB) in a rank that runs on another
-            torch.cuda.set_device(ready.device)
             stream = self._streams[ready.device] = torch.cuda.Stream(ready.device)
+        _use_device(ready.device)  # leaving the stream context restores a stream, and its device
         with torch.cuda.stream(stream):
             stream.wait_event(ready)
             fut.set_result(value)
