@@ -554,6 +554,60 @@ def test_sync_now_sends_no_gradients_on_the_fused_boundary():
         assert res["momentum_kept"] and res["agree"]
 
 
+def _refusals(sync) -> list[str]:
+    out = []
+    for call in (lambda: sync.step().__enter__(), sync.sync_now):
+        try:
+            call()
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+def _close_frees_worker(rank, world):
+    import gc
+    import weakref
+
+    gc.disable()  # only reference counting: what close() leaves in a cycle stays
+    try:
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # the two-phase boundary's hook
+        sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="wan")
+        log = _train(sync, opt, _batches(rank, 3))
+        sync.close()
+        sync.close()  # a second close does nothing (no collective: it would hang alone)
+        refused = _refusals(sync)
+        hooks = len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
+        saved = sync.state_dict()["counters"]["global_step"]
+        refs = weakref.ref(sync), weakref.ref(sync.model)
+        del sync, model, opt
+        freed = [r() is None for r in refs]
+    finally:
+        gc.enable()
+    return {
+        "boundaries": [b for b, _ in log],
+        "freed": freed,
+        "refused": refused,
+        "hooks": hooks,
+        "saved": saved,
+    }
+
+
+def test_a_closed_sync_and_its_ddp_go_when_the_loop_drops_them():
+    """sync.model reports to the Sync that made it, a cycle that only the cyclic GC frees (with
+    DDP's reducer and the gloo group it holds), perhaps at interpreter exit. close() breaks it:
+    with the GC off, both are freed the moment the loop drops its names. Closed, the Sync
+    leaves the optimizer's hooks, refuses a step or a boundary, and still gives its state."""
+    for res in run_dist(_close_frees_worker, 2):
+        assert res["boundaries"] == [False, True, False]
+        assert res["freed"] == [True, True]
+        assert res["refused"] == [
+            "sync.step() after sync.close(): make a new autok.Sync",
+            "sync.sync_now() after sync.close(): the replicas agree",
+        ]
+        assert (res["hooks"], res["saved"]) == (0, 3)
+
+
 def _loss_kinds_worker(rank, world):
     """Losses given as a scalar tensor, a bfloat16 one, a vector (summed) and a float, with the
     held tensors read every 3: the boundary's train loss is the mean over ranks and steps of

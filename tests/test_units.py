@@ -608,6 +608,53 @@ def test_the_booking_thread_outlives_a_job_that_raises(capsys):
     assert "a booking job failed" in capsys.readouterr().err
 
 
+_EXIT_SCRIPT = """
+import sys, threading, time, torch
+import trainer.link as link
+# One of the link's threads is inside torch (Future.set_result, running a callback) when the
+# main thread ends, and takes the GIL back every 10 ms for 0.5 s: without the join at exit, one of
+# those takes falls inside the interpreter's finalization.
+started = threading.Event()
+def slow(f):
+    started.set()
+    for _ in range(50):
+        time.sleep(0.01)
+src = torch.futures.Future()
+if sys.argv[1] == "releaser":
+    out = link.delayed(src, time.perf_counter() + 0.01)
+    out.add_done_callback(slow)
+    src.set_result(torch.ones(1))
+else:  # the booking thread
+    src.add_done_callback(slow)
+    link._get_in_order().put(lambda: src.set_result(torch.ones(1)))
+assert started.wait(timeout=60)
+print("main done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("thread", ["releaser", "booking"])
+def test_the_link_threads_are_stopped_before_the_interpreter_finalizes(thread):
+    """A daemon thread still inside a torch call when the interpreter finalizes is killed with
+    pthread_exit as it takes the GIL back, and the process aborts after a run that succeeded
+    (the own-loop example under torchrun, about 1 run in 32 under load). Here a link thread is
+    held in torch past the main thread's end: the process must exit 0, silently."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, thread],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "main done\n", "")
+
+
 def test_the_fused_boundary_captures_every_kind_of_gradient():
     """g_i is copied into the buffer in one op where every gradient is a plain tensor (issue 17);
     a gradient that keeps its graph (backward with create_graph) is taken detached and a

@@ -14,6 +14,7 @@ method of a comparison meets each profile for the same share of its training.
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import itertools
 import math
@@ -260,7 +261,17 @@ class _Releaser:
         self._seq = itertools.count()
         self._cv = threading.Condition()
         self._streams: dict = {}  # CUDA device -> the side stream futures are completed on
-        threading.Thread(target=self._run, name="autok-link", daemon=True).start()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="autok-link", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and wait for it (at exit; see `_stop_at_exit`). Futures still held are
+        dropped: the interpreter is going and no one waits for them."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout=EXIT_JOIN_SECONDS)
 
     def release_at(
         self, deadline: float, fut: torch.futures.Future, value: Any, ready=None
@@ -293,8 +304,10 @@ class _Releaser:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._heap:
+                while not self._heap and not self._stopping:
                     self._cv.wait()
+                if self._stopping:
+                    return
                 deadline, _, fut, value = self._heap[0]
                 delay = deadline - time.perf_counter()
                 if delay > HOLD_POLL:  # asleep: a new, earlier deadline wakes it (notify)
@@ -355,14 +368,22 @@ class _InOrder:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="autok-link-booking", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="autok-link-booking", daemon=True)
+        self._thread.start()
 
     def put(self, job) -> None:
         self._jobs.put(job)
 
+    def stop(self) -> None:
+        """End the thread once the jobs already put have run, and wait for it (at exit)."""
+        self._jobs.put(None)
+        self._thread.join(timeout=EXIT_JOIN_SECONDS)
+
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job()  # each job delivers its own errors to its waiter
             except BaseException:  # noqa: BLE001 - a dead thread would hang every later booking
@@ -373,6 +394,16 @@ _releaser: _Releaser | None = None
 _in_order: _InOrder | None = None
 _threads_lock = threading.Lock()
 
+# The link's threads are daemons (a run must never hang at exit for them), but each is stopped
+# and joined at exit, before the interpreter finalizes. A daemon thread still inside a torch call
+# that released the GIL then (Future.set_result and the callbacks it runs, on either thread) is
+# killed by Python 3.11 with pthread_exit as it takes the GIL back; the unwind meets a noexcept
+# C++ frame and the process aborts ("terminate called without an active exception"), after a
+# run that had succeeded. atexit handlers run after the main thread's last statement, while the
+# daemons still run: the join lets the thread leave torch and return. Bounded, so that a
+# callback that never returns costs EXIT_JOIN_SECONDS at exit, not a hang.
+EXIT_JOIN_SECONDS = 10.0
+
 
 def _get_in_order() -> _InOrder:
     global _in_order
@@ -381,6 +412,7 @@ def _get_in_order() -> _InOrder:
     with _threads_lock:  # a comm hook may ask first from autograd's thread
         if _in_order is None:
             _in_order = _InOrder()
+            atexit.register(_in_order.stop)
         return _in_order
 
 
@@ -391,6 +423,7 @@ def _get_releaser() -> _Releaser:
     with _threads_lock:  # one thread, whichever thread asks first
         if _releaser is None:
             _releaser = _Releaser()
+            atexit.register(_releaser.stop)
         return _releaser
 
 

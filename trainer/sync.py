@@ -155,14 +155,15 @@ class Sync:
                 f"give at most {numel}"
             )
         if self.strategy.averages_parameters:
+            extras = _Extras(optimizer, opts, self.float_buffers)
             self.averager = ParameterAverager(
                 list(model.parameters()),
                 rank=self.rank,
                 world_size=self.world_size,
                 outer=opts.outer,
                 compress=opts.compress,
-                averaged_extras=self._averaged_extras,
-                broadcast_extras=self._broadcast_extras,
+                averaged_extras=extras.averaged,
+                broadcast_extras=extras.broadcast,
                 fused_sgd=optimizer if self.strategy.fused_gradients else None,
                 fragments=opts.fragments,
             )
@@ -203,19 +204,10 @@ class Sync:
         self._position = 1
         self._fragments = opts.fragments
         self._in_step: _Step | None = None
-        optimizer.register_step_pre_hook(self._before_optimizer_step)
-        optimizer.register_step_post_hook(self._after_optimizer_step)
-
-    # ----- what rides with the parameters ------------------------------------------------------
-
-    def _averaged_extras(self) -> list[torch.Tensor]:
-        extras = state_tensors(self.optimizer) if self.options.sync_optimizer_state else []
-        if self.options.buffer_policy == "average":
-            extras = extras + self.float_buffers
-        return extras
-
-    def _broadcast_extras(self) -> list[torch.Tensor]:
-        return self.float_buffers if self.options.buffer_policy == "broadcast" else []
+        self._optimizer_hooks = (
+            optimizer.register_step_pre_hook(self._before_optimizer_step),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        )
 
     # ----- the step ----------------------------------------------------------------------------
 
@@ -254,6 +246,8 @@ class Sync:
 
     def _open_step(self, state: _Step) -> AbstractContextManager | None:
         if self._in_step is not None:
+            if self._in_step is _CLOSED:
+                raise RuntimeError("sync.step() after sync.close(): make a new autok.Sync")
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
         if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
             gap, fragment = 1 if self.warmup else self.sync_period, WHOLE
@@ -659,6 +653,8 @@ class Sync:
         return every rank holds identical parameters (and, by the buffer policy, buffers).
         Returns this rank's seconds spent. Collective: every rank must call it."""
         if self._in_step is not None:
+            if self._in_step is _CLOSED:
+                raise RuntimeError("sync.sync_now() after sync.close(): the replicas agree")
             raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
         t0 = time.perf_counter()
         if self.clock is not None:  # between steps: the position of the next one
@@ -808,12 +804,26 @@ class Sync:
         return None
 
     def close(self) -> None:
-        """End with a boundary (identical replicas), then stop what the engine runs."""
+        """End with a boundary (identical replicas), then stop what the engine runs. After it,
+        sync.model is plain DDP, the optimizer steps without the Sync, and sync.step() or
+        sync_now() raises; state_dict() still gives the final state. A second close does
+        nothing."""
+        if self._in_step is _CLOSED:
+            return
         self.sync_now()
         for obs in self.observers:
             close = getattr(obs, "close", None)
             if close is not None:
                 close()
+        # sync.model reports each forward to this Sync, a reference cycle: only the cyclic GC
+        # would free them, with DDP's reducer and the process group it holds, perhaps not until
+        # the interpreter finalizes, where a gloo group's teardown is not safe. Closed, the
+        # model is plain DDP again, and both go when the loop drops them.
+        self.model._after_forward = _no_report
+        self.grad_state.process_group = None
+        for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
+            hook.remove()
+        self._in_step = _CLOSED  # no step opens again: its optimizer step would go unseen
 
 
 def _add_to_path(
@@ -826,6 +836,32 @@ def _add_to_path(
     at_k["seconds"] += seconds
     at_k["boundaries"] += boundaries
     at_k["steps"] += steps
+
+
+_CLOSED: Any = object()  # Sync._in_step once closed: no step opens, no boundary runs
+
+
+@dataclass
+class _Extras:
+    """What rides with the parameters at a boundary, for the averager. Its own object, not
+    methods of the Sync: the averager would hold the Sync in a cycle (see Sync.close)."""
+
+    optimizer: torch.optim.Optimizer
+    options: SyncOptions
+    float_buffers: list[torch.Tensor]
+
+    def averaged(self) -> list[torch.Tensor]:
+        extras = state_tensors(self.optimizer) if self.options.sync_optimizer_state else []
+        if self.options.buffer_policy == "average":
+            extras = extras + self.float_buffers
+        return extras
+
+    def broadcast(self) -> list[torch.Tensor]:
+        return self.float_buffers if self.options.buffer_policy == "broadcast" else []
+
+
+def _no_report(args: tuple) -> None:
+    """A closed Sync's `_after_forward`: forwards of sync.model are no longer timed."""
 
 
 class _TimedDDP(DistributedDataParallel):
