@@ -564,27 +564,30 @@ def _refusals(sync) -> list[str]:
     return out
 
 
-def _close_frees_worker(rank, world):
+def _close_frees_worker(rank, world, strategy, link):
     import gc
     import weakref
 
     gc.disable()  # only reference counting: what close() leaves in a cycle stays
     try:
         model = _model()
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # the two-phase boundary's hook
-        sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="wan")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # cpdp: the two-phase boundary
+        period = 1 if strategy == "ddp" else 2
+        sync = autok.Sync(model, opt, strategy=strategy, sync_period=period, link=link)
         log = _train(sync, opt, _batches(rank, 3))
+        builtin = sync.grad_state.builtin
         sync.close()
         sync.close()  # a second close does nothing (no collective: it would hang alone)
         refused = _refusals(sync)
         hooks = len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
         saved = sync.state_dict()["counters"]["global_step"]
-        refs = weakref.ref(sync), weakref.ref(sync.model)
+        refs = weakref.ref(sync), weakref.ref(sync.model), weakref.ref(sync.model.reducer)
         del sync, model, opt
         freed = [r() is None for r in refs]
     finally:
         gc.enable()
     return {
+        "builtin": builtin,
         "boundaries": [b for b, _ in log],
         "freed": freed,
         "refused": refused,
@@ -593,14 +596,22 @@ def _close_frees_worker(rank, world):
     }
 
 
-def test_a_closed_sync_and_its_ddp_go_when_the_loop_drops_them():
-    """sync.model reports to the Sync that made it, a cycle that only the cyclic GC frees (with
-    DDP's reducer and the gloo group it holds), perhaps at interpreter exit. close() breaks it:
-    with the GC off, both are freed the moment the loop drops its names. Closed, the Sync
-    leaves the optimizer's hooks, refuses a step or a boundary, and still gives its state."""
-    for res in run_dist(_close_frees_worker, 2):
-        assert res["boundaries"] == [False, True, False]
-        assert res["freed"] == [True, True]
+@pytest.mark.parametrize(
+    ("strategy", "link", "builtin", "boundaries"),
+    [
+        ("cpdp", "wan", False, [False, True, False]),  # the comm hook through the emulator
+        ("ddp", "none", True, [True, True, True]),  # the built-in path: a hook on a parameter
+    ],
+)
+def test_a_closed_sync_and_its_ddp_go_when_the_loop_drops_them(strategy, link, builtin, boundaries):
+    """sync.model reports to the Sync that made it, and the built-in path's hook on a parameter
+    holds the reducer: cycles that only the cyclic GC frees (with the gloo group the reducer
+    holds), perhaps at interpreter exit. close() breaks them: with the GC off, the Sync, its DDP
+    and the reducer are freed the moment the loop drops its names. Closed, the Sync leaves the
+    optimizer's hooks, refuses a step or a boundary, and still gives its state."""
+    for res in run_dist(_close_frees_worker, 2, strategy, link):
+        assert (res["builtin"], res["boundaries"]) == (builtin, boundaries)
+        assert res["freed"] == [True, True, True]
         assert res["refused"] == [
             "sync.step() after sync.close(): make a new autok.Sync",
             "sync.sync_now() after sync.close(): the replicas agree",

@@ -655,6 +655,31 @@ def test_the_link_threads_are_stopped_before_the_interpreter_finalizes(thread):
     assert (done.returncode, done.stdout, done.stderr) == (0, "main done\n", "")
 
 
+def _release_in_a_forked_child() -> None:
+    import os
+
+    import trainer.link as link
+
+    src, done = torch.futures.Future(), threading.Event()
+    link.delayed(src, time.perf_counter()).add_done_callback(lambda f: done.set())
+    src.set_result(torch.ones(1))
+    os._exit(0 if done.wait(timeout=60) else 1)
+
+
+def test_a_forked_child_releases_futures_on_a_thread_of_its_own():
+    """A fork copies the parent's releaser object but not its thread: the child's first use
+    must start its own, or every delayed future in it would wait for ever."""
+    import multiprocessing
+
+    import trainer.link as link
+
+    link._get_releaser()  # the parent's thread runs
+    child = multiprocessing.get_context("fork").Process(target=_release_in_a_forked_child)
+    child.start()
+    child.join(timeout=300)
+    assert child.exitcode == 0
+
+
 def test_the_fused_boundary_captures_every_kind_of_gradient():
     """g_i is copied into the buffer in one op where every gradient is a plain tensor (issue 17);
     a gradient that keeps its graph (backward with create_graph) is taken detached and a

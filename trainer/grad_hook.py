@@ -71,6 +71,15 @@ class GradSyncState:
             self._handle.remove()
             self._handle = None
 
+    def release(self) -> None:
+        """Let go of the model (Sync.close): the built-in path's hook on a parameter holds this
+        state, which holds the parameters and DDP's reducer (and through it the process group),
+        a cycle only the cyclic GC would free."""
+        self.reset(local=True)
+        self.reducer = None
+        self.params = []
+        self.process_group = None
+
     def arm(self) -> None:
         """A forward ran with DDP's gradient sync on: its backward all-reduces. The built-in
         path hooks one parameter's gradient accumulation (kept while step after step

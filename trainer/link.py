@@ -266,8 +266,10 @@ class _Releaser:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread and wait for it (at exit; see `_stop_at_exit`). Futures still held are
-        dropped: the interpreter is going and no one waits for them."""
+        """End the thread and wait for it (at exit; see EXIT_JOIN_SECONDS). Futures still held
+        are dropped: the interpreter is going and no one waits for them."""
+        if not self._thread.is_alive():  # (a forked child's copy: its lock may be held for ever)
+            return
         with self._cv:
             self._stopping = True
             self._cv.notify()
@@ -376,6 +378,8 @@ class _InOrder:
 
     def stop(self) -> None:
         """End the thread once the jobs already put have run, and wait for it (at exit)."""
+        if not self._thread.is_alive():
+            return
         self._jobs.put(None)
         self._thread.join(timeout=EXIT_JOIN_SECONDS)
 
@@ -401,8 +405,19 @@ _threads_lock = threading.Lock()
 # C++ frame and the process aborts ("terminate called without an active exception"), after a
 # run that had succeeded. atexit handlers run after the main thread's last statement, while the
 # daemons still run: the join lets the thread leave torch and return. Bounded, so that a
-# callback that never returns costs EXIT_JOIN_SECONDS at exit, not a hang.
+# callback that never returns costs EXIT_JOIN_SECONDS at exit (per thread), not a hang.
 EXIT_JOIN_SECONDS = 10.0
+
+
+def _forget_threads() -> None:
+    """In a forked child: the parent's threads are not there; the first use starts its own."""
+    global _releaser, _in_order, _threads_lock
+    _releaser = _in_order = None
+    _threads_lock = threading.Lock()  # (perhaps held, at the fork, by a thread now gone)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _get_in_order() -> _InOrder:

@@ -805,25 +805,27 @@ class Sync:
 
     def close(self) -> None:
         """End with a boundary (identical replicas), then stop what the engine runs. After it,
-        sync.model is plain DDP, the optimizer steps without the Sync, and sync.step() or
+        neither sync.model nor the optimizer reports to the Sync, and sync.step() or
         sync_now() raises; state_dict() still gives the final state. A second close does
         nothing."""
         if self._in_step is _CLOSED:
             return
-        self.sync_now()
-        for obs in self.observers:
-            close = getattr(obs, "close", None)
-            if close is not None:
-                close()
-        # sync.model reports each forward to this Sync, a reference cycle: only the cyclic GC
-        # would free them, with DDP's reducer and the process group it holds, perhaps not until
-        # the interpreter finalizes, where a gloo group's teardown is not safe. Closed, the
-        # model is plain DDP again, and both go when the loop drops them.
-        self.model._after_forward = _no_report
-        self.grad_state.process_group = None
-        for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
-            hook.remove()
-        self._in_step = _CLOSED  # no step opens again: its optimizer step would go unseen
+        try:
+            self.sync_now()
+        finally:  # (a failed boundary still stops the observers, the exporter's server among them)
+            for obs in self.observers:
+                close = getattr(obs, "close", None)
+                if close is not None:
+                    close()
+            # sync.model reports each forward to this Sync, and the optimizer each step: cycles
+            # only the cyclic GC would free, with DDP's reducer and the process group it holds,
+            # perhaps not until the interpreter finalizes, where a gloo group's teardown is not
+            # safe. Broken here, they go when the loop drops them.
+            self.model._after_forward = _no_report
+            self.grad_state.release()
+            for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
+                hook.remove()
+            self._in_step = _CLOSED  # no step opens again: its optimizer step would go unseen
 
 
 def _add_to_path(
