@@ -272,3 +272,23 @@ def test_a_paired_round_takes_the_median_difference_and_a_trimmed_mean_counts_ra
         paired_round(ours, {k: v for k, v in plain.items() if k != 7})
     with pytest.raises(ValueError, match="no pairs"):
         paired_round({}, {})
+
+
+def test_the_timing_parts_guard_judges_finiteness_but_not_the_loss():
+    """(a), (g) and (h) train until the loss is near zero; a wobble up from there must not stop
+    a timing run (it stopped (g) on 2026-12-03), and non-finite parameters still must."""
+    from types import SimpleNamespace
+
+    from tests.test_controllers import stats
+    from trainer.divergence import DivergenceGuard
+
+    def judged(guard, losses):
+        return [guard.check(stats(8, loss=x, i=i)) for i, x in enumerate(losses)]
+
+    wobble = [2.2] * 4 + [0.008] * 4 + [0.2] * 4  # the shape of (g)'s loss at boundary 687
+    assert any(judged(DivergenceGuard(), wobble))  # the default guard stops it
+    sync = SimpleNamespace(divergence=DivergenceGuard())
+    engine._times_only(sync)
+    assert not any(judged(sync.divergence, wobble))
+    nan = sync.divergence.check(stats(8, drift_ratio=float("nan")))  # diverged parameters
+    assert nan == "non-finite values at boundary 0 (loss 1.0, drift nan, update 1.0)"
