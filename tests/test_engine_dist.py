@@ -639,3 +639,68 @@ def test_the_boundary_bench_times_both_sides_and_how_busy_the_bare_collective_ke
     # around the collective's timer add a few µs at most)
     assert all(s <= 1.2 for s in res["bare_cpu_share"]), res["bare_cpu_share"]
     assert res["buffer_numel"] > 2 * res["params"]  # Δ_i, g_i and the scalar tail
+
+
+def _bench_passes_worker(rank, world):
+    """Two fused boundaries of a small MLP (SlowMo β = 0.3, SGD momentum): the real averager's,
+    and benchmarks.fused_passes's passes on copies of what the second one started from, with
+    the same collective between their start and finish."""
+    from benchmarks.fused_passes import finish_passes, start_passes
+    from trainer.outer import OuterOptimizer
+
+    def flat(ts) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in ts])
+
+    torch.manual_seed(0)  # the same θ_0 on every rank
+    model = torch.nn.Sequential(
+        torch.nn.Linear(40, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1000)
+    )  # 67,624 parameters: the row norms' form of sq_norm (from 65,536), with a tail of 40
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    outer = OuterOptimizer("slowmo", 1.0, 0.3)
+    averager = ParameterAverager(params, rank=rank, world_size=world, outer=outer, fused_sgd=opt)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(2):  # the second starts from a velocity the first left
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        averager.capture_boundary_grads()  # the optimizer pre-hook's copy
+        opt.step()  # the boundary step, local: θ_i and m_i now differ between the ranks
+        momenta = [opt.state[p]["momentum_buffer"] for p in params]
+        theta, m, g = flat(params), flat(momenta), flat(p.grad for p in params)
+        ref, v = averager.ref.clone(), averager.velocity.clone()
+        got = averager.reconcile(IntervalTotals(1.0, 1, 0.0, 0.0), 0.1, None)
+    n = theta.numel()
+    buf = torch.cat([torch.empty(n), g])
+    s = start_passes(theta, ref, m, buf[n:], v, buf[:n], outer.momentum)
+    dist.all_reduce(buf)
+    u, digest = finish_passes(buf[:n], buf[n:], m, v, ref, theta, 1 / world, 1 / world)
+    return {
+        "bench": [theta, ref, m, v],
+        "autok": [flat(params), averager.ref, flat(momenta), averager.velocity],
+        "s": float(s),
+        "u": float(u),
+        "digest": int(digest) % (1 << 32),
+        "update_norm": got.update_norm,
+        "drift_norm": got.drift_norm,
+        "last_digest": averager.last_digest,
+        "bits": averager._bits,
+    }
+
+
+def test_the_fused_passes_bench_times_the_boundarys_own_arithmetic():
+    """benchmarks/fused_passes.py times its own functions as the fused boundary's host passes:
+    they must compute what ParameterAverager's start and finish compute, bit for bit for the
+    state (θ, θ_ref, momentum, velocity), to rounding for the norms, and the digest's sum."""
+    from trainer.averaging import _MIX
+
+    results = run_dist(_bench_passes_worker, 2)
+    for r in results:
+        for name, b, a in zip(("θ", "θ_ref", "m", "v"), r["bench"], r["autok"], strict=True):
+            assert torch.equal(b, a), name
+        assert r["u"] == pytest.approx(r["update_norm"] ** 2, rel=1e-6)
+        assert r["update_norm"] > 0
+        assert ((r["digest"] * _MIX) % (1 << 32)) >> (32 - r["bits"]) == r["last_digest"]
+    # the drift from the ranks' s_i: mean_i s_i − ||mean Δ||²
+    drift_sq = sum(r["s"] for r in results) / 2 - results[0]["u"]
+    assert drift_sq == pytest.approx(results[0]["drift_norm"] ** 2, rel=1e-5)
+    assert drift_sq > 0
