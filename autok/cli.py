@@ -133,7 +133,8 @@ HELP = {
     "(--divergence-factor): "
     "stop, or rollback to the last checkpoint with K halved",
     "divergence_factor": "F: diverged when the mean loss of 4 boundaries exceeds F x its running "
-    "minimum and either 1/F of its first 4 boundaries' or F^2 x the minimum",
+    "minimum and either 1/4 of its first 4 boundaries' or F^2 x the minimum and 1/16 of those "
+    "(a larger F never stops sooner)",
     "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
     "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
     "metrics_host": "IP address the metrics server binds; 127.0.0.1 serves this machine only, "

@@ -398,6 +398,31 @@ def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_for_
     assert "non-finite" in _guard_on([2.3, math.nan])[1]
 
 
+def test_a_larger_divergence_factor_never_stops_a_run_sooner():
+    """Every bar of the guard rises with F (or stays): on any losses, the first boundary a
+    larger F judges diverged is never before a smaller F's. Its bars relative to the start
+    were 1/F and 1/F² and fell as F rose: F = 16 stopped `autok bench` (g)'s swing from 0.0079
+    to 0.184 at the boundary F = 4 did."""
+    from trainer.divergence import DivergenceGuard
+
+    swing = [2.243] * 4 + [0.0079] * 8 + [0.184] * 8  # (g)'s, boundaries 0 to 687
+    assert _guard_on(swing)[0] == 15  # the default stops it: 23x its minimum, 8% of its start
+    assert _guard_on(swing, DivergenceGuard(factor=16.0)) is None  # raised F lets it through
+    gen = torch.Generator().manual_seed(0)
+    factors = [1.5, 2.0, 4.0, 5.0, 8.0, 16.0, math.inf]
+    differ = 0
+    for _ in range(300):
+        # a fall from 2 to a floor near zero, then swings up by up to 10^3
+        floor = float(torch.empty(1).uniform_(-3, 0, generator=gen))
+        fall = torch.logspace(0.3, floor, 20, dtype=torch.float64)
+        losses = torch.cat([fall, fall[-1] * 10 ** (3 * torch.rand(20, generator=gen))]).tolist()
+        stops = [_guard_on(losses, DivergenceGuard(factor=f)) for f in factors]
+        at = [s[0] if s else math.inf for s in stops]
+        assert at == sorted(at), (losses, at)
+        differ += len(set(at)) > 1
+    assert differ > 30  # the factors disagree on many draws: the order above is tested
+
+
 def test_the_guards_first_window_is_saved_and_a_state_from_before_it_loads():
     from trainer.divergence import DivergenceGuard
 
