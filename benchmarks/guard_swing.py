@@ -3,7 +3,7 @@
     python -m benchmarks.guard_swing     # about a minute -> benchmarks/results/guard_swing.md
 
 The run is the autok side of `autok bench` (g): cpdp K = 8 on mnist1d (the default config's
-data, model and optimizer), world 2, link none, 144 epochs at a constant LR. Its loss falls
+data, model and optimizer), world 2, link none, 128 epochs at a constant LR. Its loss falls
 near zero and then swings up by 20x and more and back, again and again. The guard judges
 nothing here (`_times_only`, as in the bench): the per-boundary losses are recorded and each
 factor's guard is run on them afterwards, so one run serves every F. Printed per F: the
@@ -30,7 +30,7 @@ from trainer.divergence import DivergenceGuard
 from trainer.models import build_model
 from trainer.optim import build_scheduler
 
-EPOCHS = 144  # (g)'s: 16 epochs per round, 7 rounds and a first, untimed block
+EPOCHS = 128  # (g)'s: 16 epochs per round, 7 rounds and a first, untimed block
 FACTORS = (2.0, 4.0, 5.0, 8.0, 16.0)
 OUT = Path(__file__).parent / "results" / "guard_swing.md"
 
