@@ -405,7 +405,7 @@ def test_a_larger_divergence_factor_never_stops_a_run_sooner():
     to 0.184 at the boundary F = 4 did."""
     from trainer.divergence import DivergenceGuard
 
-    swing = [2.243] * 4 + [0.0079] * 8 + [0.184] * 8  # (g)'s, boundaries 0 to 687
+    swing = [2.243] * 4 + [0.0079] * 8 + [0.184] * 8  # the shape of (g)'s up to boundary 687
     assert _guard_on(swing)[0] == 15  # the default stops it: 23x its minimum, 8% of its start
     assert _guard_on(swing, DivergenceGuard(factor=16.0)) is None  # raised F lets it through
     gen = torch.Generator().manual_seed(0)

@@ -60,13 +60,12 @@ def diverged(window_loss: float, best_window_loss: float, factor: float, first: 
     """More than `factor` F × the running minimum, and either more than a quarter of the first
     window's loss or more than F² × the minimum and 1/16 of the first window's. Every bar rises
     with F (or does not move; a loss is not negative), so raising F only ever lets more
-    through. The middle clause
-    keeps a loss near zero from tripping the guard: a run fitted to a training loss of 0.0096
-    that wobbles to 0.04 has not diverged (found by `autok bench` (g) over 64 epochs of
-    mnist1d), nor one fitted to 0.004 that wobbles to 0.069, 3% of its start of 2.24 (the same
-    over 128 epochs). The last keeps the guard for a climb far above the minimum that stays
-    below a quarter of the start (0.0096 to 0.5 on a run that started at 2.3; a regression
-    fitted from 1e4 to 1 that climbs to 2000)."""
+    through. The middle clause keeps a loss near zero from tripping the guard: a run fitted to
+    a training loss of 0.0096 that wobbles to 0.04 has not diverged (found by `autok bench`
+    (g) over 64 epochs of mnist1d), nor one fitted to 0.004 that wobbles to 0.069, 3% of its
+    start of 2.24 (the same over 128 epochs). The last keeps the guard for a climb far above
+    the minimum that stays below a quarter of the start (0.0096 to 0.5 on a run that started
+    at 2.3; a regression fitted from 1e4 to 1 that climbs to 2000)."""
     return (
         math.isfinite(best_window_loss)
         and window_loss > factor * best_window_loss
