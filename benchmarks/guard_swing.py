@@ -35,10 +35,6 @@ FACTORS = (2.0, 4.0, 5.0, 8.0, 16.0)
 OUT = Path(__file__).parent / "results" / "guard_swing.md"
 
 
-def _config() -> TrainConfig:
-    return TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=2, progress=False)
-
-
 def _losses(rank: int, world: int, cfg_json: str, epochs: int) -> list[tuple[int, float]]:
     """(boundary, mean train loss over the ranks) of every boundary of the run."""
     import autok
@@ -87,7 +83,7 @@ def judged(losses: list[tuple[int, float]], factor: float) -> list[int]:
 
 
 def main() -> None:
-    cfg = _config()
+    cfg = TrainConfig(strategy="cpdp", sync_period=8, link="none", workers=2, progress=False)
     prepare_data(cfg)
     losses = run_workers(_losses, 2, cfg.model_dump_json(), EPOCHS, timeout=1800)[0]
     # the loss over the 4 boundaries that end at each boundary, as the guard takes it
