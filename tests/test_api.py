@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 from pathlib import Path
@@ -1017,3 +1018,77 @@ def _layouts_worker(rank, world):
 def test_a_layout_seen_before_the_buffer_grew_is_cut_again_from_the_new_buffer():
     for after, mean in run_dist(_layouts_worker, 2):
         assert torch.equal(after, mean)  # a plain average at world 2: the sum, halved
+
+
+def _fused_sgd_scaler_worker(rank, world):
+    """The same loop with torch.optim.SGD(fused=True) and with the plain SGD, under a
+    GradScaler: a fused optimizer gets the scale and found_inf from scaler.step and unscales
+    (or skips) inside its own step, after the optimizer pre-hook that captures g_i."""
+    out = {}
+    for fused in (True, False):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        sync = autok.Sync(model, opt, strategy="cpdp", sync_period=4, link="none")
+        assert sync.strategy.fused_gradients  # one collective: g_i rides in the averaging
+        # rank 1 overflows at the boundary step 7: its optimizer step is skipped (by the
+        # scaler for plain SGD, inside the fused kernel for fused SGD)
+        log = _train(sync, opt, _batches(rank, 12), inf_at=7 if rank == 1 else None, scaler=scaler)
+        momenta = [opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]
+        out[fused] = (_flat(model), torch.cat(momenta), log, scaler.get_scale())
+        sync.close()
+    return out
+
+
+def test_a_fused_sgd_under_gradscaler_reconciles_the_unscaled_gradients():
+    for out in run_dist(_fused_sgd_scaler_worker, 2):
+        (p_f, m_f, log_f, scale_f), (p_u, m_u, log_u, scale_u) = out[True], out[False]
+        assert scale_f == scale_u
+        assert all(ok for b, ok in log_f + log_u if b)
+        assert torch.isfinite(p_f).all() and torch.isfinite(m_f).all()
+        # the scaled g_i (x256) or an inf would move the momentum far from plain SGD's
+        torch.testing.assert_close(m_f, m_u, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(p_f, p_u, rtol=1e-6, atol=1e-7)
+
+
+def _tensor_lr_worker(rank, world, tmp):
+    """An LR held as a tensor (as for CUDA graphs or a compiled step): the records take it as
+    a number."""
+    lrs = {}
+    for strategy, k, make in (
+        ("cpdp", 2, lambda ps: torch.optim.SGD(ps, lr=torch.tensor(0.05), momentum=0.9)),
+        ("ddp", 1, lambda ps: torch.optim.Adam(ps, lr=torch.tensor(0.01))),
+    ):
+        model = _model()
+        opt = make(model.parameters())
+        seen = []
+
+        class Lr:
+            def on_boundary(self, stats, decision):
+                seen.append(stats.lr)
+
+        out_dir = Path(tmp) / strategy
+        sync = autok.Sync(
+            model,
+            opt,
+            strategy=strategy,
+            sync_period=k,
+            link="none",
+            out_dir=out_dir,
+            observers=[Lr()],
+        )
+        _train(sync, opt, _batches(rank, 4))
+        sync.sync_now()
+        sync.close()
+        lines = (out_dir / "boundaries.jsonl").read_text().splitlines() if rank == 0 else []
+        lrs[strategy] = (seen, [json.loads(line)["lr"] for line in lines])
+    return lrs
+
+
+def test_a_learning_rate_held_as_a_tensor_is_recorded_as_a_number(tmp_path):
+    for rank, lrs in enumerate(run_dist(_tensor_lr_worker, 2, str(tmp_path))):
+        for strategy, lr in (("cpdp", 0.05), ("ddp", 0.01)):
+            seen, written = lrs[strategy]
+            assert seen and all(type(v) is float and v == pytest.approx(lr) for v in seen)
+            if rank == 0:
+                assert written == seen

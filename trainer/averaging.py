@@ -409,6 +409,16 @@ class ParameterAverager:
                 for g, p in zip(grads, self.params, strict=True)
             ]
             torch.cat([g.reshape(-1) for g in grads], out=seg)
+        # A fused SGD (fused=True) under a GradScaler is handed the scale and found_inf by
+        # scaler.step and unscales, or skips the step, inside its own kernel, after this hook:
+        # g_i as it moves the weights is g / scale, or zeros for a step skipped on an inf
+        # (as a plain SGD's skipped step, whose hook never runs). On the device: no host sync.
+        opt = self.fused_sgd
+        scale, found = getattr(opt, "grad_scale", None), getattr(opt, "found_inf", None)
+        if scale is not None:
+            seg.div_(scale.to(seg.device))  # as the kernel does (a division)
+        if found is not None:
+            seg.masked_fill_(found.to(seg.device) > 0, 0.0)
         self._captured = True
 
     def _grads_segment(self) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -167,8 +167,8 @@ class Sync:
                 fused_sgd=optimizer if self.strategy.fused_gradients else None,
                 fragments=opts.fragments,
             )
-        if peak_lr is None:
-            peak_lr = max(g["lr"] for g in optimizer.param_groups)
+        if peak_lr is None:  # (an LR may be a tensor: CUDA graphs, a compiled step)
+            peak_lr = max(float(g["lr"]) for g in optimizer.param_groups)
         self.controller = build_controller(
             opts.policy, opts.sync_period, opts.policy_options(peak_lr)
         )
@@ -386,6 +386,7 @@ class Sync:
         steps later. `boundary_step` is False for sync_now(): no step's gradients ride along.
         `fragment`: what the averaging moves (trainer/fragments.py), or the whole model.
         `forced`: a boundary the loop asked for (an epoch's end)."""
+        lr = float(lr)  # the group's LR as the step read it, perhaps a tensor: a number here
         if self._fused and boundary_step:
             # the fused boundary's gradient AllReduce rides in the averaging
             self.grad_syncs += 1
@@ -485,7 +486,7 @@ class Sync:
             0.0,  # drift ratio
             loss_sum / steps,
             nbytes,
-            lr,
+            float(lr),  # (read per step as the group holds it, perhaps a tensor)
             warmup,
             samples * self.world_size,  # DistributedSampler: equal samples per rank
             grad_syncs,
