@@ -1061,11 +1061,15 @@ def _tensor_lr_worker(rank, world, tmp):
     ):
         model = _model()
         opt = make(model.parameters())
-        seen = []
 
         class Lr:
+            def __init__(self) -> None:
+                self.seen = []
+
             def on_boundary(self, stats, decision):
-                seen.append(stats.lr)
+                self.seen.append(stats.lr)
+
+        lr_seen = Lr()
 
         out_dir = Path(tmp) / strategy
         sync = autok.Sync(
@@ -1075,13 +1079,13 @@ def _tensor_lr_worker(rank, world, tmp):
             sync_period=k,
             link="none",
             out_dir=out_dir,
-            observers=[Lr()],
+            observers=[lr_seen],
         )
         _train(sync, opt, _batches(rank, 4))
         sync.sync_now()
         sync.close()
         lines = (out_dir / "boundaries.jsonl").read_text().splitlines() if rank == 0 else []
-        lrs[strategy] = (seen, [json.loads(line)["lr"] for line in lines])
+        lrs[strategy] = (lr_seen.seen, [json.loads(line)["lr"] for line in lines])
     return lrs
 
 
