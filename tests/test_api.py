@@ -1096,3 +1096,40 @@ def test_a_learning_rate_held_as_a_tensor_is_recorded_as_a_number(tmp_path):
             assert seen and all(type(v) is float and v == pytest.approx(lr) for v in seen)
             if rank == 0:
                 assert written == seen
+
+
+_BETWEEN = 0.3  # seconds of the loop's own work between backward() and optimizer.step()
+
+
+def _between_worker(rank, world, link):
+    """ddp with the loop's own work (a sleep standing for GradScaler's unscale or clipping)
+    between backward() and optimizer.step(): the gradient wait ends where DDP's does."""
+    import time
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = autok.Sync(model, opt, strategy="ddp", link=link)
+    waits = []
+    for x, y in _batches(rank, 4):
+        with sync.step():
+            opt.zero_grad()
+            nn.functional.mse_loss(sync.model(x), y).backward()
+            time.sleep(_BETWEEN)
+            opt.step()
+        times = sync.last_step
+        waits.append((times.grad_synced, times.sync_seconds, times.backward_seconds))
+    sync.close()
+    return waits
+
+
+@pytest.mark.parametrize("link", ["none", "wan"])
+def test_the_loops_work_between_backward_and_the_optimizer_step_is_not_sync(link):
+    """On the built-in all-reduce (no link) and through the link's comm hook (wan: each step
+    holds its gradients at least the link's latency), the sleep is backward's side of the
+    step, not exposed sync."""
+    for waits in run_dist(_between_worker, 2, link):
+        for synced, wait, backward in waits[1:]:
+            assert synced and wait < _BETWEEN / 2, waits
+            assert backward >= _BETWEEN, waits  # the sleep is the loop's: counted there
+            if link == "wan":
+                assert wait >= 0.008, waits  # the hold (16.6 ms RTT) is still sync

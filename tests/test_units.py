@@ -487,6 +487,13 @@ def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwa
     assert state.exposed_wait(0.5, 1.1, _At(9.0)) == 0.0  # never negative
     state.last_ready = 0.25  # a bucket from before this backward: no wait of this step's
     assert state.exposed_wait(0.5, 1.1, _At(10.75)) is None
+    # DDP's wait ended (GradSyncState._done's event) before backward's end: the loop's own work
+    # in between (GradScaler's unscale, clipping) is not the wait
+    state.last_ready, state.sync_done_event = 1.0, _At(10.25)
+    assert state.exposed_wait(0.5, 1.1, _At(10.75)) == 0.25
+    assert state.exposed_wait(0.5, 1.1) == 0.25  # no clock points: the same events
+    state.sync_done_event = _At(9.5)
+    assert state.exposed_wait(0.5, 1.1, _At(10.75)) == 0.0  # never negative
 
 
 def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():

@@ -5,8 +5,11 @@ Exposed gradient sync (DESIGN §3) is the wait between the end of backward compu
 completion of the last bucket; `loss.backward()` returns only once DDP has waited for every
 bucket. The end of backward compute is the latest bucket-ready call of the comm hook or, on the
 built-in path, a callback that runs when every node of the backward graph has run, just before
-DDP's own end-of-backward wait (GradSyncState._on_grad). The difference is what the step spent
-blocked on the network.
+DDP's own end-of-backward wait (GradSyncState._on_grad). The wait ends where a callback queued
+behind DDP's runs (GradSyncState._done): once DDP has waited for every bucket and written the
+gradients back, still inside `backward()`. The difference is what the step spent blocked on the
+network. What the loop does between `backward()` and `optimizer.step()` (GradScaler's unscale
+and its inf check, clipping) is the loop's compute, not sync.
 
 Why two paths (issue 17): any Python comm hook costs about 115 µs per synchronized step against
 DDP's built-in C++ one (world 2, cnn1d, `python -m benchmarks.step_parts`): the call into Python
@@ -35,6 +38,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.link import LinkClock, delayed
 
+# Called in every synchronized backward: looked up once. A final callback runs once every node
+# of the backward graph has run, in the order queued; one queued by a final callback runs too.
+_queue_callback = Variable._execution_engine.queue_callback
+perf_counter = time.perf_counter
+
 
 @dataclass
 class GradSyncState:
@@ -42,9 +50,13 @@ class GradSyncState:
     clock: LinkClock | None
     process_group: dist.ProcessGroup | None = None
     last_ready: float | None = None  # perf_counter of the latest bucket-ready call
+    # perf_counter when DDP had waited for every bucket (a callback queued behind DDP's own,
+    # see _done); None until a synchronized backward gets there
+    sync_done: float | None = None
     # On a GPU the hook runs when backward has *queued* the bucket's kernels, not when they ran:
     # a CUDA event recorded on the autograd stream marks the real end of backward compute.
     last_ready_event: torch.cuda.Event | None = None
+    sync_done_event: torch.cuda.Event | None = None  # on a GPU, sync_done's event
     nbytes: int = 0  # payload all-reduced since the last reset
     buckets: int = 0  # collectives (one per DDP bucket) since the last reset
     # The built-in path (install_grad_sync): DDP all-reduces in C++, so the counts above are
@@ -58,12 +70,14 @@ class GradSyncState:
     _handle: Any = None  # its post-accumulate-grad hook, while held
     _bucket_count: int = 0
     _bucket_reads: int = 0
+    _done_queued: bool = False  # the comm hook's: _queue_done queued in this backward
 
     def reset(self, local: bool = False) -> None:
         """A new step; `local`: its backward will not all-reduce (no_sync), so the built-in
         path's hook is dropped until a synchronized forward arms it again."""
-        self.last_ready = None
-        self.last_ready_event = None
+        self.last_ready = self.sync_done = None
+        self.last_ready_event = self.sync_done_event = None
+        self._done_queued = False
         self.nbytes = 0
         self.buckets = 0
         self.synced_forwards = 0
@@ -97,18 +111,45 @@ class GradSyncState:
         # bucket ready, queues its own end-of-backward callback (that waits for the buckets).
         # A callback queued here runs first, once every node of the graph has run: the end of
         # backward compute, with one Python call per backward.
-        Variable._execution_engine.queue_callback(self._ready)
+        _queue_callback(self._ready)
 
     def _ready(self) -> None:
-        self.last_ready = time.perf_counter()
+        self.last_ready = perf_counter()
+        # DDP's end-of-backward callback (its wait for the buckets) was queued after this one,
+        # or before it: a callback queued now runs after it either way, still inside backward
+        _queue_callback(self._done_on_host)
+
+    def _done_on_host(self) -> None:
+        """The built-in path's _done (on the CPU): its time alone, per step on ddp."""
+        self.sync_done = perf_counter()
+
+    def _queue_done(self) -> None:
+        """The comm hook's: queued at a backward's first bucket, before DDP queues its own
+        end-of-backward callback (at the last bucket); it queues _done behind that one."""
+        _queue_callback(self._done)
+
+    def _done(self) -> None:
+        """DDP has waited for every bucket of this backward and written the gradients back.
+        On a GPU the callback runs on the stream current at `backward()`'s call, which autograd
+        has made wait for the backward's streams: an event there marks the device's end."""
+        self._done_queued = False
+        ready = self.last_ready_event
+        if ready is not None:  # on the stream current for the bucket's device at this point
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(ready.device))
+            self.sync_done_event = event
+        else:
+            self.sync_done = perf_counter()
 
     def exposed_wait(
         self, backward_start: float, backward_end: float, end_event: Any = None
     ) -> float | None:
         """Seconds `backward()` spent blocked on gradient buckets after its compute ended, or
         None when no bucket was all-reduced in this backward. Host times (perf_counter) on the
-        CPU; on a GPU the wait runs from the last bucket's event to `end_event`, the recorded
-        (and already reached) event that ends backward (trainer.profiler.DeviceMarks)."""
+        CPU; on a GPU events: from the last bucket's to the one `_done` recorded. The wait ends
+        where DDP's did (`_done`), or, where no such point was reached, at `backward_end` (the
+        optimizer step's start; on a GPU `end_event`, the recorded and already reached event
+        there: trainer.profiler.DeviceMarks)."""
         ready = self.last_ready
         if ready is None or ready <= backward_start:
             return None
@@ -119,6 +160,13 @@ class GradSyncState:
             buckets = self._bucket_count if self._bucket_reads >= 2 else self.bucket_count()
             self.nbytes, self.buckets = times * self.grad_nbytes, times * buckets
         if self.last_ready_event is not None:
+            done = self.sync_done_event
+            if done is not None:  # recorded before backward returned: reached by now
+                self.last_ready_event.synchronize()
+                done.synchronize()
+                wait = max(0.0, self.last_ready_event.elapsed_time(done) / 1e3)
+                # with clock points the caller caps it at backward's span on the device
+                return wait if end_event is not None else min(wait, backward_end - backward_start)
             if end_event is not None:  # the caller caps it at backward's span on the device
                 self.last_ready_event.synchronize()  # reached already if on end_event's stream
                 return max(0.0, self.last_ready_event.elapsed_time(end_event) / 1e3)
@@ -127,6 +175,9 @@ class GradSyncState:
             end.synchronize()
             wait = self.last_ready_event.elapsed_time(end) / 1e3
             return min(max(0.0, wait), backward_end - backward_start)
+        done = self.sync_done
+        if done is not None and ready <= done < backward_end:
+            return done - ready
         return backward_end - ready
 
     def bucket_count(self) -> int:
@@ -162,7 +213,14 @@ def _first(values: list[torch.Tensor]) -> torch.Tensor:
 def emulated_allreduce_hook(
     state: GradSyncState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    state.last_ready = time.perf_counter()
+    state.last_ready = perf_counter()
+    if not state._done_queued:  # this backward's first bucket: mark where DDP's wait ends
+        try:
+            _queue_callback(state._queue_done)
+        except RuntimeError:  # no backward running (DDP's join shadowing a bucket): no wait
+            pass
+        else:
+            state._done_queued = True
     tensor = bucket.buffer()
     if tensor.is_cuda:
         # blocking: the link's booking thread waits on it (reserve_when) without spinning a core
