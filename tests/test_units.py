@@ -362,6 +362,39 @@ def test_a_loss_sum_saved_mid_interval_resumes_bit_for_bit():
     assert old.take() == 2.5
 
 
+class _OnADevice(torch.Tensor):
+    """A CPU tensor that says it is not on the CPU: LossSum's accelerator path (a running sum
+    on the device, read once), run here."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+
+def test_a_device_loss_sum_saved_mid_interval_resumes_bit_for_bit():
+    """On an accelerator the sum so far is one float64 on the device; a resumed sum must add
+    it first, as the uninterrupted one does: (a + b) + c + d, not (a + b) + (c + d)."""
+    from trainer.loss_sum import LossSum
+
+    values = [1e30, 1.0, -1e30, 1.0]  # (a + b) + (c + d) is 0; ((a + b) + c) + d is 1
+
+    def on_device(v: float) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.float32).as_subclass(_OnADevice)
+
+    whole, first = LossSum(), LossSum()
+    for v in values:
+        whole.add(on_device(v))
+    for v in values[:2]:
+        first.add(on_device(v))
+    assert first.device_sum is not None and not first.held  # the device path was taken
+    resumed = LossSum()
+    resumed.load_state_dict(first.state_dict())
+    for v in values[2:]:
+        resumed.add(on_device(v))
+    assert whole.take() == 1.0
+    assert resumed.take() == 1.0
+
+
 def _guard_on(losses, guard=None):
     """Feed window-sized runs of a loss to the guard; the boundary it trips at, or None."""
     from controllers.base import BoundaryStats

@@ -308,7 +308,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sync.load_state_dict(state["sync"])  # after the model: it digests the weights
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self.device)
         t = state["trainer"]
         self.total_compute, self.total_exposed = t["total_compute"], t["total_exposed"]
         self.history = list(t["history"])
@@ -395,16 +395,24 @@ class Trainer:
         """This rank's slice of the test set as sums: [metric sum, metric count, loss sum,
         samples]; summed over ranks they give the whole set's metric and mean loss."""
         self.model.eval()
-        metric_sum = metric_count = loss_sum = seen = 0.0
+        metric_sum = metric_count = seen = 0.0
+        # The sums stay on the model's device and are read once, as in training: a read per
+        # batch would drain an accelerator's queue at every batch. In float64, added in batch
+        # order: on the CPU the same values as summing the batches' numbers on the host.
+        acc = torch.zeros(3, dtype=torch.float64, device=self.device)
         for x, y in self.test_loader:
             x, y = x.to(self.device), y.to(self.device)
             out = self.model(x)
             total, count = self.task.metric.batch(out, y)
-            metric_sum += float(total)
-            metric_count += float(count)
+            metric_sum += _on_device_or_read(acc[0], total)
+            metric_count += _on_device_or_read(acc[1], count)
             if not self.task.classifies:  # test_loss is reported beside another metric only
-                loss_sum += float(self.task.loss_fn(out, y)) * len(y)
+                # the batch's mean times its size, in float64 (an add with alpha may fuse)
+                acc[2].add_(self.task.loss_fn(out, y).detach().sum().double() * len(y))
             seen += len(y)
+        on_device = acc.tolist()
+        metric_sum, metric_count = metric_sum + on_device[0], metric_count + on_device[1]
+        loss_sum = on_device[2]
         self.model.train()
         return [metric_sum, metric_count, loss_sum, seen]
 
@@ -499,7 +507,9 @@ class Trainer:
 
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
-            torch.save(self.model.state_dict(), self.out_dir / "model.pt")
+            # on the CPU: the file loads on a machine with no GPU, with no map_location
+            weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            torch.save(weights, self.out_dir / "model.pt")
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -510,18 +520,26 @@ def rng_state(device: torch.device) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "python": random.getstate(),
-        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+        # this rank's device only: a rank that sees every GPU of its machine at save and only its
+        # own at resume (CUDA_VISIBLE_DEVICES per rank) restores it all the same
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
 
 
-def set_rng_state(rng: dict[str, Any]) -> None:
+def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"])
     name, keys, pos, has_gauss, cached = rng["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     version, internal, gauss = rng["python"]
     random.setstate((version, tuple(internal), gauss))
-    if rng["cuda"] is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    cuda = rng["cuda"]
+    if cuda is None or device.type != "cuda":
+        return
+    if isinstance(cuda, list | tuple):  # a checkpoint from before 2026-12-03: every device's
+        if device.index is not None and device.index < len(cuda):
+            torch.cuda.set_rng_state(cuda[device.index], device)
+        return
+    torch.cuda.set_rng_state(cuda, device)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -51,6 +51,11 @@ class LossSum:
             if acc is not None:
                 self.number += float(acc)
             self.device_sum = t.to(torch.float64, copy=True)  # never the loop's own tensor
+            if self.number:
+                # the sum so far goes first, as an uninterrupted device sum would have added it
+                # (a resumed state's, read from one): (a + b) + c, not (a + b) + (c + d)
+                self.device_sum.add_(self.number)  # (addition commutes, bit for bit)
+                self.number = 0.0
         else:
             acc.add_(t)
 
