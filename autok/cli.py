@@ -39,7 +39,17 @@ if TYPE_CHECKING:
     from trainer.tasks import Metric
 
 EXIT_USAGE = 2
-RUN_FILES = ("config.json", "epochs.csv", "boundaries.jsonl", "summary.json", "model.pt")
+# What a run leaves in its --out: a fresh run refuses a directory holding any of them (another
+# run's checkpoints would be pruned, or resumed from by a restart). Not train.log, which a run
+# appends to: `experiment run` starts an unstarted run again keeping its log's history.
+RUN_FILES = (
+    "config.json",
+    "epochs.csv",
+    "boundaries.jsonl",
+    "summary.json",
+    "model.pt",
+    "checkpoints",
+)
 
 HELP = {
     "workers": "worker processes to spawn (ignored under torchrun, which sets the world)",
@@ -524,17 +534,46 @@ def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
     return out
 
 
-def write_config(cfg: TrainConfig, out: Path) -> None:
-    from trainer.sinks import write_json_atomic
-
-    out.mkdir(parents=True, exist_ok=True)
+def resolved_config(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """config.json's contents for this run."""
     resolved = cfg.model_dump(mode="json") | {"out": str(out)}
     # strict JSON: link none's unlimited bandwidth is null, not the Infinity json.dump would write
     resolved["link_profile"] = {
         k: None if isinstance(v, float) and not math.isfinite(v) else v
         for k, v in cfg.link_profile.__dict__.items()
     }
-    write_json_atomic(out / "config.json", resolved)
+    return resolved
+
+
+def write_config(cfg: TrainConfig, out: Path) -> None:
+    from trainer.sinks import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "config.json", resolved_config(cfg, out))
+
+
+def check_restarted_run(cfg: TrainConfig, out: Path) -> bool:
+    """A torchrun restart (--max-restarts) continues its own run: the one its command line
+    configured. An --out that holds a run configured otherwise (the first attempt was refused
+    because --out held another run) is refused, and left as it is. True where config.json is
+    this job's already (not written again)."""
+    path = out / "config.json"
+    if not path.exists():
+        return False  # the first attempt failed before writing it
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    ours = resolved_config(cfg, out)
+    if saved != ours:
+        keys = sorted(set(ours) | set(saved)) if isinstance(saved, dict) else []
+        differs = next((k for k in keys if saved.get(k) != ours.get(k)), None)
+        what = f" (its {flag(differs)} differs)" if differs else ""
+        raise ConfigError(
+            f"--out: {out} holds a run this command did not configure{what}; a torchrun "
+            "restart continues only its own run: give a new --out, or --resume that run"
+        )
+    return True
 
 
 def check_resumable(out: Path, cfg: TrainConfig) -> None:
@@ -597,9 +636,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
         check_task(cfg)
         check_backend(cfg)
         check_metrics_ports(cfg)
+        ours = ns.resume is None and check_restarted_run(cfg, out)
         if rank0 and cfg.tensorboard is not None:  # the last check, as on a fresh run
             make_out_dir(cfg.tensorboard, "--tensorboard")
-        if rank0:
+        if rank0 and not ours:
             write_config(cfg, out)
         from autok.launch import launch  # torch: only once the settings are known good
 

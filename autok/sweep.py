@@ -96,12 +96,26 @@ def redact_url(url: str) -> str:
     url = _SECRET_PARAM.sub(
         lambda m: m[0] if m[2].startswith("***") else m[1] + ("***" if m[2] else ""), url
     )
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = _authority_at(rest)
+    prefix, userinfo, at, hostpart = _split_url(url)
     user, colon, password = userinfo.partition(":")
-    if not (sep and at and colon) or password == "***":
+    if not (at and colon) or password == "***":
         return url
-    return f"{scheme}://{user}:***@{hostpart}"
+    return f"{prefix}{user}:***@{hostpart}"
+
+
+def _split_url(url: str) -> tuple[str, str, str, str]:
+    """(what comes before the userinfo, the userinfo, "@", the rest). Without a "://" (no
+    scheme, or a mistyped one: `postgresql//`, `postgresql:/`, which is how a URL ends up in an
+    error message) the userinfo is what follows the last "/" before the "@"."""
+    scheme, sep, rest = url.partition("://")
+    prefix = scheme + sep if sep else ""
+    if not sep:
+        rest = url
+    userinfo, at, hostpart = _authority_at(rest)
+    if not sep and at:
+        cut = userinfo.rfind("/") + 1
+        prefix, userinfo = userinfo[:cut], userinfo[cut:]
+    return prefix, userinfo, at, hostpart
 
 
 def _authority_at(rest: str) -> tuple[str, str, str]:
@@ -114,8 +128,7 @@ def _authority_at(rest: str) -> tuple[str, str, str]:
 
 def _passwords(url: str) -> list[str]:
     """The secrets `url` holds: its userinfo password and its secret query parameters."""
-    rest = url.partition("://")[2]
-    found = [_authority_at(rest)[0].partition(":")[2]]
+    found = [_split_url(url)[1].partition(":")[2]]
     found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
     return [pw for pw in found if pw and pw != "***"]
 

@@ -287,3 +287,49 @@ def test_pruning_removes_only_what_autok_named(stopped_run, tmp_path):
     publish(run, 5, 2)
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["epoch-0000-my-notes", "epoch-0001", "epoch-0005"]
+
+
+def test_a_torchrun_restart_into_another_runs_out_is_refused_and_leaves_it(stopped_run, tmp_path):
+    """torchrun --max-restarts runs the same command line again after a failure, such as a
+    first attempt refused because --out held another run: the restart must not take that run
+    over (it once rewrote its config.json and resumed it with the new flags)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    before = tree(run)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",  # never reached: the refusal comes first
+        "TORCHELASTIC_RESTART_COUNT": "1",
+    }
+    args = ["train", "--epochs", "4", "--lr", "0.5", "--out", str(run)]
+    res = subprocess.run(
+        [sys.executable, "-m", "autok.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.startswith(f"autok: error: --out: {run} holds a run this command did not")
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert tree(run) == before
+
+
+def test_a_fresh_run_refuses_an_out_holding_another_runs_checkpoints(stopped_run, tmp_path):
+    """Only a run's checkpoints left in --out (its other files moved away): a fresh run there
+    would prune them, and a torchrun restart would resume from them."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run / "checkpoints", run / "checkpoints")
+    before = tree(run)
+    res = autok("train", *TINY, "--out", str(run), timeout=120)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr == (
+        f"autok: error: --out: {run} already holds a run (checkpoints); choose a new directory\n"
+    )
+    assert tree(run) == before

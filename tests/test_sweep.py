@@ -725,6 +725,9 @@ def test_redact_hides_passwords_in_urls_and_in_library_text():
         f"mysql+nosuchdriver://autok:{SECRET}@127.0.0.1/autok",  # no such driver
         f"postgresql://autok@127.0.0.1:1/autok?password={SECRET}",  # libpq's query form
         f"postgresql://autok:p@ss:{SECRET}@127.0.0.1:1/autok",  # cut at the wrong ':'
+        f"autok:{SECRET}@127.0.0.1/autok",  # no scheme at all
+        f"postgresql//autok:{SECRET}@127.0.0.1/autok",  # a mistyped scheme: no "://"
+        f"postgresql:/autok:{SECRET}@127.0.0.1/autok",
     ],
 )
 def test_storage_password_is_never_printed_or_written(tmp_path, small_space, url):
