@@ -24,6 +24,7 @@ from autok.config import (
     NAME_MAX,
     SEED_MAX,
     TASK_OWNS,
+    YAML_MAX_BYTES,
     ConfigError,
     TrainConfig,
     check_backend,
@@ -432,8 +433,13 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     if not (run / "config.json").is_file():
         raise ConfigError(f"--resume: {run} holds no run (config.json missing)")
     try:
-        saved = json.loads((run / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: malformed JSON or UTF-8
+        with open(run / "config.json", "rb") as f:
+            data = f.read(YAML_MAX_BYTES + 1)  # a run's config.json is a few KB
+        if len(data) > YAML_MAX_BYTES:
+            raise ValueError(f"over {YAML_MAX_BYTES >> 20} MiB")
+        saved = json.loads(data.decode("utf-8"))
+    # ValueError: malformed JSON or UTF-8; RecursionError: nested deeper than Python's stack
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"--resume: {run / 'config.json'} is unreadable ({exc})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume: {run / 'config.json'} is not a JSON object")
@@ -646,6 +652,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
         launch(cfg, out, resume=True)
         return 0
     cfg = config_from_args(ns)
+    if cfg.out is None and under_torchrun():
+        # each rank would name its own runs/<time> (its clock, its second), and a rank's
+        # checkpoint files would land beside no config.json
+        raise ConfigError(
+            "--out: under torchrun every rank must write into one run directory; give --out "
+            "(the same path on every node)"
+        )
     check_task(cfg)
     check_backend(cfg)
     check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json

@@ -511,6 +511,14 @@ TRAIN = [
     R(["train", "--resume", "{tmp}/run"], "--resume", run_dir(jsonl='{"epoch": "a"}\n')),
     R(["train", "--resume", "{tmp}/run"], "--resume", run_dir(config="{not json"), id="cfg-json"),
     R(["train", "--resume", "{tmp}/run"], "--resume", run_dir(config="[1, 2]"), id="cfg-list"),
+    # deeper than Python's stack (json's RecursionError), and larger than any config.json
+    R(["train", "--resume", "{tmp}/run"], "--resume", run_dir(config="[" * 100_000), id="cfg-deep"),
+    R(
+        ["train", "--resume", "{tmp}/run"],
+        "--resume",
+        run_dir(config='{"a": "' + "x" * (1 << 20) + '"}'),
+        id="cfg-huge",
+    ),
     R(["train", "--resume", ""], "--resume", id="resume=empty"),
 ]
 

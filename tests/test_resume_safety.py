@@ -333,3 +333,33 @@ def test_a_fresh_run_refuses_an_out_holding_another_runs_checkpoints(stopped_run
         f"autok: error: --out: {run} already holds a run (checkpoints); choose a new directory\n"
     )
     assert tree(run) == before
+
+
+def test_under_torchrun_a_run_without_out_is_refused(tmp_path):
+    """Each rank would pick its own runs/<time> (the ranks start in different seconds)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29999",  # never reached: the refusal comes first
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "autok.cli", "train", "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr == (
+        "autok: error: --out: under torchrun every rank must write into one run directory; "
+        "give --out (the same path on every node)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # no runs/ made
