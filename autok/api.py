@@ -64,6 +64,12 @@ class Sync(_Engine):
         **options: Any,
     ) -> None:
         settings = sync_options(SyncSettings, **options)
+        if isinstance(device, str):  # "cuda:1", as torch itself takes it
+            try:
+                device = torch.device(device)
+            except RuntimeError:
+                raise OptionError(f"device: {device!r} is not a device torch knows") from None
+        _check_arguments(model, device, out_dir, observers)
         _check_service(settings, model, device, out_dir, peak_lr)
         super().__init__(
             model,
@@ -83,6 +89,28 @@ class Sync(_Engine):
             self.observers.append(exporter)
 
 
+def _check_arguments(model: Any, device: Any, out_dir: Any, observers: Any) -> None:
+    """Sync's arguments of the wrong kind, refused naming the argument (the same on every
+    rank: no agreement needed), before they fail deep inside DDP or the first boundary."""
+    if not isinstance(model, nn.Module):
+        raise OptionError(f"model: a {type(model).__name__}, not a torch.nn.Module")
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        raise OptionError("model: it has no parameters; autok.Sync trains a model's parameters")
+    if device is not None:
+        if not isinstance(device, torch.device):
+            raise OptionError(f"device: {device!r} is not a torch.device (or a name of one)")
+        if device.type != first.device.type:
+            raise OptionError(
+                f"device: {device}, but the model's parameters are on {first.device}; move the "
+                "model there first (model.to(device))"
+            )
+    if out_dir is not None and not isinstance(out_dir, str | Path):
+        raise OptionError(f"out_dir: a {type(out_dir).__name__}; give a path, or None")
+    if observers is not None and not isinstance(observers, list | tuple):
+        raise OptionError(f"observers: a {type(observers).__name__}; give a list of observers")
+
+
 def _check_service(
     settings: SyncSettings, model: nn.Module, device, out_dir: str | Path | None, peak_lr
 ) -> None:
@@ -98,9 +126,9 @@ def _check_service(
         isinstance(peak_lr, bool)
         or not isinstance(peak_lr, int | float)
         or not math.isfinite(peak_lr)
-        or peak_lr <= 0
+        or not 0 < peak_lr <= 1e6  # --lr's own bound
     ):
-        raise OptionError(f"peak_lr: {peak_lr!r} is not a finite learning rate > 0 (or None)")
+        raise OptionError(f"peak_lr: {peak_lr!r} is not a learning rate in (0, 1e6] (or None)")
     if out_dir is not None and str(out_dir).strip() == "":
         raise OptionError("out_dir: empty; give a directory, or None to write no records")
     if not (dist.is_available() and dist.is_initialized()):

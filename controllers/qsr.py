@@ -18,7 +18,10 @@ from controllers.base import BoundaryStats, SyncDecision
 def next_sync_period(lr: float, *, base: int, alpha: float, max_k: int) -> int:
     if lr <= 0:
         return max_k
-    return max(base, min(max_k, math.floor((alpha / lr) ** 2)))
+    ratio = alpha / lr
+    if not ratio <= 1e150:  # its square would overflow (or it is NaN: no period to compute)
+        return max(base, max_k)
+    return max(base, min(max_k, math.floor(ratio**2)))
 
 
 def default_alpha(peak_lr: float, base: int) -> float:

@@ -401,6 +401,7 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"peak_lr": math.nan}, "peak_lr"),
         ({"peak_lr": -1.0}, "peak_lr"),
         ({"peak_lr": True}, "peak_lr"),
+        ({"peak_lr": 1e200, "policy": "qsr"}, "peak_lr"),  # its α² overflowed at a boundary
     ],
 )
 def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
@@ -463,6 +464,27 @@ def test_sync_own_arguments_are_refused_on_every_rank_before_ddp_is_built(tmp_pa
     assert said1["rank 1's port"].startswith("--metrics-port: ")
     assert said0["rank 1's port"] == "autok.Sync: rank 1 refused its arguments (see its error)"
     assert said1["above 65535"] == "--metrics-port: 65536 (PORT + rank 1) is above 65535"
+
+
+@pytest.mark.parametrize(
+    "kwargs, said",
+    [
+        ({"model": nn.ReLU()}, "model: it has no parameters"),
+        ({"model": "a model"}, "model: a str, not a torch.nn.Module"),
+        ({"device": "no-such-device"}, "device: 'no-such-device' is not a device torch knows"),
+        ({"device": 0}, "device: 0 is not a torch.device"),
+        ({"device": "meta"}, "device: meta, but the model's parameters are on cpu"),
+        ({"out_dir": 5}, "out_dir: a int; give a path"),
+        ({"observers": 5}, "observers: a int; give a list"),
+    ],
+)
+def test_arguments_of_the_wrong_kind_are_refused_naming_them(kwargs, said):
+    """Before any process group is needed: the same refusal on every rank."""
+    model = kwargs.pop("model", None) or _model()
+    opt = torch.optim.SGD(_model().parameters(), lr=0.1)
+    with pytest.raises(autok.OptionError) as e:
+        autok.Sync(model, opt, **kwargs)
+    assert str(e.value).startswith(said), str(e.value)
 
 
 def test_without_a_process_group_the_error_says_so():

@@ -153,6 +153,12 @@ def test_qsr_formula_on_exact_values():
     assert qsr_k(0.125, base=2, alpha=0.5, max_k=1000) == 16
     assert qsr_k(0.5, base=2, alpha=0.5, max_k=1000) == 2  # (α/η)² = 1 < K_base
     assert qsr_k(0.0625, base=2, alpha=0.5, max_k=32) == 32  # capped
+    # an LR at a schedule's end (0), one so small that (α/η)² overflows, or NaN: the longest K,
+    # not a ZeroDivisionError or OverflowError at a boundary
+    assert qsr_k(0.0, base=2, alpha=0.5, max_k=32) == 32
+    assert qsr_k(1e-200, base=2, alpha=0.5, max_k=32) == 32
+    assert qsr_k(0.1, base=2, alpha=1e200, max_k=32) == 32
+    assert qsr_k(math.nan, base=2, alpha=0.5, max_k=32) == 32
     assert default_alpha(0.1, 4) == pytest.approx(0.2)
 
 
