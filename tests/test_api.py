@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -396,6 +397,8 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"boundary": "fused", "_adamw": True}, "--boundary"),
         ({"sync_period": True}, "--sync-period"),  # a boolean is not the number 1
         ({"metrics_port": True}, "--metrics-port"),
+        ({"sync_period": torch.tensor(True)}, "--sync-period"),  # torch's boolean too
+        ({"seed": np.True_}, "--seed"),  # and NumPy's
         ({"policy": "qsr", "k_growth": 4}, "--k-growth"),  # unread by the chosen policy
         ({"target_sync_share": 0.5}, "--target-sync-share"),
         ({"peak_lr": math.nan}, "peak_lr"),

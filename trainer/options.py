@@ -86,6 +86,12 @@ def describe(exc: ValidationError, unknown: str = "check the name in your --conf
     return line
 
 
+def _boolean(value: object) -> bool:
+    """A boolean, also NumPy's (np.True_) or torch's (a bool tensor), which pydantic reads as
+    the int 1 or 0 alike; without importing either."""
+    return isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
 def _takes_bool(info) -> bool:
     """Whether a field's type admits a boolean (bool, bool | None, or an untyped value)."""
     ann = info.annotation
@@ -162,7 +168,7 @@ class SyncOptions(BaseModel):
         if isinstance(data, dict):
             for name, value in data.items():
                 info = cls.model_fields.get(name)
-                if isinstance(value, bool) and info is not None and not _takes_bool(info):
+                if _boolean(value) and info is not None and not _takes_bool(info):
                     raise ValueError(f"{flag(name)}: {value} is a boolean, not a value it takes")
         return data
 
