@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import logging
 import math
 import re
 import secrets
@@ -70,6 +71,24 @@ OLD_NAMES = {"peak_test_metric": "peak_test_accuracy", "time_to_target": "time_t
 
 class TrialFailed(Exception):
     pass
+
+
+class _NoTraceForTrialFailed(logging.Filter):
+    """Optuna logs a failed trial with its exception's traceback. A TrialFailed is a trial the
+    sweep judged failed (invalid settings, a run that failed: its reason is in the line, the
+    run's own output in its console.log), not a fault in the code: one line, no traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], TrialFailed):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_trial_failures() -> None:
+    """Installed once on the logger of Optuna's optimize loop, which logs the failures."""
+    log = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _NoTraceForTrialFailed) for f in log.filters):
+        log.addFilter(_NoTraceForTrialFailed())
 
 
 # ----- secrets in URLs -------------------------------------------------------------------------
@@ -429,6 +448,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         if stop():
             study.stop()
 
+    _quiet_trial_failures()
     try:
         if not stop():
             study.optimize(

@@ -283,6 +283,9 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
     assert "invalid settings: --sync-period" in rows[0]["reason"]
     # stopped by the trainer's divergence guard (or, failing that, by the sweep's own check)
     assert "diverged" in rows[1]["reason"], rows[1]["reason"]
+    # a failed trial is said in a line with its reason, not with a traceback of the sweep
+    assert "Trial 0 failed with parameters" in res.stderr and "TrialFailed(" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
 
 
 @pytest.mark.parametrize(
