@@ -13,9 +13,11 @@ bare LF; an HTTP/0.9 `GET /metrics` line gets the bare body and the connection c
 
 No client can hold the server: a request head must arrive whole within `head_timeout` (a
 slowloris trickle is closed), a connection with nothing to do is closed after `idle_timeout`,
-at `max_connections` a new connection closes the one idle longest, and a connection whose
-unsent output passes `max_pending` is not read from (TCP pushes back on the client) until it
-drains, so a client that pipelines requests without reading costs a bounded buffer.
+at `max_connections` a new connection closes the one idle longest (or, with none idle, the one
+whose reader has taken nothing for longest), and a connection whose unsent output passes
+`max_pending` is not read from (TCP pushes back on the client) until it drains, so a client
+that pipelines requests without reading costs a bounded buffer, and clients that never read
+cannot hold every slot until their idle timeout.
 """
 
 from __future__ import annotations
@@ -281,11 +283,18 @@ class MetricsHTTPServer:
     def _make_room(self) -> bool:
         """Close the connection that has waited longest without output to send (an idle
         keep-alive, or a head that is not coming), so floods of idle connections cannot lock
-        scrapers out. False when every connection is busy sending."""
-        idle = [c for c in self._conns.values() if not c.outbuf]
-        if not idle:
+        scrapers out; with none idle, the one whose output has waited longest for its reader
+        to take a byte (a reader that is taking its response moves its last_active at every
+        send), so clients that pipeline requests and never read cannot either. False with no
+        connection at all."""
+        conns = list(self._conns.values())
+        if not conns:
             return False
-        self._drop(min(idle, key=lambda c: min(c.last_active, c.head_since or c.last_active)))
+        idle = [c for c in conns if not c.outbuf]
+        if idle:
+            self._drop(min(idle, key=lambda c: min(c.last_active, c.head_since or c.last_active)))
+        else:
+            self._drop(min(conns, key=lambda c: c.last_active))
         return True
 
     def _expire(self, now: float) -> None:

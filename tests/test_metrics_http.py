@@ -333,6 +333,37 @@ def test_pipelining_client_that_never_reads_holds_a_bounded_buffer():
         srv.close()
 
 
+def test_clients_that_pipeline_and_never_read_do_not_lock_out_a_scrape():
+    """Every slot held by a client that pipelines requests and never reads: each has output
+    waiting, so none is idle. A new scrape closes the one whose reader took nothing longest."""
+    srv = MetricsHTTPServer("127.0.0.1", 0, lambda: BODY * 64, CT, max_connections=8)
+    hogs = []
+    try:
+        for _ in range(8):
+            hog = socket.socket()
+            hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            hog.connect(("127.0.0.1", srv.port))
+            hog.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                hog.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 4000)
+            hogs.append(hog)
+        deadline = time.monotonic() + BOUND_S
+        while time.monotonic() < deadline:  # until all 8 are held with output for their reader
+            conns = list(srv._conns.values())
+            if len(conns) == 8 and all(c.outbuf for c in conns):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the clients never filled their connections' output")
+        for _ in range(3):
+            assert scrape(srv.port) == BODY * 64
+        assert srv.connections() <= 8
+    finally:
+        for hog in hogs:
+            hog.close()
+        srv.close()
+
+
 # ----- the bind address ------------------------------------------------------------------------
 
 
