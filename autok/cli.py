@@ -433,12 +433,7 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     if not (run / "config.json").is_file():
         raise ConfigError(f"--resume: {run} holds no run (config.json missing)")
     try:
-        with open(run / "config.json", "rb") as f:
-            data = f.read(YAML_MAX_BYTES + 1)  # a run's config.json is a few KB
-        if len(data) > YAML_MAX_BYTES:
-            raise ValueError(f"over {YAML_MAX_BYTES >> 20} MiB")
-        saved = json.loads(data.decode("utf-8"))
-    # ValueError: malformed JSON or UTF-8; RecursionError: nested deeper than Python's stack
+        saved = read_config_json(run / "config.json")
     except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"--resume: {run / 'config.json'} is unreadable ({exc})") from None
     if not isinstance(saved, dict):
@@ -465,6 +460,19 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     for note in notes:  # what a run saved before autok refused them never applied
         print(f"autok: note: --resume: {run} has {note}", file=sys.stderr)
     return cfg
+
+
+def read_config_json(path: Path) -> Any:
+    """A run's config.json as JSON, read with a cap (it is a few KB). Raises OSError,
+    ValueError (over the cap, malformed JSON or UTF-8) or RecursionError (nested deeper than
+    Python's stack)."""
+    if not path.is_file():  # (a FIFO would block the read)
+        raise OSError(f"{path} is not a file")
+    with open(path, "rb") as f:
+        data = f.read(YAML_MAX_BYTES + 1)
+    if len(data) > YAML_MAX_BYTES:
+        raise ValueError(f"over {YAML_MAX_BYTES >> 20} MiB")
+    return json.loads(data.decode("utf-8"))
 
 
 def given_values(ns: argparse.Namespace) -> dict[str, Any]:
@@ -565,10 +573,17 @@ def check_restarted_run(cfg: TrainConfig, out: Path) -> bool:
     this job's already (not written again)."""
     path = out / "config.json"
     if not path.exists():
-        return False  # the first attempt failed before writing it
+        # The first attempt failed before writing it, so it wrote nothing else either: any
+        # other run file is another run's (its checkpoints would be resumed from).
+        if taken := [f for f in RUN_FILES if (out / f).exists()]:
+            raise ConfigError(
+                f"--out: {out} holds another run ({taken[0]}); a torchrun restart continues "
+                "only its own run: give a new --out"
+            )
+        return False
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        saved = read_config_json(path)
+    except (OSError, ValueError, RecursionError):
         saved = None
     ours = resolved_config(cfg, out)
     if saved != ours:

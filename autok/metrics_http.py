@@ -14,10 +14,10 @@ bare LF; an HTTP/0.9 `GET /metrics` line gets the bare body and the connection c
 No client can hold the server: a request head must arrive whole within `head_timeout` (a
 slowloris trickle is closed), a connection with nothing to do is closed after `idle_timeout`,
 at `max_connections` a new connection closes the one idle longest (or, with none idle, the one
-whose reader has taken nothing for longest), and a connection whose unsent output passes
-`max_pending` is not read from (TCP pushes back on the client) until it drains, so a client
-that pipelines requests without reading costs a bounded buffer, and clients that never read
-cannot hold every slot until their idle timeout.
+whose reader has taken nothing for longest, if for STALL_S or more), and a connection whose
+unsent output passes `max_pending` is not read from (TCP pushes back on the client) until it
+drains, so a client that pipelines requests without reading costs a bounded buffer, and
+clients that never read cannot hold every slot until their idle timeout.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ MAX_PENDING = 64 * 1024  # unsent bytes per connection before its requests are l
 # MAX_CONNECTIONS, bounds what slow readers can hold in the training process to tens of MB)
 IDLE_TIMEOUT_S = 300.0  # longer than any sane scrape interval, so Prometheus keeps its connection
 HEAD_TIMEOUT_S = 10.0  # from a request head's first byte to its blank line
+# A connection with output whose reader has taken nothing for this long is stalled: it may be
+# closed for a new one when every slot is taken (a reader taking a response moves far sooner).
+STALL_S = 1.0
 CLOSE_GRACE_S = 2.0  # how long close() lets responses in flight finish (all together)
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -284,17 +287,18 @@ class MetricsHTTPServer:
         """Close the connection that has waited longest without output to send (an idle
         keep-alive, or a head that is not coming), so floods of idle connections cannot lock
         scrapers out; with none idle, the one whose output has waited longest for its reader
-        to take a byte (a reader that is taking its response moves its last_active at every
-        send), so clients that pipeline requests and never read cannot either. False with no
-        connection at all."""
+        to take a byte, if STALL_S or more (a reader taking its response moves last_active at
+        every send: a scrape in progress is not cut), so clients that pipeline requests and
+        never read cannot either. False when every connection is busy and none is stalled."""
         conns = list(self._conns.values())
-        if not conns:
-            return False
         idle = [c for c in conns if not c.outbuf]
         if idle:
             self._drop(min(idle, key=lambda c: min(c.last_active, c.head_since or c.last_active)))
-        else:
-            self._drop(min(conns, key=lambda c: c.last_active))
+            return True
+        stalled = [c for c in conns if time.monotonic() - c.last_active >= STALL_S]
+        if not stalled:
+            return False
+        self._drop(min(stalled, key=lambda c: c.last_active))
         return True
 
     def _expire(self, now: float) -> None:

@@ -127,6 +127,8 @@ def _split_url(url: str) -> tuple[str, str, str, str]:
     scheme, or a mistyped one: `postgresql//`, `postgresql:/`, which is how a URL ends up in an
     error message) the userinfo is what follows the last "/" before the "@"."""
     scheme, sep, rest = url.partition("://")
+    if "?" in scheme:  # a "://" in the query (`?next=http://x`) is no scheme's
+        scheme, sep, rest = url, "", url
     prefix = scheme + sep if sep else ""
     if not sep:
         rest = url

@@ -21,6 +21,7 @@ import pytest
 from autok.metrics_http import (
     MAX_CONNECTIONS,
     MAX_HEAD,
+    STALL_S,
     MetricsHTTPServer,
     answer,
     check_host,
@@ -348,9 +349,9 @@ def test_clients_that_pipeline_and_never_read_do_not_lock_out_a_scrape():
                 hog.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 4000)
             hogs.append(hog)
         deadline = time.monotonic() + BOUND_S
-        while time.monotonic() < deadline:  # until all 8 are held with output for their reader
-            conns = list(srv._conns.values())
-            if len(conns) == 8 and all(c.outbuf for c in conns):
+        while time.monotonic() < deadline:  # until all 8 hold output their reader has not taken
+            conns, now = list(srv._conns.values()), time.monotonic()
+            if len(conns) == 8 and all(c.outbuf and now - c.last_active > STALL_S for c in conns):
                 break
             time.sleep(0.01)
         else:

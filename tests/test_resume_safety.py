@@ -289,15 +289,24 @@ def test_pruning_removes_only_what_autok_named(stopped_run, tmp_path):
     assert names == ["epoch-0000-my-notes", "epoch-0001", "epoch-0005"]
 
 
-def test_a_torchrun_restart_into_another_runs_out_is_refused_and_leaves_it(stopped_run, tmp_path):
+@pytest.mark.parametrize("held", ["whole run", "checkpoints only"])
+def test_a_torchrun_restart_into_another_runs_out_is_refused_and_leaves_it(
+    stopped_run, tmp_path, held
+):
     """torchrun --max-restarts runs the same command line again after a failure, such as a
     first attempt refused because --out held another run: the restart must not take that run
-    over (it once rewrote its config.json and resumed it with the new flags)."""
+    over (it once rewrote its config.json and resumed it with the new flags; with only the
+    run's checkpoints there, it resumed from them)."""
     import subprocess
     import sys
 
     run = tmp_path / "run"
-    shutil.copytree(stopped_run, run)
+    if held == "whole run":
+        shutil.copytree(stopped_run, run)
+        said = f"autok: error: --out: {run} holds a run this command did not"
+    else:
+        shutil.copytree(stopped_run / "checkpoints", run / "checkpoints")
+        said = f"autok: error: --out: {run} holds another run (checkpoints)"
     before = tree(run)
     env = {
         **os.environ,
@@ -316,7 +325,7 @@ def test_a_torchrun_restart_into_another_runs_out_is_refused_and_leaves_it(stopp
         env=env,
     )
     assert res.returncode == 2, res.stderr[-2000:]
-    assert res.stderr.startswith(f"autok: error: --out: {run} holds a run this command did not")
+    assert res.stderr.startswith(said), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert tree(run) == before
 

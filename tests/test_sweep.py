@@ -731,6 +731,7 @@ def test_redact_hides_passwords_in_urls_and_in_library_text():
         f"autok:{SECRET}@127.0.0.1/autok",  # no scheme at all
         f"postgresql//autok:{SECRET}@127.0.0.1/autok",  # a mistyped scheme: no "://"
         f"postgresql:/autok:{SECRET}@127.0.0.1/autok",
+        f"autok:{SECRET}@127.0.0.1/autok?next=http://x",  # a "://" in the query only
     ],
 )
 def test_storage_password_is_never_printed_or_written(tmp_path, small_space, url):

@@ -6,10 +6,11 @@ completion of the last bucket; `loss.backward()` returns only once DDP has waite
 bucket. The end of backward compute is the latest bucket-ready call of the comm hook or, on the
 built-in path, a callback that runs when every node of the backward graph has run, just before
 DDP's own end-of-backward wait (GradSyncState._on_grad). The wait ends where a callback queued
-behind DDP's runs (GradSyncState._done): once DDP has waited for every bucket and written the
-gradients back, still inside `backward()`. The difference is what the step spent blocked on the
-network. What the loop does between `backward()` and `optimizer.step()` (GradScaler's unscale
-and its inf check, clipping) is the loop's compute, not sync.
+behind DDP's runs (GradSyncState._done, on the built-in path _done_on_host): once DDP has waited
+for every bucket and written the gradients back, still inside `backward()`. The difference is
+what the step spent blocked on the network. What the loop does between `backward()` and
+`optimizer.step()` (GradScaler's unscale and its inf check, clipping) is the loop's compute, not
+sync.
 
 Why two paths (issue 17): any Python comm hook costs about 115 µs per synchronized step against
 DDP's built-in C++ one (world 2, cnn1d, `python -m benchmarks.step_parts`): the call into Python
@@ -109,8 +110,9 @@ class GradSyncState:
         # Called in backward inside this parameter's gradient accumulation, before the node's
         # post hooks, among them DDP's, which marks the parameter ready and, with the last
         # bucket ready, queues its own end-of-backward callback (that waits for the buckets).
-        # A callback queued here runs first, once every node of the graph has run: the end of
-        # backward compute, with one Python call per backward.
+        # A callback queued here runs once every node of the graph has run, before DDP's when
+        # this parameter's gradient is the last DDP waits for (the first layer's, as a rule):
+        # the end of backward compute, with one Python call per backward.
         _queue_callback(self._ready)
 
     def _ready(self) -> None:

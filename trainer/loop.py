@@ -507,8 +507,12 @@ class Trainer:
 
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
-            # on the CPU: the file loads on a machine with no GPU, with no map_location
-            weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            # on the CPU: the file loads on a machine with no GPU, with no map_location (a
+            # module's extra state may be no tensor; weights tied on a GPU are saved twice)
+            weights = {
+                k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                for k, v in self.model.state_dict().items()
+            }
             torch.save(weights, self.out_dir / "model.pt")
 
 
@@ -536,8 +540,9 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     if cuda is None or device.type != "cuda":
         return
     if isinstance(cuda, list | tuple):  # a checkpoint from before 2026-12-03: every device's
-        if device.index is not None and device.index < len(cuda):
-            torch.cuda.set_rng_state(cuda[device.index], device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index < len(cuda):
+            torch.cuda.set_rng_state(cuda[index], device)
         return
     torch.cuda.set_rng_state(cuda, device)
 

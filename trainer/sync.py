@@ -286,7 +286,9 @@ class Sync:
         state._t2 = self.now()
         if self._marks is not None:
             self._marks.mark(T2)
-        state._lr = optimizer.param_groups[0]["lr"]
+        lr = optimizer.param_groups[0]["lr"]
+        # an LR held as a tensor is updated in place by the scheduler (fill_): kept as it is now
+        state._lr = lr if type(lr) is float else _lr_now(lr)
         if self._fused and state.is_boundary:
             self.averager.capture_boundary_grads()  # g_i as it enters the step
 
@@ -861,6 +863,15 @@ class _Extras:
 
     def broadcast(self) -> list[torch.Tensor]:
         return self.float_buffers if self.options.buffer_policy == "broadcast" else []
+
+
+def _lr_now(lr: Any) -> Any:
+    """The step's LR as it is now, where the group holds it as a tensor (CUDA graphs, a compiled
+    step), which a scheduler then updates in place: a number read now on the CPU, a copy on an
+    accelerator (no host sync per step; read at the boundary)."""
+    if isinstance(lr, torch.Tensor):
+        return float(lr) if lr.device.type == "cpu" else lr.detach().clone()
+    return lr
 
 
 def _no_report(args: tuple) -> None:
