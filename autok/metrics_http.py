@@ -295,7 +295,8 @@ class MetricsHTTPServer:
         if idle:
             self._drop(min(idle, key=lambda c: min(c.last_active, c.head_since or c.last_active)))
             return True
-        stalled = [c for c in conns if time.monotonic() - c.last_active >= STALL_S]
+        now = time.monotonic()
+        stalled = [c for c in conns if now - c.last_active >= STALL_S]
         if not stalled:
             return False
         self._drop(min(stalled, key=lambda c: c.last_active))

@@ -127,13 +127,10 @@ def _split_url(url: str) -> tuple[str, str, str, str]:
     scheme, or a mistyped one: `postgresql//`, `postgresql:/`, which is how a URL ends up in an
     error message) the userinfo is what follows the last "/" before the "@"."""
     scheme, sep, rest = url.partition("://")
-    if "?" in scheme:  # a "://" in the query (`?next=http://x`) is no scheme's
-        scheme, sep, rest = url, "", url
-    prefix = scheme + sep if sep else ""
-    if not sep:
-        rest = url
+    schemed = bool(sep) and "?" not in scheme  # a "://" in the query (`?next=http://x`) is none
+    prefix, rest = (scheme + sep, rest) if schemed else ("", url)
     userinfo, at, hostpart = _authority_at(rest)
-    if not sep and at:
+    if not schemed and at:
         cut = userinfo.rfind("/") + 1
         prefix, userinfo = userinfo[:cut], userinfo[cut:]
     return prefix, userinfo, at, hostpart

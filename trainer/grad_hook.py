@@ -161,22 +161,18 @@ class GradSyncState:
                 return None
             buckets = self._bucket_count if self._bucket_reads >= 2 else self.bucket_count()
             self.nbytes, self.buckets = times * self.grad_nbytes, times * buckets
-        if self.last_ready_event is not None:
-            done = self.sync_done_event
-            if done is not None:  # recorded before backward returned: reached by now
-                self.last_ready_event.synchronize()
-                done.synchronize()
-                wait = max(0.0, self.last_ready_event.elapsed_time(done) / 1e3)
-                # with clock points the caller caps it at backward's span on the device
-                return wait if end_event is not None else min(wait, backward_end - backward_start)
-            if end_event is not None:  # the caller caps it at backward's span on the device
-                self.last_ready_event.synchronize()  # reached already if on end_event's stream
-                return max(0.0, self.last_ready_event.elapsed_time(end_event) / 1e3)
-            end = torch.cuda.Event(enable_timing=True)  # no clock points: wait here
-            end.record(torch.cuda.current_stream(self.last_ready_event.device))  # its device's
+        start = self.last_ready_event
+        if start is not None:
+            # where DDP's wait ended (recorded before backward returned), else end_event
+            end = self.sync_done_event if self.sync_done_event is not None else end_event
+            if end is None:  # no clock points: wait here, on the bucket's device
+                end = torch.cuda.Event(enable_timing=True)
+                end.record(torch.cuda.current_stream(start.device))
+            start.synchronize()  # each already reached, or reached soon: no stall of note
             end.synchronize()
-            wait = self.last_ready_event.elapsed_time(end) / 1e3
-            return min(max(0.0, wait), backward_end - backward_start)
+            wait = max(0.0, start.elapsed_time(end) / 1e3)
+            # with clock points the caller caps it at backward's span on the device
+            return wait if end_event is not None else min(wait, backward_end - backward_start)
         done = self.sync_done
         if done is not None and ready <= done < backward_end:
             return done - ready
