@@ -18,7 +18,10 @@
     sync.close()                             # final boundary, metrics server stopped
 
 Every option is the `autok train` flag of the same name and default (`sync_period` is
---sync-period); a bad one raises `autok.OptionError` (a ValueError) whose one line names it.
+--sync-period), except `link`: none here (no emulated network), the emulated WAN in `autok train`
+(docs/design.md §3); a bad one raises `autok.OptionError` (a ValueError) whose one line names it.
+`ddp_kwargs` goes on to DDP (find_unused_parameters, static_graph, gradient_as_bucket_view,
+bucket_cap_mb); what autok sets itself (device_ids, process_group, ...) is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from torch import nn
 
 from autok.config import SyncSettings
-from trainer.options import OptionError, sync_options
+from trainer.options import OptionError, check_ddp_kwargs, sync_options
 from trainer.sinks import BoundaryLog
 from trainer.sync import StepHandle, StepTimes
 from trainer.sync import Sync as _Engine
@@ -61,6 +64,7 @@ class Sync(_Engine):
         device: torch.device | None = None,
         observers: list[Any] | None = None,
         peak_lr: float | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         settings = sync_options(SyncSettings, **options)
@@ -70,6 +74,8 @@ class Sync(_Engine):
             except RuntimeError:
                 raise OptionError(f"device: {device!r} is not a device torch knows") from None
         _check_arguments(model, device, out_dir, observers)
+        _check_optimizer(model, optimizer)
+        ddp_kwargs = check_ddp_kwargs(ddp_kwargs, settings.strategy, settings.accumulation_steps)
         _check_service(settings, model, device, out_dir, peak_lr)
         super().__init__(
             model,
@@ -78,6 +84,7 @@ class Sync(_Engine):
             observers=observers,
             peak_lr=peak_lr,
             options=settings,
+            ddp_kwargs=ddp_kwargs,
         )
         from autok.launch import start_exporter  # the same exporter `autok train` starts
 
@@ -94,9 +101,16 @@ def _check_arguments(model: Any, device: Any, out_dir: Any, observers: Any) -> N
     rank: no agreement needed), before they fail deep inside DDP or the first boundary."""
     if not isinstance(model, nn.Module):
         raise OptionError(f"model: a {type(model).__name__}, not a torch.nn.Module")
+    if why := _wrapped(model):
+        raise OptionError(f"model: {why}")
     first = next(iter(model.parameters()), None)
     if first is None:
         raise OptionError("model: it has no parameters; autok.Sync trains a model's parameters")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise OptionError(
+            "model: every parameter is frozen (requires_grad=False); autok.Sync trains a "
+            "model's parameters"
+        )
     if device is not None:
         if not isinstance(device, torch.device):
             raise OptionError(f"device: {device!r} is not a torch.device (or a name of one)")
@@ -109,6 +123,56 @@ def _check_arguments(model: Any, device: Any, out_dir: Any, observers: Any) -> N
         raise OptionError(f"out_dir: a {type(out_dir).__name__}; give a path, or None")
     if observers is not None and not isinstance(observers, list | tuple):
         raise OptionError(f"observers: a {type(observers).__name__}; give a list of observers")
+
+
+def _wrapped(model: nn.Module) -> str | None:
+    """Why a model already wrapped for data parallelism (at its root or inside) is refused:
+    `Sync` wraps it in DDP itself, and would all-reduce twice (DDP in DDP), or average shards
+    as if they were replicas (FSDP, FSDP2's fully_shard: DTensor parameters)."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    sharded: tuple[type, ...] = ()
+    dtensor: type | None = None
+    try:  # (a build of torch without torch.distributed has neither)
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+
+        sharded, dtensor = (FullyShardedDataParallel, FSDPModule), DTensor
+    except ImportError:
+        pass
+    for name, m in model.named_modules():
+        where = f"(at {name}) " if name else ""
+        if isinstance(m, DataParallel | DistributedDataParallel):
+            return (
+                f"a {type(m).__name__} {where}is already wrapped; give the model itself "
+                "(autok.Sync wraps it in DDP)"
+            )
+        if sharded and isinstance(m, sharded):
+            return (
+                f"a {type(m).__name__} {where}is sharded (FSDP): sharded models are not "
+                "supported yet; give the model itself"
+            )
+    if dtensor is not None:
+        for name, p in model.named_parameters():
+            if isinstance(p, dtensor):
+                return (
+                    f"parameter {name} is a DTensor (sharded: FSDP2, tensor parallel): sharded "
+                    "models are not supported yet"
+                )
+    return None
+
+
+def _check_optimizer(model: nn.Module, optimizer: Any) -> None:
+    """An optimizer that is one, over this model's parameters: one over another model's would
+    step parameters that autok never synchronizes, and the model would never train."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise OptionError(f"optimizer: a {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    mine = {id(p) for p in model.parameters()}
+    if any(id(p) not in mine for g in optimizer.param_groups for p in g["params"]):
+        raise OptionError(
+            "optimizer: it holds parameters that are not the model's (an optimizer over "
+            "another model?); build it over model.parameters()"
+        )
 
 
 def _check_service(

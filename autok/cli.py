@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from autok.config import (
+    LIBRARY_ONLY,
     NAME_MAX,
     SEED_MAX,
     TASK_OWNS,
@@ -34,9 +35,11 @@ from autok.config import (
     read_yaml,
 )
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
+from trainer.clock import CLOCKS
 from trainer.link import PROFILES
 
 if TYPE_CHECKING:
+    from autok.runlock import RunLock
     from trainer.tasks import Metric
 
 EXIT_USAGE = 2
@@ -58,10 +61,10 @@ HELP = {
     "+ SlowMo every K",
     "sync_period": "K, optimizer steps between boundaries (default: 4; 1 on ddp)",
     "policy": "how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite, "
-    "random (a baseline: K drawn with a given mean)",
+    "post-local, inverse-lr, random (a baseline: K drawn with a given mean)",
     "target_sync_share": "exposed-sync/composite: raise K while exposed sync is above this "
     "share of (compute + exposed sync)",
-    "max_sync_period": "largest K any policy may choose",
+    "max_sync_period": "largest K any policy may choose (adacomm starts at it)",
     "sync_window": "boundaries per controller decision (exposed-sync, adacomm, composite)",
     "k_growth": "factor by which exposed-sync raises or lowers K",
     "drift_limit": "guard: back off when the window's drift ratio exceeds this multiple of "
@@ -107,7 +110,19 @@ HELP = {
     "epochs": "training epochs",
     "warmup_epochs": "epochs run at K=1 (every step a boundary)",
     "lr_warmup_epochs": "epochs of linear LR warmup (default: --warmup-epochs)",
-    "lr_schedule": "after warmup: constant or cosine to zero, stepped per optimizer step",
+    "lr_schedule": "after warmup: constant, cosine to zero, or step (x --lr-gamma at each of "
+    "--lr-milestones), stepped per optimizer step",
+    "lr_milestones": "step: where the LR drops, as fractions of the whole run in (0, 1), "
+    "increasing, e.g. 0.5,0.75 (default: unset)",
+    "lr_gamma": "step: the LR's factor at each milestone, in (0, 1)",
+    "partition": "how the training set is split over the ranks: iid (a new random split every "
+    "epoch) or dirichlet (a fixed label-skewed shard per rank, --partition-alpha)",
+    "partition_alpha": "dirichlet: the concentration α; 0.1 gives each rank a few classes, 100 "
+    "is nearly iid (default: unset)",
+    "straggler": "inject a slow worker: slow-rank (the last rank, every step) or random (one "
+    "rank drawn per step, with --straggler-prob), seeded",
+    "straggler_ms": "the extra compute time of a slow step, ms (default: unset)",
+    "straggler_prob": "random: the chance that a step has a straggler",
     "dataset": "mnist1d and digits are built in; cifar100, tinyimagenet, imagefolder read "
     "--data-dir",
     "data_dir": "root of an on-disk data set",
@@ -129,6 +144,13 @@ HELP = {
     "link_schedule": "a link that changes during the run: PROFILE,PROFILE@epoch=N,... or "
     "@step=N (epochs and steps counted from 0), e.g. lan,wan@epoch=2,lan@epoch=4; replaces "
     "--link (default: unset)",
+    "clock": "where recorded times come from: wall (measured; the link emulator sleeps) or "
+    "virtual (modelled from --compute-ms and the link model; nothing sleeps, and a seed gives "
+    "the same records on any machine)",
+    "compute_ms": "virtual: the compute of one optimizer step, ms (plus any straggler delay) "
+    "(default: unset)",
+    "model_bytes": "virtual: book every collective as if the model had this many parameter "
+    "bytes (default: the model's own)",
     "seed": "seed for weights, data order and jitter",
     "out": "run directory (default: runs/<timestamp>)",
     "tensorboard": "also write the per-boundary and per-epoch scalars as TensorBoard event "
@@ -197,7 +219,7 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     "distribution and synchronization": (
         "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
         "outer_optimizer", "outer_lr", "outer_momentum", "compress", "sync_optimizer_state",
-        "buffer_policy",
+        "buffer_policy", "outer_state_device",
         "boundary", "overlap_boundary", "fragments", "fragment_delay", "backend",
         "collective_timeout",
     ),
@@ -208,14 +230,17 @@ FLAG_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "link emulator": (
         "link", "link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms", "link_schedule",
+        "clock", "compute_ms", "model_bytes",
     ),
     "optimization": (
         "optimizer", "lr", "momentum", "nesterov", "weight_decay", "batch_size", "epochs",
-        "warmup_epochs", "lr_warmup_epochs", "lr_schedule",
+        "warmup_epochs", "lr_warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
     ),
     "data and model": (
         "task", "dataset", "data_dir", "model", "mnist1d_samples", "image_size", "loader_workers",
+        "partition", "partition_alpha",
     ),
+    "stragglers": ("straggler", "straggler_ms", "straggler_prob"),
     "run": ("seed", "out", "progress"),
     "checkpoints and failures": (
         "checkpoint_every", "stop_after_epochs", "max_restarts", "on_divergence",
@@ -239,7 +264,7 @@ def add_train_flags(
     )
     fields = TrainConfig.model_fields
     order = [n for names in FLAG_GROUPS.values() for n in names if n in fields]
-    order += [n for n in fields if n not in group_of]
+    order += [n for n in fields if n not in group_of and n not in LIBRARY_ONLY]
     for name in order:
         field = fields[name]
         if name not in group_of and OTHER_GROUP not in groups:
@@ -372,7 +397,7 @@ def build_parser() -> Parser:
     )
     exp = sub.add_parser("experiment", help="run a named experiment grid (experiments/NAME.yaml)")
     esub = exp.add_subparsers(dest="action", required=True, parser_class=Parser)
-    esub.add_parser("list", help="the named experiments")
+    esub.add_parser("list", help="the named experiments, with each form's runs and time")
     run = esub.add_parser("run", help="run (or continue) an experiment")
     run.add_argument("name", help="a name from `autok experiment list`, or a .yaml path")
     form = run.add_mutually_exclusive_group()
@@ -398,6 +423,10 @@ def build_parser() -> Parser:
     run.add_argument(
         "--data-dir", type=path_arg, default=None, help="data for the --full form (CIFAR-100 files)"
     )
+    # every run on one clock (trainer/clock.py): virtual runs rank by modelled time, not noise
+    run.add_argument("--clock", choices=CLOCKS, default=None, help=HELP["clock"])
+    run.add_argument("--compute-ms", type=float, default=None, help=HELP["compute_ms"])
+    run.add_argument("--model-bytes", type=int, default=None, help=HELP["model_bytes"])
     rep = sub.add_parser("report", help="tables and plots of an experiment directory")
     rep.add_argument(
         "dir", type=path_arg, help="an experiment's --out directory (autok experiment run)"
@@ -438,6 +467,8 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--resume: {run / 'config.json'} is unreadable ({exc})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume: {run / 'config.json'} is not a JSON object")
+    given = given_values(ns)
+    check_resume_task(run, saved.get("task"), given.get("task"))
     from trainer.sinks import check_outputs
 
     if why := check_outputs(run):
@@ -447,8 +478,8 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     from autok.space import as_ran
 
     saved, notes = as_ran(saved)
-    given = given_values(ns)
-    if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume"}):
+    # --task is the command line's, already checked to be the run's own
+    if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume", "task"}):
         raise ConfigError(
             f"--resume: {flag(changed[0])} cannot change when resuming; it "
             f"continues {run} as configured"
@@ -460,6 +491,29 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     for note in notes:  # what a run saved before autok refused them never applied
         print(f"autok: note: --resume: {run} has {note}", file=sys.stderr)
     return cfg
+
+
+def check_resume_task(run: Path, saved: Any, given: str | None) -> None:
+    """A run directory is data: the code a resume runs (--task) is named by its command line,
+    never by config.json (whoever can write the run could name any importable module, whose
+    import runs its code: docs/design.md §9, "Checkpoints are data"). Before anything is
+    imported: config.json's task must be the one the command line gives."""
+    if saved == given:
+        return
+
+    def shown(v: Any) -> str:
+        return repr(v[:120] if isinstance(v, str) else v)[:130]
+
+    if given is None:
+        raise ConfigError(
+            f"--task: {run} was trained with --task {shown(saved)}; give the same --task to "
+            "resume it (a run directory never names the code a resume runs)"
+        )
+    was = f"--task {shown(saved)}" if saved is not None else "the built-in task (no --task)"
+    raise ConfigError(
+        f"--task: {shown(given)} is not the task {run} was trained with ({was}); a resume "
+        "continues the run's own task"
+    )
 
 
 def read_config_json(path: Path) -> Any:
@@ -537,15 +591,48 @@ def prepare_out_dir(cfg: TrainConfig, write: bool) -> Path:
     if taken:
         raise ConfigError(f"--out: {out} already holds a run ({taken[0]}); choose a new directory")
     if write:
-        created = make_out_dir(out)
+        from autok.runlock import LOCK_NAME
+
+        # a lock another process holds refuses the run before make_out_dir writes its probe
+        lock = hold_run(out, "--out") if (out / LOCK_NAME).is_file() else None
+        try:
+            created = make_out_dir(out)
+        except ConfigError:
+            if lock is not None:
+                lock.undo()
+            raise
+        lock = lock or hold_run(out, "--out", created)
+        # again under the lock: a run started beside this one may have written its files
+        if taken := [f for f in RUN_FILES if (out / f).exists()]:
+            lock.undo()
+            raise ConfigError(
+                f"--out: {out} already holds a run ({taken[0]}); choose a new directory"
+            )
         try:
             write_config(cfg, out)
         except OSError as exc:
+            lock.undo()
             remove_created(created)
             raise ConfigError(
                 f"--out: cannot write {out / 'config.json'} ({exc.strerror})"
             ) from None
     return out
+
+
+def hold_run(out: Path, flag_name: str, created: list[Path] | None = None) -> RunLock:
+    """The run's lock (autok/runlock.py), held by this process until it exits: a second
+    process writing the same run is refused before it writes anything."""
+    from autok.runlock import LOCK_NAME, RunInUse, acquire
+
+    try:
+        return acquire(out)
+    except RunInUse as exc:
+        remove_created(created or [])
+        raise ConfigError(f"{flag_name}: {exc}; one process at a time trains a run") from None
+    except OSError as exc:
+        remove_created(created or [])
+        why = exc.strerror or str(exc)
+        raise ConfigError(f"{flag_name}: cannot lock {out / LOCK_NAME} ({why})") from None
 
 
 def resolved_config(cfg: TrainConfig, out: Path) -> dict[str, Any]:
@@ -601,11 +688,16 @@ def check_resumable(out: Path, cfg: TrainConfig) -> None:
     """Before anything is launched or written: the run has a checkpoint this world can continue
     from. A resume that cannot continue is refused; it never starts over on top of the run."""
     from autok.procs import under_torchrun
-    from trainer.checkpoint import CheckpointError, resume_point
+    from trainer.checkpoint import CheckpointError, model_layout, resume_point
+    from trainer.tasks import TaskError, load_task
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.workers
+    try:  # the model the workers will build: a checkpoint whose tensors do not fit it is refused
+        layout = model_layout(load_task(cfg).model)
+    except TaskError as exc:
+        raise ConfigError(str(exc)) from None
     try:
-        found = resume_point(out, world)
+        found = resume_point(out, world, layout)
     except CheckpointError as exc:
         raise ConfigError(f"--resume: {exc}") from None
     done = found.epoch + 1  # epochs 0..found.epoch; equal to --epochs: only the run's end
@@ -658,14 +750,17 @@ def cmd_train(ns: argparse.Namespace) -> int:
         check_backend(cfg)
         check_metrics_ports(cfg)
         ours = ns.resume is None and check_restarted_run(cfg, out)
-        if rank0 and cfg.tensorboard is not None:  # the last check, as on a fresh run
-            make_out_dir(cfg.tensorboard, "--tensorboard")
+        # the launching process holds the run until it exits (autok/runlock.py)
+        lock = hold_run(out, "--resume" if ns.resume is not None else "--out") if rank0 else None
+        if lock is not None and cfg.tensorboard is not None:  # the last check, as on a fresh run
+            try:
+                make_out_dir(cfg.tensorboard, "--tensorboard")
+            except ConfigError:
+                lock.undo()
+                raise
         if rank0 and not ours:
             write_config(cfg, out)
-        from autok.launch import launch  # torch: only once the settings are known good
-
-        launch(cfg, out, resume=True)
-        return 0
+        return launch_run(cfg, out, resume=True)
     cfg = config_from_args(ns)
     if cfg.out is None and under_torchrun():
         # each rank would name its own runs/<time> (its clock, its second), and a rank's
@@ -687,9 +782,41 @@ def cmd_train(ns: argparse.Namespace) -> int:
         raise
     if rank0:
         print(f"autok: run directory {out} (starting {cfg.workers} workers)", flush=True)
+    return launch_run(cfg, out)
+
+
+def launch_run(cfg: TrainConfig, out: Path, resume: bool = False) -> int:
+    """Train; Ctrl-C (exit 130) says how the run continues: from its last complete checkpoint,
+    which an interrupted write never touches (trainer/checkpoint.py)."""
+    import signal
+    import threading
+
     from autok.launch import launch  # torch: only once the settings are known good
 
-    launch(cfg, out)
+    # A train started with SIGINT ignored (a background job of a non-interactive shell: how
+    # some CI runners and agents start commands) would pass the ignoring on to every worker
+    # and train to the end through any Ctrl-C: Python's own handler is put back meanwhile.
+    on_main = threading.current_thread() is threading.main_thread()
+    ignored = on_main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        launch(cfg, out, resume=resume)
+    except KeyboardInterrupt:
+        done = [p for p in (out / "checkpoints").glob("epoch-*") if (p / "manifest.json").is_file()]
+        task = f" --task {cfg.task}" if cfg.task else ""  # a resume names its code (--task)
+        raise KeyboardInterrupt(
+            f"continue with: autok train --resume {out}{task}"
+            if done
+            else f"before the first checkpoint: nothing to resume in {out}; start it again "
+            "with another --out"
+        ) from None
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from autok.runlock import release_all
+
+        release_all()  # the run has ended: its lock (hold_run) goes with it
     return 0
 
 
@@ -844,13 +971,14 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
         available,
         check_run_dirs,
         expand,
+        listing,
         load_experiment,
         run_experiment,
     )
 
-    if ns.action == "list":
+    if ns.action == "list":  # with each form's runs and time (autok/experiment.py, estimate)
         for name in available():
-            print(f"{name:18} {load_experiment(name).get('description', '')}")
+            print(listing(name))
         return 0
     if not 1 <= ns.jobs <= MAX_JOBS:
         raise ConfigError(
@@ -865,20 +993,26 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
         seen.add(seed)
     check_out_path(ns.out)
     exp = load_experiment(ns.name)
-    extra = {"data_dir": str(ns.data_dir)} if ns.data_dir else None
-    runs = expand(exp, ns.form or "quick", ns.seeds, extra)
+    extra = {"data_dir": str(ns.data_dir)} if ns.data_dir else {}
+    for name in ("clock", "compute_ms", "model_bytes"):  # every run's, checked with its own
+        if getattr(ns, name) is not None:
+            extra[name] = getattr(ns, name)
+    runs = expand(exp, ns.form or "quick", ns.seeds, extra or None)
     check_run_dirs(runs, ns.out)
     make_out_dir(ns.out)
     print(
         f"autok: experiment {exp['name']} ({ns.form or 'quick'}): {len(runs)} runs into {ns.out}",
         flush=True,
     )
-    failed = run_experiment(runs, ns.out, ns.jobs)
+    tally = run_experiment(runs, ns.out, ns.jobs)
+    # a diverged run is a result (the report lists it); only a crash or a refusal fails
+    ended = f", {tally.diverged} diverged" if tally.diverged else ""
+    ended += f", {tally.failed} failed" if tally.failed else ""
     print(
-        f"autok: {len(runs) - failed} of {len(runs)} runs finished; "
+        f"autok: {tally.finished} of {len(runs)} runs finished{ended}; "
         f"`autok report {ns.out}` makes the tables"
     )
-    return 1 if failed else 0
+    return 1 if tally.failed else 0
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
@@ -899,6 +1033,11 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 MAX_ERROR_CHARS = 280  # with "autok: error: ", under 300
+# what Ctrl-C leaves, by command (a train says it with its run directory: launch_run)
+INTERRUPTED = {
+    "sweep": "a sweep continues with --resume",
+    "experiment": "running the experiment again continues it",
+}
 
 
 def one_line(text: str) -> str:
@@ -926,7 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
     # reports the time a user waits, start-up included, beside the training time.
     os.environ["AUTOK_STARTED"] = repr(process_started())
     if argv[:1] == ["bench"]:  # its flags are the benchmark's own
-        from benchmarks.engine import main as bench
+        from benchmarks.bench_cli import main as bench  # torch only after the flags parse
 
         try:
             bench(argv[1:])
@@ -947,8 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"autok: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("autok: interrupted (a sweep continues with --resume)", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        hint = str(exc) or INTERRUPTED.get(command, "")
+        print(f"autok: interrupted{f' ({hint})' if hint else ''}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `autok experiment list | head`: the reader has what it wanted
         # stdout's buffer would fail again at exit: point it at /dev/null, and exit as a shell

@@ -13,11 +13,13 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from autok.metrics_http import MetricsHost
 from controllers import PolicyOptions
-from trainer.data import DATASETS, check_data_dir
+from trainer.data import DATASETS, check_data_dir, class_labels
+from trainer.link import LinkSchedule
 from trainer.models import DEFAULT_MODEL, MODELS, incompatibility
 from trainer.options import (
     COUNT_MAX,
     LIMIT_REASONS,
+    READ_ONLY_UNDER,
     SEED_MAX,
     STRATEGIES,
     OptionError,
@@ -60,12 +62,70 @@ LIMIT_REASONS.update(
         ("image_size", "le"): "larger crops exhaust memory at any batch size",
         ("batch_size", "le"): "per worker; larger batches exhaust memory",
         ("epochs", "le"): "a million epochs is beyond any run",
+        ("lr_gamma", "le"): "a factor of 1 or more would not decay the LR",
+        ("straggler_ms", "le"): "a minute per step; no straggler to emulate is slower",
     }
 )
 
 
+MILESTONES_MAX = 16  # LR drops in one run; schedules in the literature have two or three
+
+
+def parse_milestones(text: str) -> tuple[float, ...]:
+    """`0.5,0.75` -> (0.5, 0.75): fractions of the run in (0, 1), increasing. Raises ValueError
+    saying what is wrong (the caller names the flag)."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > MILESTONES_MAX:
+        raise ValueError(f"{len(parts)} milestones; at most {MILESTONES_MAX}")
+    out = []
+    for p in parts:
+        try:
+            m = float(p)
+        except ValueError:
+            raise ValueError(f"{p[:20]!r} is not a number (e.g. 0.5,0.75)") from None
+        if not 0.0 < m < 1.0:
+            raise ValueError(f"{p[:20]} is not a fraction of the run in (0, 1)")
+        if out and m <= out[-1]:
+            raise ValueError(f"{p[:20]} does not come after {out[-1]!r}: give them increasing")
+        out.append(m)
+    return tuple(out)
+
+
 # The built-in task's settings: a --task builds its own data and model instead.
 TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
+# The engine's options that `autok train`'s loop does not take (autok.Sync's alone): no flag,
+# and refused from a --config file (docs/design.md §2).
+LIBRARY_ONLY = ("accumulation_steps",)
+# The run's settings read only under some values of another (the engine's are in
+# trainer/options.py): refused elsewhere, drawn and dropped by sweeps and resumes alike.
+READ_ONLY_UNDER.update(
+    {
+        "max_rollbacks": (
+            "on_divergence",
+            frozenset({"rollback"}),
+            "stop ends the run at the first divergence",
+        ),
+        "mnist1d_samples": ("dataset", frozenset({"mnist1d"}), "only mnist1d is generated"),
+        "image_size": (
+            "dataset",
+            frozenset({"imagefolder"}),
+            "only imagefolder images are cropped to a size",
+        ),
+    }
+)
+
+
+def schedule_past_run(plan: LinkSchedule, epochs: int) -> str | None:
+    """Why a --link-schedule names an epoch the run never reaches (epochs count from 0, as in
+    epochs.csv), or None: that profile would never apply. Step positions depend on the data's
+    size, known only once the task is built."""
+    if plan.unit != "epoch" or plan.segments[-1][0] < epochs:
+        return None
+    start, profile = next((s, p) for s, p in plan.segments if s >= epochs)
+    return (
+        f"{profile.name}@epoch={start} is past the run (--epochs {epochs}: epochs 0 to "
+        f"{epochs - 1}); drop it or raise --epochs"
+    )
 
 
 class SyncSettings(SyncOptions):
@@ -96,6 +156,8 @@ class TrainConfig(SyncSettings):
     workers: int = Field(
         4, ge=1, le=MAX_LOCAL_WORKERS, description="worker processes (ranks) to spawn locally"
     )
+    # the study's default: the emulated WAN (autok.Sync's own default is none, docs/design.md §3)
+    link: str = "wan"
     # --- optimization
     optimizer: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, ge=1e-12, le=1e6)
@@ -106,7 +168,12 @@ class TrainConfig(SyncSettings):
     epochs: int = Field(30, ge=1, le=COUNT_MAX)
     warmup_epochs: int = Field(1, ge=0, description="epochs at K=1 (and of linear LR warmup)")
     lr_warmup_epochs: int | None = Field(None, ge=0, description="default: --warmup-epochs")
-    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    lr_schedule: Literal["constant", "cosine", "step"] = "cosine"
+    # the regimes where K matters (docs/design.md §2, Regimes): LR decay, label skew, stragglers
+    lr_milestones: str | None = Field(
+        None, max_length=200, description="step: fractions of the run, e.g. 0.5,0.75"
+    )
+    lr_gamma: float = Field(0.1, gt=0.0, lt=1.0, description="step: LR factor per milestone")
     # --- data and model
     task: str | None = Field(
         None,
@@ -120,6 +187,11 @@ class TrainConfig(SyncSettings):
     mnist1d_samples: int = Field(5000, ge=100, le=1_000_000)
     image_size: int = Field(32, ge=8, le=1024, description="imagefolder crop size")
     loader_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank")
+    partition: Literal["iid", "dirichlet"] = "iid"
+    partition_alpha: float | None = Field(None, gt=0.0, le=1e6, description="dirichlet: α")
+    straggler: Literal["none", "random", "slow-rank"] = "none"
+    straggler_ms: float | None = Field(None, gt=0.0, le=60_000.0, description="per slow step")
+    straggler_prob: float = Field(1.0, gt=0.0, le=1.0, description="random: P(a step straggles)")
     # --- run
     out: Path | None = None
     tensorboard: Path | None = None
@@ -153,6 +225,12 @@ class TrainConfig(SyncSettings):
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainConfig:
+        for name in LIBRARY_ONLY:
+            if getattr(self, name) != type(self).model_fields[name].default:
+                raise ValueError(
+                    f"{flag(name)}: autok train's loop takes one forward/backward pass per "
+                    "step; gradient accumulation is autok.Sync's, in your own loop"
+                )
         if self.task is not None:
             # A value that differs from the default was asked for (a resumed run's saved
             # config carries every default): the task would silently ignore it.
@@ -165,6 +243,8 @@ class TrainConfig(SyncSettings):
                 )
         else:
             self._check_builtin_task()
+        if why := schedule_past_run(self.link_plan, self.epochs):
+            raise ValueError(f"--link-schedule: {why}")
         if self.optimizer == "adamw":  # SGD's options: AdamW would silently ignore them
             defaults = type(self).model_fields
             for name in ("momentum", "nesterov"):
@@ -196,7 +276,66 @@ class TrainConfig(SyncSettings):
             )
         if self.lr_warmup_epochs > self.epochs:
             raise ValueError(f"--lr-warmup-epochs: exceeds --epochs {self.epochs}")
+        self._check_regimes()
         return self
+
+    @field_validator("lr_milestones", mode="before")
+    @classmethod
+    def _milestones_as_text(cls, v: Any) -> Any:
+        """A YAML list (or one number) reads as the flag's text; the text is canonical, so a
+        saved config validates again unchanged (a resume)."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = [v]
+        if isinstance(v, (list, tuple)):
+            v = ",".join(str(m) for m in v)
+        if isinstance(v, str):
+            try:
+                return ",".join(repr(m) for m in parse_milestones(v))
+            except ValueError as exc:
+                raise ValueError(f"--lr-milestones: {exc}") from None
+        return v
+
+    def _check_regimes(self) -> None:
+        """The regime knobs (docs/design.md §2, Regimes): an option its mode is blind to is refused,
+        not ignored ("given" is "differs from the default", as for the policies' options)."""
+        gamma_default = type(self).model_fields["lr_gamma"].default
+        if self.lr_schedule == "step":
+            if self.lr_milestones is None:
+                raise ValueError(
+                    "--lr-schedule: step needs --lr-milestones (fractions of the run, e.g. "
+                    "0.5,0.75)"
+                )
+            inside = [m for m in self.milestones if m * self.epochs < self.lr_warmup_epochs]
+            if inside:
+                raise ValueError(
+                    f"--lr-milestones: {inside[0]!r} of {self.epochs} epochs falls inside the LR "
+                    f"warmup (--lr-warmup-epochs {self.lr_warmup_epochs}); give a later one"
+                )
+        elif self.lr_milestones is not None:
+            raise ValueError("--lr-milestones: needs --lr-schedule step")
+        elif self.lr_gamma != gamma_default:
+            raise ValueError("--lr-gamma: only --lr-schedule step multiplies the LR by it")
+        if self.partition == "dirichlet" and self.partition_alpha is None:
+            raise ValueError(
+                "--partition: dirichlet needs --partition-alpha (e.g. 0.1: strongly "
+                "label-skewed; 100: nearly iid)"
+            )
+        if self.partition != "dirichlet" and self.partition_alpha is not None:
+            raise ValueError("--partition-alpha: needs --partition dirichlet")
+        if self.straggler != "none" and self.straggler_ms is None:
+            raise ValueError(
+                f"--straggler: {self.straggler} needs --straggler-ms (the delay of a slow step)"
+            )
+        if self.straggler == "none" and self.straggler_ms is not None:
+            raise ValueError("--straggler-ms: needs --straggler random or slow-rank")
+        prob_default = type(self).model_fields["straggler_prob"].default
+        if self.straggler != "random" and self.straggler_prob != prob_default:
+            raise ValueError("--straggler-prob: only --straggler random draws its stragglers")
+
+    @property
+    def milestones(self) -> tuple[float, ...]:
+        """--lr-milestones as numbers (empty when unset)."""
+        return parse_milestones(self.lr_milestones) if self.lr_milestones else ()
 
     def _check_builtin_task(self) -> None:
         if self.dataset not in DATASETS:
@@ -209,6 +348,13 @@ class TrainConfig(SyncSettings):
             raise ValueError(f"--model: {why}")
         if why := check_data_dir(self.dataset, self.data_dir):
             raise ValueError(f"--data-dir: {why}")
+
+    def _check_unread(self, skip: frozenset[str] = frozenset()) -> None:
+        # With --task, or an unknown --dataset, the data flags are refused by _cross_field
+        # naming the task (TASK_OWNS) or the data set: not as flags the data set does not read.
+        if self.task is not None or self.dataset not in DATASETS:
+            skip = skip | {"dataset"}
+        super()._check_unread(skip)
 
     @property
     def fused_is_exact(self) -> bool:
@@ -324,6 +470,13 @@ def check_task(cfg: TrainConfig) -> Metric:
         raise ConfigError(str(exc)) from None
     if cfg.task is None:
         return task.metric
+    if cfg.partition == "dirichlet":  # the built-in data sets all have class labels
+        try:
+            class_labels(task.train_dataset)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--partition: dirichlet splits by class label, and {cfg.task}: {exc}; use iid"
+            ) from None
     numel = sum(p.numel() for p in task.model.parameters())
     if cfg.fragments > numel:
         raise ConfigError(

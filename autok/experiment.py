@@ -2,7 +2,10 @@
 
 Each run is an `autok train` in DIR/<label>/seed-<s>/, tagged with experiment.json for
 `autok report`. Finished runs (summary.json) are skipped; an interrupted one resumes from its
-last checkpoint (every run checkpoints each epoch), so re-running the command continues.
+last checkpoint (every run checkpoints each epoch), so re-running the command continues. One
+that never reached a checkpoint starts over, clearing only what autok can prove it wrote: the
+directory it made and signed with its marker (`foreign_files`); nothing is ever written or
+deleted through a symbolic link under --out.
 
 A `vary` value may be a named bundle of settings ({name: gpt, task: ..., lr: ...}): the label
 shows `key=name` and the run gets all of the bundle's settings, so one experiment can span
@@ -13,11 +16,16 @@ starts once that run has finished, with the mean K that run's controller used af
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import json
 import math
+import os
 import re
+import secrets
 import shutil
+import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +46,7 @@ from autok.config import (
 )
 from autok.procs import start_logged
 from autok.resources import experiments_dir
+from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
 from autok.space import as_ran
 
 MAX_RUNS = 10_000  # an experiment's runs (runs x vary x seeds), as --trials caps a sweep
@@ -104,6 +113,8 @@ def experiment_problem(exp: Any) -> str | None:
     forms = [f for f in ("quick", "full") if f in exp]
     if not forms:
         return "needs a `quick` or `full` form"
+    if why := measured_problem(exp.get("measured", {}), forms):
+        return why
     for form in forms:
         spec = exp[form]
         if not isinstance(spec, dict):
@@ -129,6 +140,74 @@ def experiment_problem(exp: Any) -> str | None:
     return None
 
 
+def count_runs(exp: dict[str, Any], form: str, seeds: list[int] | None = None) -> int:
+    """How many runs `expand` makes of the form (runs x vary x seeds), without building any."""
+    vary = exp[form].get("vary", {})
+    n_seeds = len(seeds or exp.get("seeds", [42]))
+    return n_seeds * sum(
+        math.prod(len(vary[k]) for k in vary if k not in run) for run in exp["runs"]
+    )
+
+
+def estimate(exp: dict[str, Any], form: str) -> str:
+    """The form's run count and time, as `autok experiment list` shows them: the time is a
+    measured one (the file's `measured`, from docs/reproduction.md), scaled by runs when the
+    grid has changed since; a form nobody timed says so instead of guessing."""
+    n = count_runs(exp, form)
+    m = exp.get("measured", {}).get(form)
+    if m is None:
+        return f"{form}: {n} runs, not timed"
+    minutes = m["minutes"] * n / m["runs"]
+    how = (
+        "measured"
+        if n == m["runs"]
+        else f"scaled from {m['minutes']:g} min measured for {m['runs']} runs"
+    )
+    return f"{form}: {n} runs, about {_duration(minutes)} ({how} on {m['machine']}, {m['source']})"
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
+
+
+def listing(name: str) -> str:
+    """`autok experiment list`'s entry of one experiment: its name and description, then each
+    form's runs and time on an indented line."""
+    exp = load_experiment(name)
+    forms = "; ".join(estimate(exp, f) for f in ("quick", "full") if f in exp)
+    return f"{name:18} {exp.get('description', '')}\n{'':18} {forms}"
+
+
+MEASURED_TEXT = 200  # characters of a measurement's `machine` and `source`
+
+
+def measured_problem(measured: Any, forms: list[str]) -> str | None:
+    """What is wrong with `measured` ({form: {runs, minutes, machine, source}}: how long a form took
+    where, for `autok experiment list`), or None."""
+    if not isinstance(measured, dict):
+        return "measured: needs a mapping of form -> {runs, minutes, machine, source}"
+    for form, m in measured.items():
+        if form not in forms:
+            return f"measured.{form}: names no form of this experiment ({', '.join(forms)})"
+        if not (
+            isinstance(m, dict)
+            and set(m) == {"runs", "minutes", "machine", "source"}
+            and type(m["runs"]) is int
+            and 0 < m["runs"] <= MAX_RUNS
+            and _is_number(m["minutes"])
+            and m["minutes"] > 0
+            and all(
+                isinstance(m[k], str) and 0 < len(m[k]) <= MEASURED_TEXT
+                for k in ("machine", "source")
+            )
+        ):
+            return (
+                f"measured.{form}: needs runs (1..{MAX_RUNS}), minutes > 0, and `machine` "
+                f"and `source` (text of at most {MEASURED_TEXT} characters)"
+            )
+    return None
+
+
 def expand(
     exp: dict[str, Any],
     form: str,
@@ -143,9 +222,7 @@ def expand(
     vary = spec.get("vary", {})
     # counted before anything is built: a short file can multiply out to 10^8 runs
     n_seeds = len(seeds or exp.get("seeds", [42]))
-    total = n_seeds * sum(
-        math.prod(len(vary[k]) for k in vary if k not in run) for run in exp["runs"]
-    )
+    total = count_runs(exp, form, seeds)
     if total > MAX_RUNS:
         head = "--seeds: " if seeds and total // n_seeds <= MAX_RUNS else ""
         raise ConfigError(
@@ -242,18 +319,41 @@ def with_matched_mean(run: Run, out: Path) -> Run:
     return Run(run.label, run.seed, {**run.settings, "random_mean": round(mean, 4)}, run.order)
 
 
-def _train(run: Run, run_dir: Path) -> tuple[str, float]:
-    """One run to completion; returns (what happened, seconds)."""
+def _train(run: Run, out: Path, secret: bytes) -> tuple[str, float]:
+    """One run to completion; returns (what happened, seconds). This process holds the run's
+    lock (autok/runlock.py) from before it clears or writes anything there until the train it
+    starts, which shares it, ends: a run another process trains is left alone."""
+    held: list[RunLock] = []
+    try:
+        return _train_holding(run, out, secret, held)
+    except RunInUse as exc:
+        return f"FAILED: {exc}", 0.0
+    except OSError as exc:  # the lock file cannot be opened (a link, a FIFO, no permission)
+        return f"FAILED: cannot lock {out / run.dir} ({exc.strerror or exc})", 0.0
+    finally:
+        for lock in held:
+            release(lock)
+
+
+def _train_holding(run: Run, out: Path, secret: bytes, held: list[RunLock]) -> tuple[str, float]:
     t0 = time.time()
+    # checked again here: a run may start hours after check_run_dirs looked
+    refuse_links(out, run)
+    run_dir = out / run.dir
     if (run_dir / "summary.json").exists():
         return "skipped (finished before)", 0.0
+    if (run_dir / LOCK_NAME).is_file():  # a train ran there: is one still running?
+        held.append(acquire(run_dir))
     base = [sys.executable, "-m", "autok.cli", "train", "--no-progress"]
     if has_checkpoint(run_dir, _workers(run)):
+        held += [] if held else [acquire(run_dir)]
         cmd, how = [*base, "--resume", str(run_dir)], "resumed"
+        if run.settings.get("task") is not None:  # the grid names the code, never the run dir
+            cmd += ["--task", str(run.settings["task"])]
     else:
-        clear_unstarted(run_dir)  # started, but no checkpoint yet: start it again
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
+        start_over(run_dir, run.dir, secret)  # started, but no checkpoint yet: start it again
+        held += [] if held else [acquire(run_dir)]  # its directory is autok's now
+        _write_text(run_dir / "run.yaml", yaml.safe_dump(run.settings))
         cmd = [
             *base,
             "--config",
@@ -264,19 +364,37 @@ def _train(run: Run, run_dir: Path) -> tuple[str, float]:
             str(run_dir),
         ]
         how = "done"
-    (run_dir / "experiment.json").write_text(
+    _write_text(
+        run_dir / "experiment.json",
         json.dumps(
             {"label": run.label, "seed": run.seed, "order": run.order, "settings": run.settings},
             indent=2,
-        )
+        ),
     )
     # console.log: all the run printed, errors included (train.log is the run's own log)
-    with open(run_dir / "console.log", "a") as log:
-        returncode = start_logged(cmd, log).wait()
+    append = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    with os.fdopen(os.open(run_dir / "console.log", append, 0o644), "a") as log:
+        returncode = start_logged(cmd, log, lock_fd=held[0].fd).wait()
     if returncode != 0:
         lines = (run_dir / "console.log").read_text().strip().splitlines()
-        return f"FAILED: {lines[-1] if lines else returncode}", time.time() - t0
+        return failure(lines, returncode), time.time() - t0
     return how, time.time() - t0
+
+
+# How `autok train` ends a run that diverged: trainer/divergence.py's Diverged, named by the
+# CLI's one error line (autok/cli.py, error_line); a result, not a failure (docs/design.md §7).
+DIVERGED = re.compile(r"autok: training failed: (?:[\w.]+\.)?Diverged: (.+)")
+TAIL_LINES = 20  # a log's last lines searched for that line (shutdown warnings may follow it)
+
+
+def failure(lines: list[str], returncode: int) -> str:
+    """What a run that exited non-zero was: "diverged: WHY" when its training diverged (a
+    result of the grid, such as beta = 0.9's, which `autok report` lists with its reason), else
+    "FAILED: its last line" (a crash or a refusal)."""
+    said = [ln for ln in lines[-TAIL_LINES:] if ln.startswith("autok: ")]
+    if said and (m := DIVERGED.fullmatch(said[-1].strip())):
+        return f"diverged: {m.group(1)}"
+    return f"FAILED: {lines[-1] if lines else returncode}"
 
 
 # What a run directory of an experiment holds when autok wrote it: `autok train`'s files, the
@@ -292,10 +410,106 @@ OWN_FILES = {
     "experiment.json",
     "train.log",
     "console.log",
+    LOCK_NAME,
 }
 OWN_TEMP = re.compile(r"\.(config\.json|epochs\.csv|boundaries\.jsonl|summary\.json)\.tmp")
 STAGING = re.compile(r"\.staging-epoch-\d{4,9}")
 STAGED_FILE = re.compile(r"(rank\d+\.pt|\.rank\d+\.pt\.tmp|manifest\.json)")
+# Those names prove nothing (a user's own model.pt has one). What proves that autok made a run
+# directory is its marker, written into it before anything else and signed with the secret that
+# only this experiment's state in --out holds, for this run: a marker copied from another
+# experiment or another run does not pass (docs/design.md §7, Experiment).
+STATE = ".autok-experiment.json"
+MARKER = ".autok-run.json"
+SMALL_FILE = 4096  # the state and a marker are under 500 bytes: a larger one is not autok's
+
+
+def _read_small(path: Path) -> bytes:
+    """A small regular file's bytes, never through a symbolic link (ELOOP), never a FIFO's."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > SMALL_FILE:
+            raise ValueError(f"{path} is not a file of at most {SMALL_FILE} bytes")
+        return os.read(fd, SMALL_FILE + 1)
+    finally:
+        os.close(fd)
+
+
+def _write_text(path: Path, text: str, new: bool = False) -> None:
+    """Write `path`, never through a symbolic link (a link there fails with ELOOP); `new`: only
+    if nothing is there yet."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if new else os.O_TRUNC)
+    with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def read_secret(out: Path) -> bytes | None:
+    """The secret of the experiment in `out`, or None before its first run. A state file autok
+    cannot read as its own is refused: nothing in `out` could be proven autok's."""
+    path = out / STATE
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        secret = bytes.fromhex(json.loads(_read_small(path))["secret"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        secret = b""
+    if len(secret) != 32:
+        raise ConfigError(f"--out: {path} is not autok's experiment state; move it away")
+    return secret
+
+
+def ensure_secret(out: Path) -> bytes:
+    """The experiment's secret, made on its first run (written whole, then renamed into place:
+    a crash leaves no torn state)."""
+    if (secret := read_secret(out)) is not None:
+        return secret
+    secret = secrets.token_bytes(32)
+    tmp = out / f"{STATE}.{secrets.token_hex(4)}.tmp"
+    _write_text(tmp, json.dumps({"secret": secret.hex()}), new=True)
+    os.replace(tmp, out / STATE)  # replaces a name, never follows one
+    return secret
+
+
+def _mac(secret: bytes, rel: str, run_id: str) -> str:
+    return hmac.new(secret, f"{rel}\0{run_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def is_marked(run_dir: Path, rel: str, secret: bytes | None) -> bool:
+    """Whether autok made `run_dir` for this experiment's run `rel` (its directory under --out)."""
+    if secret is None:
+        return False
+    try:
+        marker = json.loads(_read_small(run_dir / MARKER))
+        mac = _mac(secret, rel, str(marker["id"]))
+        return marker["run"] == rel and hmac.compare_digest(str(marker["mac"]), mac)
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return False
+
+
+def mark(run_dir: Path, rel: str, secret: bytes) -> None:
+    run_id = secrets.token_hex(16)  # the run's own id: two markers never read alike
+    marker = {"run": rel, "id": run_id, "mac": _mac(secret, rel, run_id)}
+    _write_text(run_dir / MARKER, json.dumps(marker), new=True)
+
+
+def linked_component(out: Path, rel: str) -> Path | None:
+    """The first directory under `out` on the way to run `rel` that is a symbolic link: a write
+    or a delete there would land outside --out."""
+    p = out
+    for part in Path(rel).parts:
+        p = p / part
+        if p.is_symlink():
+            return p
+    return None
+
+
+def refuse_links(out: Path, run: Run) -> None:
+    if linked := linked_component(out, run.dir):
+        raise ConfigError(
+            f"--out: {linked} is a symbolic link; autok never writes or deletes through one "
+            "(make it a directory, or choose another --out)"
+        )
 
 
 def _workers(run: Run) -> int:
@@ -310,32 +524,66 @@ def has_checkpoint(run_dir: Path, workers: int) -> bool:
     return latest_valid(run_dir, workers).path is not None
 
 
-def foreign_files(run_dir: Path) -> list[Path]:
-    """What in an unstarted run's directory autok did not write (and so must never delete)."""
-    if not run_dir.exists():
+def _plain_file(p: Path) -> bool:
+    return p.is_file() and not p.is_symlink()
+
+
+def _staged(c: Path) -> bool:
+    """A checkpoint the trainer was still staging (no complete one: the run starts over)."""
+    if not (STAGING.fullmatch(c.name) and c.is_dir() and not c.is_symlink()):
+        return False
+    return all(STAGED_FILE.fullmatch(f.name) and _plain_file(f) for f in c.iterdir())
+
+
+def foreign_files(run_dir: Path, rel: str, secret: bytes | None) -> list[Path]:
+    """What in an unstarted run's directory autok cannot prove it wrote (and so must never
+    delete): all of it, unless the directory holds this experiment's marker for run `rel`; then
+    whatever autok would not have written there (another name, a link)."""
+    if not (run_dir.exists() or run_dir.is_symlink()):
         # out/<label> may be a file of the user's, where autok would make a directory
         return [p for p in run_dir.parents if p.exists() and not p.is_dir()][:1]
     if not run_dir.is_dir() or run_dir.is_symlink():
         return [run_dir]
+    # the marker last: a refusal names the user's file, not autok's
+    entries = sorted(run_dir.iterdir(), key=lambda p: (p.name == MARKER, p.name))
+    if not is_marked(run_dir, rel, secret):
+        return entries  # an empty directory holds nothing to lose: it is made autok's
     foreign = []
-    for p in run_dir.iterdir():
+    for p in entries:
         if p.name == "checkpoints" and p.is_dir() and not p.is_symlink():
-            for c in p.iterdir():
-                ours = STAGING.fullmatch(c.name) and c.is_dir() and not c.is_symlink()
-                if not ours or any(
-                    not (STAGED_FILE.fullmatch(f.name) and f.is_file()) for f in c.iterdir()
-                ):
-                    foreign.append(c)
-        elif not (p.is_file() and (p.name in OWN_FILES or OWN_TEMP.fullmatch(p.name))):
+            foreign += [c for c in sorted(p.iterdir()) if not _staged(c)]
+        elif not (
+            _plain_file(p)
+            and (p.name in OWN_FILES or p.name == MARKER or OWN_TEMP.fullmatch(p.name))
+        ):
             foreign.append(p)
     return foreign
 
 
+def linked_entries(run_dir: Path) -> list[Path]:
+    """The symbolic links a resumed run would write or prune through (autok makes none)."""
+    if not run_dir.is_dir():
+        return []
+    top = sorted(run_dir.iterdir())
+    ckpt = run_dir / "checkpoints"
+    below = sorted(ckpt.iterdir()) if ckpt.is_dir() and not ckpt.is_symlink() else []
+    return [p for p in top + below if p.is_symlink()]
+
+
 def check_run_dirs(runs: list[Run], out: Path) -> None:
-    """Before anything starts: every run that would start over holds only autok's files."""
+    """Before anything starts: no run's directory is reached through a symbolic link, and every
+    run that would start over holds only files autok can prove it wrote there."""
+    secret = read_secret(out)
     for run in runs:
+        refuse_links(out, run)
         run_dir = out / run.dir
-        if (run_dir / "summary.json").exists() or has_checkpoint(run_dir, _workers(run)):
+        finished = (run_dir / "summary.json").exists()
+        if finished or has_checkpoint(run_dir, _workers(run)):
+            if not finished and (linked := linked_entries(run_dir)):
+                raise ConfigError(
+                    f"--out: {linked[0]} is a symbolic link; a resumed run writes there, and "
+                    "autok never writes or deletes through one (move it away)"
+                )
             # skipped or resumed: nothing is cleared; but a run made with other settings would
             # stand in the report for this one
             was = _recorded(run_dir)
@@ -350,11 +598,8 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
                     "there is kept, never redone)"
                 )
             continue
-        if foreign := foreign_files(run_dir):
-            raise ConfigError(
-                f"--out: {foreign[0]} was not written by autok; a run that starts over clears "
-                "its directory, so move it away (autok never deletes what it did not write)"
-            )
+        if why := unproven(run_dir, run.dir, secret):
+            raise ConfigError(why)
 
 
 def _recorded(run_dir: Path) -> dict[str, Any] | None:
@@ -368,11 +613,29 @@ def _recorded(run_dir: Path) -> dict[str, Any] | None:
     return was if isinstance(was, dict) else None
 
 
-def clear_unstarted(run_dir: Path) -> None:
-    """Remove what an unstarted run left (autok's own files only; the logs keep their history).
-    Anything else stops the run: it is refused, never deleted."""
-    if foreign := foreign_files(run_dir):
-        raise ConfigError(f"--out: {foreign[0]} was not written by autok; move it away")
+def unproven(run_dir: Path, rel: str, secret: bytes | None) -> str | None:
+    """Why an unstarted run may not clear its directory (one line naming --out and the first
+    file), or None."""
+    if not (foreign := foreign_files(run_dir, rel, secret)):
+        return None
+    if foreign[0] == run_dir or not run_dir.is_dir() or is_marked(run_dir, rel, secret):
+        return (
+            f"--out: {foreign[0]} was not written by autok; a run that starts over clears its "
+            "directory, so move it away (autok never deletes what it did not write)"
+        )
+    return (
+        f"--out: {foreign[0]}: autok cannot prove it wrote this (its run directory has no "
+        f"{MARKER} of this experiment); a run that starts over clears its directory, so move "
+        "it away"
+    )
+
+
+def clear_unstarted(run_dir: Path, rel: str, secret: bytes | None) -> None:
+    """Remove what an unstarted run left (the files autok wrote in the directory it made; the
+    logs keep their history, the marker its proof). Anything else stops the run: it is
+    refused, never deleted."""
+    if why := unproven(run_dir, rel, secret):
+        raise ConfigError(why)
     if not run_dir.exists():
         return
     for p in run_dir.iterdir():
@@ -380,26 +643,51 @@ def clear_unstarted(run_dir: Path) -> None:
             for staged in p.iterdir():
                 shutil.rmtree(staged)
             p.rmdir()
-        elif p.name not in ("train.log", "console.log"):
+        elif p.name not in ("train.log", "console.log", MARKER, LOCK_NAME):  # the lock is held
             p.unlink()
 
 
-def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:
-    """Run the grid, `jobs` runs at a time; returns the number of failed runs."""
+def start_over(run_dir: Path, rel: str, secret: bytes) -> None:
+    """Ready a run that starts (again): what autok wrote before is cleared, and a directory
+    made now (or found empty) gets its marker before anything else is written into it."""
+    clear_unstarted(run_dir, rel, secret)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not is_marked(run_dir, rel, secret):
+        mark(run_dir, rel, secret)
+
+
+@dataclass
+class Tally:
+    """How the runs of a grid ended. A diverged run is a result, not a failure: only `failed`
+    (crashes, refusals) makes `autok experiment run` exit non-zero, so `run && report` works
+    on a grid whose divergence is part of what it shows."""
+
+    finished: int = 0
+    diverged: int = 0
+    failed: int = 0
+
+
+def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> Tally:
+    """Run the grid, `jobs` runs at a time; how its runs ended."""
     out.mkdir(parents=True, exist_ok=True)
-    total, done, failed = len(runs), 0, 0
+    secret = ensure_secret(out)  # before any run: it signs the markers of the dirs autok makes
+    total, done = len(runs), 0
+    tally = Tally()
 
     def one(run: Run) -> None:
-        nonlocal done, failed
-        how, seconds = _train(run, out / run.dir)
+        nonlocal done
+        how, seconds = _train(run, out, secret)
         done += 1
-        failed += how.startswith("FAILED")
+        tally.failed += how.startswith("FAILED")
+        tally.diverged += how.startswith("diverged")
+        tally.finished += not how.startswith(("FAILED", "diverged"))
         extra = ""
         summary = out / run.dir / "summary.json"
         if summary.exists():
             data = json.loads(summary.read_text())
             name = data.get("metric", {}).get("name", "accuracy")
             best = data.get("peak_test_metric", data.get("peak_test_accuracy"))
+            best = math.nan if best is None else best  # null: no value (strict JSON)
             extra = f", best {name} {best:.4f}"
         print(
             f"[{done}/{total}] {run.label} seed {run.seed}: {how} ({seconds:.0f} s{extra})",
@@ -407,12 +695,12 @@ def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:
         )
 
     def follower(run: Run) -> None:
-        nonlocal done, failed
+        nonlocal done
         try:
             run = with_matched_mean(run, out)
         except (OSError, ValueError) as exc:
             done += 1
-            failed += 1
+            tally.failed += 1
             print(f"[{done}/{total}] {run.label} seed {run.seed}: FAILED: {exc}", flush=True)
             return
         one(run)
@@ -428,4 +716,4 @@ def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> int:
             list(pool.map(one, [r for r in group if r.mean_k_of is None]))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(follower, [r for r in group if r.mean_k_of is not None]))
-    return failed
+    return tally

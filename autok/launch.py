@@ -6,6 +6,7 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import socket
 import tempfile
 from datetime import timedelta
@@ -109,6 +110,7 @@ def worker(
                 logging.getLogger(LOGGER).info(
                     f"autok: stopped after {cfg.stop_after_epochs} epochs with a checkpoint;"
                     f" continue with: autok train --resume {out_dir}"
+                    + (f" --task {cfg.task}" if cfg.task else "")  # a resume names its code
                 )
             return None
         trainer.finish()
@@ -161,6 +163,12 @@ def _spawned(
     rank: int, world_size: int, cfg_json: str, out_dir: str | None, store: str, resume: bool
 ) -> None:
     die_with_parent()  # a killed launcher (Ctrl-C, a sweep's kill) takes its workers along
+    # Ctrl-C reaches the whole process group, but only the launcher decides: it stops every
+    # worker (join_all) and exits 130. A worker's own KeyboardInterrupt would be swallowed by
+    # torch's spawn wrapper as exit 0, and the launcher would take an interrupted run for a
+    # finished one; stopped by the launcher instead, a worker dies as a killed one does, which
+    # the checkpoint protocol survives (docs/design.md §7, checkpoints/: temp names, renames).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
     worker(
         rank,

@@ -11,6 +11,10 @@ every method against every fixed K:
 - Welch's p against the best fixed K (the fastest to the target among those that all reached
   it; else the best final quality), and the smallest difference the seeds can resolve.
 
+summary.json holds the judgement in machine-readable form, with the crossing interpolated
+between evaluations, seeds paired, CIs and Holm-corrected p-values (autok/panel_stats.py,
+docs/design.md §9).
+
 The goals of issue 15 for the default adaptive policy (exposed-sync) are checked per regime and
 printed with the measured ratios. Regimes differ in their metric, so each is judged apart.
 """
@@ -22,7 +26,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autok import panel_stats
 from autok.report import RunResult, epoch_clock, mean_std, relative_dir, resolvable, welch_p
+from trainer.atomic_write import replacing, write_text  # never through a link (design.md §9)
+from trainer.clock import training_seconds
 from trainer.plots import pyplot, save
 
 DEFAULT_POLICY = "exposed-sync"
@@ -143,7 +150,7 @@ def build_regimes(runs: list[RunResult]) -> list[Regime]:
         methods = [Method(m, _fixed(rs[0]), rs) for m, rs in groups.items()]
         for m in methods:
             m.final = [judge.value(r.epochs[-1]) for r in m.runs]
-            m.wall = [r.summary["wall_seconds"] for r in m.runs]
+            m.wall = [training_seconds(r.summary) for r in m.runs]  # (virtual: design.md §4)
             m.nbytes = [
                 sum(b.get("bytes_communicated", 0) for b in r.boundaries or []) for r in m.runs
             ]
@@ -376,7 +383,7 @@ def write_csv(regimes: list[Regime], path: Path) -> None:
         "mean_k",
         "run_dir",
     ]
-    with open(path, "w", newline="") as f:
+    with replacing(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(cols)
         for g in regimes:
@@ -409,11 +416,40 @@ def report(root: Path, runs: list[RunResult], stopped: list[str]) -> str:
         (plot_quality(regimes, root / "panel_quality_vs_time.png"), "quality against time"),
         (plot_k_paths(regimes, root / "panel_k_paths.png"), "K paths of the adaptive policies"),
     ]
-    (root / "report.md").write_text(
-        text + "\n" + "\n".join(f"![{alt}]({p.name})" for p, alt in images) + "\n"
+    write_text(
+        root / "report.md",
+        text + "\n" + "\n".join(f"![{alt}]({p.name})" for p, alt in images) + "\n",
     )
     write_csv(regimes, root / "panel.csv")
+    write_summary(regimes, root / "summary.json")
     return text
+
+
+def outcome(r: RunResult, judge: Judge, target: float) -> panel_stats.Outcome:
+    """The run's interpolated crossing of the target (autok/panel_stats.py), and its end."""
+    clock = epoch_clock(r)
+    values = [judge.value(row) for row in r.epochs]
+    t = panel_stats.crossing_time(clock, values, target, higher_is_better=judge.accuracy)
+    return panel_stats.Outcome(t, clock[-1] if clock else training_seconds(r.summary))
+
+
+def summary_data(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> dict:
+    """summary.json: each method's paired time-to-target ratio to its regime's best fixed K
+    (docs/design.md §9), crossings interpolated between evaluations."""
+    data = {
+        g.name: (
+            g.best_fixed.name,
+            {m.name: {r.seed: outcome(r, g.judge, g.target) for r in m.runs} for m in g.methods},
+        )
+        for g in regimes
+    }
+    return panel_stats.summary(policy, data)
+
+
+def write_summary(regimes: list[Regime], path: Path) -> None:
+    import json
+
+    write_text(path, json.dumps(summary_data(regimes), indent=2, allow_nan=False) + "\n")
 
 
 # ----- plots -------------------------------------------------------------------------------------

@@ -20,11 +20,20 @@ _PR_SET_PDEATHSIG = 1
 
 
 def start_logged(
-    cmd: list[str], log, *, new_session: bool = False, cwd: str | None = None
+    cmd: list[str],
+    log,
+    *,
+    new_session: bool = False,
+    cwd: str | None = None,
+    lock_fd: int | None = None,
 ) -> subprocess.Popen:
     """A child with stdout and stderr in `log`, no stdin, dying with this process (on Linux;
     elsewhere it just runs). `new_session`: the child gets its own session and process group, so
-    a terminal's Ctrl-C reaches only this process, which then decides how the child stops."""
+    a terminal's Ctrl-C reaches only this process, which then decides how the child stops.
+    `lock_fd`: a run lock this process holds, shared with the child (autok/runlock.py)."""
+    from autok.runlock import LOCK_FD_ENV
+
+    env = None if lock_fd is None else {**os.environ, LOCK_FD_ENV: str(lock_fd)}
     return subprocess.Popen(
         [sys.executable, "-m", "autok.procs", str(os.getpid()), *cmd],
         stdout=log,
@@ -32,6 +41,8 @@ def start_logged(
         stdin=subprocess.DEVNULL,
         start_new_session=new_session,
         cwd=cwd,
+        env=env,
+        pass_fds=() if lock_fd is None else (lock_fd,),
     )
 
 

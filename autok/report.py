@@ -14,13 +14,18 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
+import stat
 import statistics
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# every file the report writes replaces its name whole, never through a link (docs/design.md §9)
+from trainer.atomic_write import replacing, write_text
+from trainer.clock import training_seconds
 from trainer.plots import (
     MARKERS,
     family_colors,
@@ -66,6 +71,8 @@ class ReportError(ValueError):
 
 
 SUMMARY_NUMBERS = ("wall_seconds", "compute_seconds", "exposed_sync_seconds")
+# null in summary.json where a run has no value (docs/design.md §7); read as NaN, as written once
+METRIC_KEYS = ("peak_test_metric", "final_test_metric", "peak_test_accuracy", "final_test_accuracy")
 EPOCH_NUMBERS = ("epoch_seconds",)
 EPOCH_COUNTS = ("epoch", "grad_syncs", "param_syncs")
 BOUNDARY_NUMBERS = ("exposed_sync_seconds", "compute_seconds")
@@ -106,6 +113,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: malformed JSON or UTF-8
         raise ReportError(f"{path}: not readable JSON ({_brief(exc)})") from None
+    except RecursionError:  # arrays or objects nested deeper than the parser recurses
+        raise ReportError(f"{path}: not readable JSON (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise ReportError(f"{path}: not a JSON object")
     return obj
@@ -180,6 +189,9 @@ def read_summary(path: Path) -> dict[str, Any]:
     `metric`, peak_test_metric and final_test_metric (DESIGN §5); a run written before tasks
     had only the accuracies, which are its metric."""
     summary = read_json_object(path)
+    for key in METRIC_KEYS:  # summary.json is strict JSON: a metric with no value is null
+        if key in summary and summary[key] is None:
+            summary[key] = math.nan
     for key in SUMMARY_NUMBERS:
         _need(path, summary, key, _is_seconds, "a finite number of seconds >= 0")
     if "metric" in summary:
@@ -274,7 +286,7 @@ def read_boundaries(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             rec = None
         if not isinstance(rec, dict):
             raise ReportError(f"{path}: line {i}: not a JSON object")
@@ -327,6 +339,35 @@ class StoppedRun:
     why: str
 
 
+LOG_TAIL_BYTES = 64 * 1024  # a log grows without bound; why a run stopped is at its end
+
+
+def read_log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
+    """The last `limit` bytes of a log, from its first whole line; '' when it is no regular
+    file. A FIFO would block the report until a writer came, and a device may never end: both
+    are checked before the open (lstat: a link is not followed) and again on what was opened
+    (O_NONBLOCK: opening a FIFO does not wait), docs/design.md §9."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return ""
+        fd = os.open(path, flags)
+    except OSError:  # missing, a link (ELOOP), unreadable
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped for another kind since the lstat
+            return ""
+        start = max(0, st.st_size - limit)
+        data = os.pread(fd, limit, start)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
+    return text.partition("\n")[2] if start > 0 else text  # the first line was cut
+
+
 def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun]:
     out = []
     for tag in sorted(root.rglob("experiment.json")):
@@ -338,9 +379,9 @@ def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun
         if (d / "epochs.csv").exists():
             epochs = read_epochs(d / "epochs.csv", numbers=(), counts=(), torn_ok=True)
         why = "no summary (running, or killed)"
-        log_file = next((d / n for n in ("console.log", "train.log") if (d / n).exists()), None)
-        if log_file is not None:  # console.log: what an experiment's run printed, errors too
-            log = log_file.read_text(encoding="utf-8", errors="replace")
+        # console.log: what an experiment's run printed, errors too
+        log = next((t for n in ("console.log", "train.log") if (t := read_log_tail(d / n))), "")
+        if log:
             lines = [x for x in log.splitlines() if x.startswith("autok:")]
             if lines:
                 # "autok: training failed: pkg.Error: what; advice" -> "what"
@@ -510,13 +551,14 @@ def table_rows(runs: list[RunResult]) -> list[Row]:
     rows = []
     for label, rs in groups.items():
         peaks = [r.summary["peak_test_metric"] for r in rs]
-        walls = [r.summary["wall_seconds"] for r in rs]
+        walls = [training_seconds(r.summary) for r in rs]  # (virtual: modelled, design.md §4)
         base_label = baseline_label(groups, rs[0].variant)
         base_runs = groups.get(base_label, []) if base_label != label else []
         base = [r.summary["peak_test_metric"] for r in base_runs]
         delta = scale * (statistics.fmean(peaks) - statistics.fmean(base)) if base else math.nan
         speedup = (
-            statistics.fmean(r.summary["wall_seconds"] for r in base_runs) / statistics.fmean(walls)
+            statistics.fmean(training_seconds(r.summary) for r in base_runs)
+            / statistics.fmean(walls)
             if base_runs
             else math.nan
         )
@@ -686,7 +728,7 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
         "final_sync_period",
         "run_dir",
     ]
-    with open(path, "w", newline="") as f:
+    with replacing(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in runs:
@@ -739,13 +781,14 @@ def lr_facets(groups: dict[str, list[RunResult]]) -> list[tuple[float | None, li
 
 
 def epoch_clock(r: RunResult) -> list[float]:
-    """Wall-clock seconds at each epoch's end on the clock of the table and the frontier
-    (summary.json's wall_seconds): each epoch's training time (epoch_seconds) plus an equal
-    share of the rest (evaluation, checkpoints), so the last epoch ends at wall_seconds."""
+    """Seconds at each epoch's end on the clock of the table and the frontier (summary.json's
+    wall_seconds, or virtual_seconds under --clock virtual: trainer/clock.py): each epoch's
+    training time (epoch_seconds) plus an equal share of the rest (evaluation, checkpoints),
+    so the last epoch ends at the run's training time."""
     secs = [float(e["epoch_seconds"]) for e in r.epochs]
     if not secs:
         return []
-    rest = max(0.0, r.summary["wall_seconds"] - sum(secs)) / len(secs)
+    rest = max(0.0, training_seconds(r.summary) - sum(secs)) / len(secs)
     out, t = [], 0.0
     for s in secs:
         t += s + rest
@@ -1092,8 +1135,9 @@ def report(root: Path) -> str:
     if stopped:
         text += "\n" + render_stopped(stopped, quality)
     images = plots(runs, root)  # only the plots written: none is linked that is not there
-    (root / "report.md").write_text(
-        text + "\n" + "\n".join(f"![{PLOT_TITLES[p.stem]}]({p.name})" for p in images) + "\n"
+    write_text(
+        root / "report.md",
+        text + "\n" + "\n".join(f"![{PLOT_TITLES[p.stem]}]({p.name})" for p in images) + "\n",
     )
     write_csv(runs, root / "report.csv")
     return text

@@ -10,13 +10,22 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from autok.config import ConfigError, TrainConfig, flag, load_config, read_yaml
+from autok.config import (
+    READ_ONLY_UNDER,
+    ConfigError,
+    TrainConfig,
+    flag,
+    load_config,
+    read_yaml,
+)
 from autok.resources import default_space
 from controllers import CAPS, POLICY_OPTIONS, READS
 from controllers import REGISTRY as POLICIES
 from trainer.data import DATASETS
 from trainer.link import PROFILES
 from trainer.models import MODELS
+from trainer.options import default_slowmo_beta
+from trainer.outer import DEFAULT_MOMENTUM
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ CONDITIONAL: dict[str, tuple[str, frozenset]] = {
     },
     "momentum": ("optimizer", frozenset({"sgd"})),
     "nesterov": ("optimizer", frozenset({"sgd"})),
+    # the strategy's, the data set's, the divergence reaction's (trainer/options.py)
+    **{name: (chooser, readers) for name, (chooser, readers, _) in READ_ONLY_UNDER.items()},
 }
 _CHOOSERS = frozenset(chooser for chooser, _ in CONDITIONAL.values())
 
@@ -102,7 +113,23 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         and (_value("momentum", settings) == 0.0)
     ):
         out["nesterov"] = (True, "--momentum is 0")
+    if (
+        "slowmo_lr_aware" not in out
+        and settings.get("slowmo_lr_aware") is True
+        and _slowmo_momentum(settings) == 0.0
+    ):
+        out["slowmo_lr_aware"] = (True, "SlowMo's momentum is 0: no velocity to rescale")
     return out
+
+
+def _slowmo_momentum(settings: dict[str, Any]) -> Any:
+    """The outer momentum a run with `settings` resolves (trainer/options.py `_check_outer`)."""
+    kind = settings.get("outer_optimizer")
+    if kind is not None:
+        given = settings.get("outer_momentum")
+        return DEFAULT_MOMENTUM.get(kind) if given is None else given
+    beta = settings.get("slowmo_beta")
+    return default_slowmo_beta(_value("strategy", settings)) if beta is None else beta
 
 
 def as_ran(settings: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

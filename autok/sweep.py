@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag
+from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
 from autok.pareto import pareto_front, plot_front
 from autok.space import (
     CONDITIONAL,
@@ -306,6 +306,74 @@ def oriented(opts: SweepOptions, value: float) -> float:
     return value if opts.higher_is_better else -value
 
 
+# ----- one line per trial as it ends -----------------------------------------------------------
+
+SHOWN = {"sync_period": "K", "slowmo_beta": "beta", "lr": "LR"}  # ASCII: any terminal encoding
+
+
+def _shown(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
+
+
+def trial_knobs(fixed: dict[str, Any], params: dict[str, Any]) -> str:
+    """K, β and LR as the trial ran them (the fixed part, the drawn values, the defaults these
+    resolve to), then any other drawn value."""
+    settings = trial_settings(fixed, params)
+    try:
+        ran: dict[str, Any] = load_config({}, settings).model_dump()
+    except ConfigError:  # settings the trial refused: its line says why; these as drawn
+        ran = settings
+    knobs = [f"{label}={_shown(ran.get(name))}" for name, label in SHOWN.items()]
+    return " ".join(knobs + [f"{k}={_shown(v)}" for k, v in params.items() if k not in SHOWN])
+
+
+class TrialLines:
+    """Says each trial as it ends, on stdout: its number, state, K, β, LR, metric and time, so
+    a sweep of hours is not silent until its table. On a terminal a progress bar (stderr) counts
+    the trials; into a pipe or a file, never (a log gets lines, not carriage returns;
+    docs/design.md §7, Sweep)."""
+
+    def __init__(self, opts: SweepOptions, fixed: dict[str, Any]) -> None:
+        from tqdm import tqdm
+
+        self.opts, self.fixed, self.ended = opts, fixed, 0
+        self.lock = threading.Lock()  # trials end on Optuna's worker threads (--jobs)
+        self.bar = tqdm(
+            total=opts.trials,
+            unit="trial",
+            file=sys.stderr,
+            disable=not sys.stderr.isatty(),
+            dynamic_ncols=True,
+        )
+
+    def trial_ended(
+        self, number: int, state: str, params: dict[str, Any], res: dict[str, Any], seconds: float
+    ) -> None:
+        """`res`: the row's result keys (RESULT_KEYS and reason); `seconds`: the trial's time."""
+        with self.lock:
+            self.ended += 1
+            line = (
+                f"autok: trial {number} ({self.ended}/{self.opts.trials}) {state}: "
+                f"{trial_knobs(self.fixed, params)} | {self._outcome(state, res)} | "
+                f"{seconds:.0f} s"
+            )
+            self.bar.write(line, file=sys.stdout)  # above the bar, which stays at the bottom
+            sys.stdout.flush()
+            self.bar.update(1)
+
+    def _outcome(self, state: str, res: dict[str, Any]) -> str:
+        value = res.get("peak_test_metric")
+        metric = f"peak {self.opts.metric_name} {_shown(value)}"
+        if state == COMPLETE:
+            wall = res.get("wall_seconds")
+            return metric + (f", {wall:.1f} s of training" if wall is not None else "")
+        why = redact(str(res.get("reason") or "").strip()[:200])
+        return f"{metric}, {why}" if value is not None else why or "-"
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 # ----- Optuna ----------------------------------------------------------------------------------
 
 
@@ -447,6 +515,15 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         if stop():
             study.stop()
 
+    lines = TrialLines(opts, fixed)
+
+    def say(_study: optuna.Study, t: optuna.trial.FrozenTrial) -> None:
+        if t.user_attrs.get("reason") == INTERRUPTED:  # never started: Ctrl-C came first
+            return
+        res = {key: t.user_attrs.get(key) for key in (*RESULT_KEYS, "reason")}
+        seconds = t.duration.total_seconds() if t.duration is not None else 0.0
+        lines.trial_ended(t.number, t.state.name, t.params, res, seconds)
+
     _quiet_trial_failures()
     try:
         if not stop():
@@ -455,9 +532,10 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
                 n_trials=opts.trials,
                 n_jobs=opts.jobs,
                 catch=(TrialFailed,),
-                callbacks=[stop_if_asked],
+                callbacks=[say, stop_if_asked],
             )
     finally:  # also on Ctrl-C: the study so far is on disk, and --resume continues it
+        lines.close()
         rows = optuna_rows(study, space)
         write_outputs(opts, fixed, space, rows)
     return rows

@@ -10,6 +10,7 @@ local Ray, against a cluster (`--address auto` or `ray://HOST:PORT`), and as a R
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import socket
@@ -22,6 +23,7 @@ from autok.config import ConfigError
 from autok.space import Dim, check_settings, suggest_all, trial_settings
 from autok.sweep import (
     SweepOptions,
+    TrialLines,
     directions,
     first_line,
     objective_values,
@@ -156,38 +158,116 @@ def check_trial_fits(workers: int, cpus: float, where: str) -> None:
     )
 
 
+# Ray's switch for a Ray of one machine (its default on Windows and macOS): the node's IP is
+# loopback, so every server of the node listens on loopback only (docs/design.md §9).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def start_ray(address: str | None) -> bool:
+    """Connects to `address`, or without one starts a Ray of this machine's CPUs on loopback
+    only, with no dashboard; False when Ray was already up. Otherwise a local Ray's GCS,
+    raylet, agents and workers listen on every interface, open to anyone who reaches them."""
+    if not address:
+        # Ray reads the switch when it is first imported: set before `import ray`.
+        os.environ.update(LOOPBACK_ENV)
+        # Ray starts its workers at nice 15: beside any other load on the machine (a build,
+        # a second job) the trials would starve. A trial is the work: normal priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(
+            # "local": a new Ray of this machine's CPUs, as --address's help says; never a
+            # cluster that `ray start` left running here (nor a stale record of one)
+            address=address or "local",
+            include_dashboard=False,
+            log_to_driver=False,
+            num_cpus=None if address else os.cpu_count(),
+        )
+    except Exception as exc:
+        if not address:
+            raise
+        # an address may carry credentials (ray://user:pw@host): never echoed
+        why = redact(first_line(exc), address)
+        raise ConfigError(f"--address: {redact_url(address)}: {why}") from None
+    if not address:
+        check_loopback(ray)
+    return True
+
+
+def check_loopback(ray: Any) -> None:
+    """A caller that imported ray before start_ray set the switch gets a Ray on every
+    interface: it is shut down and refused, never run open."""
+    node_ip = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node_ip).is_loopback:
+        ray.shutdown()
+        raise RuntimeError(
+            f"a local Ray listens on {node_ip}, not only on loopback: ray was imported before "
+            f"the sweep could set {next(iter(LOOPBACK_ENV))}=0; set it before importing ray"
+        )
+
+
+def say_trials(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> Any:
+    """A Tune callback, run in this (the driver's) process, that says each trial as it ends, as
+    the Optuna backend does (autok.sweep.TrialLines). Defined here: importing Ray waits for
+    start_ray."""
+    from ray.tune import Callback
+
+    class SayTrials(Callback):
+        def __init__(self) -> None:
+            self.lines: TrialLines | None = None
+
+        def __getstate__(self) -> dict:  # Ray saves its run config: the bar stays here
+            return {}
+
+        def __setstate__(self, state: dict) -> None:
+            self.lines = None
+
+        def setup(self, **info: Any) -> None:
+            self.lines = TrialLines(opts, fixed)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
+            m = trial.last_result or {}
+            if m.get("completed"):
+                self._say(trials, trial, COMPLETE, "")
+            else:
+                self._say(trials, trial, PRUNED, f"stopped by ASHA after epoch {m.get('epoch')}")
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info) -> None:
+            error = trial.get_error()
+            self._say(trials, trial, FAIL, str(error).strip().splitlines()[-1] if error else "")
+
+        def on_experiment_end(self, trials: list, **info: Any) -> None:
+            if self.lines is not None:
+                self.lines.close()
+
+        def _say(self, trials: list, trial: Any, state: str, reason: str) -> None:
+            if self.lines is None:
+                return
+            m = trial.last_result or {}
+            res = {**m, "reason": reason}
+            if state != COMPLETE:
+                res["wall_seconds"] = None  # as trials.csv: a stopped trial's time is no result
+            params = {d.name: (trial.config or {}).get(d.name) for d in space}
+            number = trials.index(trial) if trial in trials else len(trials)
+            self.lines.trial_ended(number, state, params, res, float(m.get("time_total_s", 0.0)))
+
+    return SayTrials()
+
+
 def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> list[dict]:
+    from autok.config import TrainConfig
+
+    workers = trial_workers(fixed)
+    epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
+    started = start_ray(opts.address)  # before any import of ray (start_ray says why)
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from autok.config import TrainConfig
-
-    workers = trial_workers(fixed)
-    epochs = int(fixed.get("epochs", TrainConfig.model_fields["epochs"].default))
-    started = False
-    if not ray.is_initialized():
-        if not opts.address:
-            # Ray starts its workers at nice 15: beside any other load on the machine (a build,
-            # a second job) the trials would starve. A trial is the work: normal priority.
-            os.environ.setdefault("RAY_worker_niceness", "0")
-        try:
-            ray.init(
-                # "local": a new Ray of this machine's CPUs, as --address's help says; never a
-                # cluster that `ray start` left running here (nor a stale record of one)
-                address=opts.address or "local",
-                include_dashboard=False,
-                log_to_driver=False,
-                num_cpus=None if opts.address else os.cpu_count(),
-            )
-        except Exception as exc:
-            if not opts.address:
-                raise
-            # an address may carry credentials (ray://user:pw@host): never echoed
-            why = redact(first_line(exc), opts.address)
-            raise ConfigError(f"--address: {redact_url(opts.address)}: {why}") from None
-        started = True
     # Before anything is submitted or written: the cluster as it is now must fit one trial.
     largest, total = node_cpus(ray)
     try:
@@ -241,7 +321,15 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
             num_samples=opts.trials,
             max_concurrent_trials=opts.jobs,
         ),
-        run_config=tune.RunConfig(storage_path=storage, name=opts.study_name, verbose=0),
+        run_config=tune.RunConfig(
+            storage_path=storage,
+            name=opts.study_name,
+            verbose=0,
+            # the lines keep no storage URL either: Ray pickles its run config into --out
+            callbacks=[
+                say_trials(dataclasses.replace(opts, storage=None, enqueue=()), fixed, space)
+            ],
+        ),
     )
     grid = tuner.fit()
     rows = []

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from autok.procs import start_logged
+from trainer.clock import training_seconds
 
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
 INTERRUPTED = "interrupted (Ctrl-C): --resume continues the sweep"
@@ -34,7 +35,9 @@ class TrialResult:
     run_dir: str
     reason: str = ""
     peak_test_metric: float = math.nan  # best in the metric's direction
-    wall_seconds: float = math.nan  # the run's training wall-clock (summary.json)
+    # the run's training time (summary.json), on the clock its records read: the modelled time
+    # under --clock virtual, so a time objective never ranks machine noise (docs/design.md §4)
+    wall_seconds: float = math.nan
     time_to_target: float = math.inf  # training seconds until the metric reached the target
     total_seconds: float = math.nan  # the trial's process, start to exit: what a user waits
     epochs: int = 0
@@ -144,6 +147,8 @@ def run_trial(
         result.state, result.reason = FAIL, _last_error(log)
     else:
         summary = json.loads((run_dir / "summary.json").read_text())
-        result.peak_test_metric = summary.get("peak_test_metric", summary.get("peak_test_accuracy"))
-        result.wall_seconds = summary["wall_seconds"]
+        peak = summary.get("peak_test_metric", summary.get("peak_test_accuracy"))
+        # null where the metric has no value (summary.json is strict JSON, docs/design.md §7)
+        result.peak_test_metric = math.nan if peak is None else peak
+        result.wall_seconds = training_seconds(summary)
     return result

@@ -60,8 +60,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
-from autok.launch import prepare_data, run_workers, usable_cpus
+from autok.launch import prepare_data, run_workers
 from benchmarks import bytecodes
+from benchmarks.bench_cli import PARTS, all_cpus, parse, parse_cpus  # noqa: F401 - re-exported
 from benchmarks.stats import MIN_ROUNDS, fmt, paired_round, ratios, spread, summarize
 from trainer.data import build_splits
 from trainer.models import build_model
@@ -87,13 +88,6 @@ LINK_GOAL = 1.05  # exposed time per boundary on an emulated link over the model
 
 
 # ----- pinning: each rank of both sides on the same cores ----------------------------------------
-
-
-def all_cpus() -> tuple[int, ...]:
-    try:
-        return tuple(sorted(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS has no affinity
-        return tuple(range(usable_cpus()))
 
 
 def rank_cpus(cpus: tuple[int, ...], world: int, rank: int) -> tuple[int, ...]:
@@ -408,7 +402,8 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     opt = torch.optim.SGD(
         model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
     )
-    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=1, link="none")
+    # fused from the first boundary (auto's first is two-phase, its buffer without gradients)
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=1, link="none", boundary="fused")
     _times_only(sync)  # one batch, boundary after boundary: its loss falls near zero
     opt.register_step_post_hook(lambda *_: dist.barrier())
     x, y = next(iter(DataLoader(splits.train, batch_size=cfg.batch_size)))
@@ -1026,46 +1021,6 @@ def link_fidelity(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None)
     } | {"link": "wan", "strategy": "cpdp K=4 fused"}
 
 
-PARTS = {
-    "a": "overhead",
-    "g": "local_step",  # the per-step and per-boundary goals of the hot-path issue
-    "h": "boundary_fixed",
-    "i": "link_fidelity",
-    "b": "boundary_cost",
-    "c": "wan_vs_ideal",
-    "d": "scaling",
-    "e": "overlap",
-    "f": "wan",
-    "job": "default_job",
-    "diloco": "diloco",  # benchmarks/diloco.py: writes results/diloco.{json,md}
-}
-
-
-MAX_ROUNDS = 100
-MAX_CPU_ID = 1 << 16
-
-
-def parse_cpus(text: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
-    """'0-3,6' -> (0, 1, 2, 3, 6); ValueError with a one-line reason for anything else, or for
-    a core this process may not run on (`allowed`)."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        try:
-            a, b = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"{part.strip()!r} is not a core number or a range like 0-3") from None
-        if not 0 <= a <= b < MAX_CPU_ID:
-            raise ValueError(f"{part.strip()!r}: a range of cores is low-high with low <= high")
-        cpus.update(range(a, b + 1))
-    outside = sorted(cpus - set(allowed))
-    if outside:
-        raise ValueError(
-            f"core {outside[0]} is not one this process may run on ({','.join(map(str, allowed))})"
-        )
-    return tuple(sorted(cpus))
-
-
 def run_part(name: str, rounds: int, cpus: tuple[int, ...]):
     """One part: `rounds` goes to the parts that take ratios, `cpus` to every part."""
     fn = globals()[name]
@@ -1073,44 +1028,12 @@ def run_part(name: str, rounds: int, cpus: tuple[int, ...]):
     return fn(**{k: v for k, v in (("rounds", rounds), ("cpus", cpus)) if k in params})
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line naming the flag, exit 2, as every autok command
-        print(f"autok: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = _Parser(prog="autok bench", description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--rounds",
-        type=int,
-        default=MIN_ROUNDS,
-        help=f"interleaved rounds for every ratio (a verdict needs at least {MIN_ROUNDS})",
-    )
-    ap.add_argument(
-        "--cpus",
-        default=None,
-        help="cores the ranks of both sides are pinned to, e.g. 0-3 (default: all usable)",
-    )
-    ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts to run")
-    args = ap.parse_args(argv)
-    if not 1 <= args.rounds <= MAX_ROUNDS:
-        ap.error(f"--rounds: {args.rounds} is not in 1..{MAX_ROUNDS} (each round runs both loops)")
-    if args.cpus is None:
-        args.cpus = all_cpus()
-    else:
-        try:
-            args.cpus = parse_cpus(args.cpus, all_cpus())
-        except ValueError as e:
-            ap.error(f"--cpus: {e}")
-    unknown = [p for p in args.only.split(",") if p.strip() not in PARTS]
-    if unknown:
-        ap.error(f"--only: unknown part {unknown[0]!r}; choose from {','.join(PARTS)}")
-    return args
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = parse(argv)
+    run_parts(parse(argv))
+
+
+def run_parts(args: argparse.Namespace) -> None:
+    """The parts `args.only` names (flags parsed by benchmarks/bench_cli.py)."""
     # A partial run (--only) updates the saved results instead of replacing them.
     saved = RESULTS / "engine.json"
     res: dict = json.loads(saved.read_text()) if saved.exists() else {}

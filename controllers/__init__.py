@@ -14,6 +14,8 @@ from controllers.composite import CompositeController
 from controllers.exposed_sync import ExposedSyncController
 from controllers.fixed import FixedController
 from controllers.guard import Guard
+from controllers.inverse_lr import InverseLRController
+from controllers.post_local import PostLocalController
 from controllers.qsr import QSRController, default_alpha
 from controllers.random_k import RandomController
 
@@ -60,8 +62,15 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
     "fixed": lambda k, o: FixedController(k),
     "exposed-sync": _share,
     "qsr": _qsr,
+    # AdaComm's τ_0 is a large start that shrinks (controllers/adacomm.py): the cap, not K
     "adacomm": lambda k, o: AdaCommController(
-        k0=k, window=o.sync_window, max_sync_period=o.max_sync_period
+        k0=o.max_sync_period, window=o.sync_window, max_sync_period=o.max_sync_period
+    ),
+    "post-local": lambda k, o: PostLocalController(
+        local_period=k, max_sync_period=o.max_sync_period
+    ),
+    "inverse-lr": lambda k, o: InverseLRController(
+        base=k, peak_lr=o.peak_lr, max_sync_period=o.max_sync_period
     ),
     "composite": lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
     "random": lambda k, o: RandomController(
@@ -96,6 +105,8 @@ READS: dict[str, frozenset[str]] = {
     "adacomm": frozenset({"sync_window", "max_sync_period"}),
     "composite": _SHARE_READS | _QSR_READS,
     "random": frozenset({"random_mean", "max_sync_period"}),
+    "post-local": frozenset({"max_sync_period"}),
+    "inverse-lr": frozenset({"max_sync_period"}),
 }
 RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
 # A bound on K under every policy: `fixed` does not read it, but its K is checked against it

@@ -16,12 +16,18 @@ from controllers.base import BoundaryStats, SyncDecision
 
 
 def next_sync_period(lr: float, *, base: int, alpha: float, max_k: int) -> int:
+    return lr_power_period(lr, base=base, alpha=alpha, max_k=max_k, power=2)
+
+
+def lr_power_period(lr: float, *, base: int, alpha: float, max_k: int, power: int) -> int:
+    """K = max(K_base, floor((α/η)^power)), capped: QSR's power 2 and the 1/η rule's power 1
+    (controllers/inverse_lr.py) read the LR the same way."""
     if lr <= 0:
         return max_k
     ratio = alpha / lr
     if not ratio <= 1e150:  # its square would overflow (or it is NaN: no period to compute)
         return max(base, max_k)
-    return max(base, min(max_k, math.floor(ratio**2)))
+    return max(base, min(max_k, math.floor(ratio**power)))
 
 
 def default_alpha(peak_lr: float, base: int) -> float:

@@ -2,7 +2,10 @@
 
 The honest baseline for "the controller is smart" (WA-DiLoCo found its online policy tied with a
 random deferral of matched mean): a controller earns its keep only if it beats K chosen at
-random with the same mean, i.e. with the same number of synchronizations per step.
+random with the same mean, i.e. with the same number of synchronizations per step. The panel's
+"matched random" arm is this policy with its mean set per seed to the mean K (after warmup) that
+the adaptive arm used on the same seed (`random_mean: {mean_k_of: ...}` in an experiment,
+autok/experiment.py `with_matched_mean`), capped by `--max-sync-period`.
 
     U ~ Uniform(m − w, m + w),  w = min(m − 1, K_max − m);  K = floor(U) + Bernoulli(frac(U))
 

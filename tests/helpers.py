@@ -16,6 +16,8 @@ def tiny_cfg(**overrides) -> TrainConfig:
         workers=2,
     )
     base.update(overrides)
+    if base["dataset"] != "mnist1d" and "mnist1d_samples" not in overrides:
+        del base["mnist1d_samples"]  # mnist1d's alone: refused with another data set
     return TrainConfig(**base)
 
 

@@ -82,3 +82,50 @@ def loss_not_scalar(cfg) -> autok.Task:
     return autok.Task(
         regression_model(), train, test, loss_fn=lambda out, y: (out.squeeze(-1) - y) ** 2
     )
+
+
+def detached_loss(cfg) -> autok.Task:
+    """A scalar loss cut from the graph: fine under no_grad, backward() fails in training."""
+    train, test = regression_data()
+    return autok.Task(
+        regression_model(), train, test, loss_fn=lambda out, y: _mse_loss(out, y).detach()
+    )
+
+
+class Endless(torch.utils.data.Dataset):
+    """A map-style data set of 10^12 synthetic samples (made on demand, none stored)."""
+
+    def __len__(self) -> int:
+        return 10**12
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full((8,), float(i % 7)), torch.tensor(float(i % 3))
+
+
+def huge_train_set(cfg) -> autok.Task:
+    _, test = regression_data()
+    return autok.Task(regression_model(), Endless(), test, loss_fn=_mse_loss, metric=MSE)
+
+
+class ComplexLinear(nn.Module):
+    """A linear map with a complex weight, read out as the real part."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 1, dtype=torch.complex64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.complex64) @ self.weight).real
+
+
+def complex_parameter(cfg) -> autok.Task:
+    train, test = regression_data()
+    return autok.Task(ComplexLinear(), train, test, loss_fn=_mse_loss, metric=MSE)
+
+
+def integer_parameter(cfg) -> autok.Task:
+    """A trainable model beside an integer parameter (no gradient): not averageable either."""
+    train, test = regression_data()
+    model = regression_model()
+    model.register_parameter("step", nn.Parameter(torch.zeros(1, dtype=torch.int64), False))
+    return autok.Task(model, train, test, loss_fn=_mse_loss, metric=MSE)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,8 +57,8 @@ def _train(sync, optimizer, batches, micro: int = 1, inf_at: int | None = None, 
             for xm, ym in zip(x.chunk(micro), y.chunk(micro), strict=True):
                 loss = nn.functional.mse_loss(sync.model(xm), ym) / micro
                 (scaler.scale(loss) if scaler else loss).backward()
-            if inf_at == i:  # this rank's (scaled) gradients overflow, as in fp16
-                next(sync.module.parameters()).grad.view(-1)[0] = math.inf
+            if inf_at == i:  # this rank's (scaled) gradients overflow in backward, as in fp16
+                sync.model(x[:1]).sum().mul(math.inf).backward()
             if scaler:
                 scaler.step(optimizer)
                 scaler.update()
@@ -72,8 +75,10 @@ def _basic_worker(rank, world):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=3, link="none")
-    res["fused"] = sync.strategy.fused_gradients
     res["sgd"] = _train(sync, opt, _batches(rank, 12))
+    # auto: two-phase at the first boundary step, whose loop is seen to leave the gradients
+    # alone (trainer/grad_watch.py), fused after it
+    res["fused"] = sync.strategy.fused_gradients
     # a fused boundary is one gradient sync and one parameter sync in ONE collective
     res["fused_counts"] = (sync.grad_syncs, sync.param_syncs, sync.collectives)
     # 2. sync_now() mid-interval: a boundary now, replicas identical, the interval recorded
@@ -114,7 +119,7 @@ def test_own_loop_replicas_agree_after_every_boundary_and_k_counts_optimizer_ste
             assert [b for b, _ in log] == [(i + 1) % k == 0 for i in range(len(log))], name
             assert all(ok for b, ok in log if b), name
         assert res["sync_now"] == (True, 2)
-        assert res["fused_counts"] == (4, 4, 4)  # 12 steps, K = 3
+        assert res["fused_counts"] == (4, 4, 5)  # 12 steps, K = 3; the first: bucket + average
         assert res["two_phase_counts"] == (4, 4, 8)  # 8 steps, K = 2
         # 2 micro-batches of 8 per step, 4 steps per boundary, 2 ranks
         assert res["accum_samples"] == [4 * 16 * 2, 4 * 16 * 2]
@@ -401,6 +406,9 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"seed": np.True_}, "--seed"),  # and NumPy's
         ({"policy": "qsr", "k_growth": 4}, "--k-growth"),  # unread by the chosen policy
         ({"target_sync_share": 0.5}, "--target-sync-share"),
+        ({"strategy": "ddp", "sync_optimizer_state": True}, "--sync-optimizer-state"),  # unread
+        ({"strategy": "localsgd", "boundary": "two-phase"}, "--boundary"),  # by the strategy
+        ({"strategy": "localsgd", "slowmo_lr_aware": True}, "--slowmo-lr-aware"),  # at β 0
         ({"peak_lr": math.nan}, "peak_lr"),
         ({"peak_lr": -1.0}, "peak_lr"),
         ({"peak_lr": True}, "peak_lr"),
@@ -554,7 +562,7 @@ def _sync_now_bytes_worker(rank, world):
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none")
+    sync = autok.Sync(model, opt, strategy="cpdp", sync_period=2, link="none", boundary="fused")
     numel = sum(p.numel() for p in model.parameters())
     log = _train(sync, opt, _batches(rank, 3))  # steps 0-1: a fused boundary; step 2 local
     fused_bytes = sync.last_boundary.bytes_communicated
@@ -984,7 +992,8 @@ def _device_marks_worker(rank, world):
         def on_boundary(self, stats, decision):
             records.append(stats.compute_seconds)
 
-    sync = autok.Sync(model, opt, sync_period=4, link="none", observers=[Keep()])
+    # fused from the first boundary (auto's first is two-phase: a gradient wait on the host)
+    sync = autok.Sync(model, opt, sync_period=4, link="none", observers=[Keep()], boundary="fused")
     sync._marks = DeviceMarks(torch.device("cpu"), event=Event)
     model.register_forward_hook(lambda *a: device.advance(1.0))
     opt.register_step_pre_hook(lambda *a: device.advance(0.5))  # after Sync's: the step's work
@@ -1055,10 +1064,11 @@ def _fused_sgd_scaler_worker(rank, world):
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
         sync = autok.Sync(model, opt, strategy="cpdp", sync_period=4, link="none")
-        assert sync.strategy.fused_gradients  # one collective: g_i rides in the averaging
         # rank 1 overflows at the boundary step 7: its optimizer step is skipped (by the
         # scaler for plain SGD, inside the fused kernel for fused SGD)
         log = _train(sync, opt, _batches(rank, 12), inf_at=7 if rank == 1 else None, scaler=scaler)
+        # one collective from the second boundary (auto): g_i rides in the averaging
+        assert sync.strategy.fused_gradients
         momenta = [opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]
         out[fused] = (_flat(model), torch.cat(momenta), log, scaler.get_scale())
         sync.close()
@@ -1174,3 +1184,491 @@ def test_the_loops_work_between_backward_and_the_optimizer_step_is_not_sync(link
             assert synced and backward >= _BETWEEN, waits
             if link == "wan":
                 assert wait >= 0.008, waits  # the hold (16.6 ms RTT) is still sync
+
+
+def _qsr_groups_worker(rank, world):
+    """qsr with two parameter groups, a head at 10x the body's LR, listed in either order; at a
+    constant LR, and halved every 4 steps. The K each boundary decides, per case."""
+    out = {}
+    for head_first in (True, False):
+        for decay in (False, True):
+            model = _model()
+            body = {"params": model[0].parameters(), "lr": 0.01}
+            head = {"params": model[2].parameters(), "lr": 0.1}
+            groups = [head, body] if head_first else [body, head]
+            opt = torch.optim.SGD(groups, lr=0.01)
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda t, decay=decay: 0.5 ** (t // 4) if decay else 1.0
+            )
+
+            class Decisions:
+                def __init__(self) -> None:
+                    self.ks: list[int] = []
+
+                def on_boundary(self, stats, decision):
+                    self.ks.append(decision.next_sync_period)
+
+            sync = autok.Sync(
+                model,
+                opt,
+                strategy="cpdp",
+                sync_period=4,
+                policy="qsr",
+                link="none",
+                observers=[decisions := Decisions()],
+            )
+            for x, y in _batches(rank, 24):
+                with sync.step():
+                    opt.zero_grad()
+                    nn.functional.mse_loss(sync.model(x), y).backward()
+                    opt.step()
+                sched.step()
+            sync.close()
+            out[head_first, decay] = decisions.ks
+    return out
+
+
+def test_qsr_reads_one_schedule_whatever_the_order_of_the_param_groups():
+    """η over its peak is one group's ratio (group 0's): a head group at another LR, first or
+    second, neither moves K at a constant LR nor changes the K path of a decaying one."""
+    for out in run_dist(_qsr_groups_worker, 2):
+        for head_first in (True, False):
+            assert set(out[head_first, False]) == {4}, out  # constant LR: K stays K_base
+        # the LR halved every 4 steps: the same K path in both orders, and K grew
+        assert out[True, True] == out[False, True], out
+        assert max(out[True, True]) > 4, out
+
+
+def _clip_worker(rank, world):
+    """The same 12 steps of one loop under ddp and under cpdp K=1, β=0: with the gradients
+    clipped between backward and optimizer.step() (clip_grad_norm_, and GradScaler's unscale_
+    then clip_grad_norm_), or left as backward gave them (plain, and GradScaler's own unscale in
+    scaler.step). Per case: the parameters, the boundary path taken at the end, the counts."""
+
+    def run(strategy, clip, amp=False, **options):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8) if amp else None
+        if strategy == "cpdp":
+            options["slowmo_beta"] = 0.0
+        sync = autok.Sync(model, opt, strategy=strategy, sync_period=1, link="none", **options)
+        try:
+            for x, y in _batches(rank, 12):
+                with sync.step():
+                    opt.zero_grad()
+                    loss = nn.functional.mse_loss(sync.model(x), y)
+                    (scaler.scale(loss) if amp else loss).backward()
+                    if amp and clip:
+                        scaler.unscale_(opt)  # the AMP idiom: unscale, then clip
+                    if clip:
+                        nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
+                    if amp:
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        opt.step()
+        except autok.OptionError as exc:
+            return str(exc)
+        counts = (sync.grad_syncs, sync.param_syncs, sync.collectives)
+        fused = sync.strategy.fused_gradients
+        sync.close()
+        return _flat(model), fused, counts
+
+    return {
+        "ddp clip": run("ddp", True),
+        "auto clip": run("cpdp", True),
+        "two-phase clip": run("cpdp", True, boundary="two-phase"),
+        "fused clip": run("cpdp", True, boundary="fused"),
+        "ddp plain": run("ddp", False),
+        "auto plain": run("cpdp", False),
+        "ddp amp clip": run("ddp", True, amp=True),
+        "auto amp clip": run("cpdp", True, amp=True),
+        "auto amp": run("cpdp", False, amp=True),
+    }
+
+
+def test_a_loop_that_clips_gets_ddps_result_or_a_refusal_never_a_fused_boundary():
+    """The fused boundary applies what the loop does to the gradients after backward (here
+    clip_grad_norm_) to each rank's gradient, where DDP applies it to the averaged one: auto
+    finds it at its first boundary step and stays two-phase (ddp's parameters bit for bit at
+    K=1, β=0); boundary="fused" refuses it in one line; a loop that leaves them alone (GradScaler's
+    unscale is linear and alike on every rank) still gets the fused boundary after the first."""
+    for res in run_dist(_clip_worker, 2):
+        ddp, _, _ = res["ddp clip"]
+        for case in ("auto clip", "two-phase clip"):
+            params, fused, counts = res[case]
+            assert torch.equal(params, ddp), (case, (params - ddp).abs().max())
+            assert not fused and counts == (12, 12, 24), (case, counts)  # a bucket + an average
+        refusal = res["fused clip"]
+        assert isinstance(refusal, str) and refusal.startswith("--boundary: the loop changed")
+        assert "\n" not in refusal and 'boundary="two-phase"' in refusal
+        params, fused, counts = res["auto amp clip"]
+        assert torch.equal(params, res["ddp amp clip"][0]) and not fused
+        # no clipping: two-phase at the first boundary step (its bucket), fused after it
+        params, fused, counts = res["auto plain"]
+        assert fused and counts == (12, 12, 13), counts
+        torch.testing.assert_close(params, res["ddp plain"][0], rtol=0, atol=1e-6)
+        assert res["auto amp"][1] and res["auto amp"][2] == (12, 12, 13), res["auto amp"]
+
+
+# ----- Sync's arguments and its saved state (docs/design.md §7) ----------------------------------
+
+
+def _frozen_model() -> nn.Module:
+    model = _model()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize(
+    "build, said",
+    [
+        (lambda m: (m, None, {}), "optimizer: a NoneType, not a torch.optim.Optimizer"),
+        (lambda m: (m, "sgd", {}), "optimizer: a str, not a torch.optim.Optimizer"),
+        (
+            lambda m: (m, torch.optim.SGD(_model().parameters(), lr=0.1), {}),
+            "optimizer: it holds parameters that are not the model's",
+        ),
+        (
+            lambda m: (_frozen_model(), torch.optim.SGD(m.parameters(), lr=0.1), {}),
+            "model: every parameter is frozen",
+        ),
+        (
+            lambda m: (nn.DataParallel(m), torch.optim.SGD(m.parameters(), lr=0.1), {}),
+            "model: a DataParallel is already wrapped; give the model itself",
+        ),
+        (
+            lambda m: (
+                nn.Sequential(nn.DataParallel(m)),
+                torch.optim.SGD(m.parameters(), lr=0.1),
+                {},
+            ),
+            "model: a DataParallel (at 0) is already wrapped",
+        ),
+        ({"sync_period": "4"}, "--sync-period: input should be a valid integer"),
+        ({"sync_period": 2.0}, "--sync-period: input should be a valid integer"),
+        ({"link_schedule": "lan,wan@epoch=1000001"}, "--link-schedule: epoch=1000001 is past"),
+        ({"ddp_kwargs": {"device_ids": [0]}}, "ddp_kwargs: 'device_ids' is set by autok.Sync"),
+        ({"ddp_kwargs": {"process_group": None}}, "ddp_kwargs: 'process_group' is set by"),
+        ({"ddp_kwargs": {"broadcast_buffers": True}}, "ddp_kwargs: 'broadcast_buffers' is set"),
+        ({"ddp_kwargs": {"check_reduction": True}}, "ddp_kwargs: 'check_reduction' is not supp"),
+        ({"ddp_kwargs": {"find_unused": True}}, "ddp_kwargs: 'find_unused' is not an argument"),
+        ({"ddp_kwargs": {"find_unused_parameters": 1}}, "ddp_kwargs: find_unused_parameters is"),
+        ({"ddp_kwargs": {"bucket_cap_mb": 0}}, "ddp_kwargs: bucket_cap_mb is 0; give MiB in"),
+        ({"ddp_kwargs": {"bucket_cap_mb": math.inf}}, "ddp_kwargs: bucket_cap_mb is inf"),
+        ({"ddp_kwargs": [("static_graph", True)]}, "ddp_kwargs: a list; give a dict, or None"),
+        (  # DDP's static graph fails an internal assert on a backward under no_sync()
+            {"strategy": "cpdp", "ddp_kwargs": {"static_graph": True}},
+            "ddp_kwargs: static_graph needs every backward to all-reduce (strategy ddp",
+        ),
+    ],
+)
+def test_a_model_optimizer_or_argument_sync_cannot_take_is_refused_naming_it(build, said):
+    """Before any process group is needed (the same refusal on every rank), one line: an
+    optimizer that is none, or over another model's parameters; a model with nothing to train,
+    or already wrapped; K of another type (not read as 4 or 2); DDP arguments autok sets itself
+    or does not take."""
+    model = _model()
+    if callable(build):
+        model, opt, kwargs = build(model)
+    else:
+        opt, kwargs = torch.optim.SGD(model.parameters(), lr=0.1), dict(build)
+    with pytest.raises(autok.OptionError) as e:
+        autok.Sync(model, opt, **kwargs)
+    msg = str(e.value)
+    assert msg.startswith(said) and "\n" not in msg, msg
+
+
+def _wrapped_worker(rank, world):
+    """Models wrapped for data parallelism (DDP), or sharded (FSDP, FSDP2's fully_shard, tensor
+    parallel DTensors): refused, naming the wrapper, before autok builds its own DDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    from torch.nn.parallel import DistributedDataParallel
+
+    mesh = init_device_mesh("cpu", (world,))
+    ddp = DistributedDataParallel(_model())
+    fsdp = FullyShardedDataParallel(_model(), device_id=torch.device("cpu"))
+    fsdp2 = _model()
+    fully_shard(fsdp2[0], mesh=mesh)
+    fully_shard(fsdp2, mesh=mesh)
+    tp = parallelize_module(_model(), mesh, {"0": ColwiseParallel()})
+    said = {}
+    for name, model in (("ddp", ddp), ("fsdp", fsdp), ("fsdp2", fsdp2), ("tp", tp)):
+        try:
+            autok.Sync(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        except autok.OptionError as exc:
+            said[name] = str(exc)
+    return said
+
+
+def test_a_model_already_wrapped_or_sharded_is_refused_naming_the_wrapper():
+    (said,) = run_dist(_wrapped_worker, 1)
+    assert said["ddp"].startswith(
+        "model: a DistributedDataParallel is already wrapped; give the model itself"
+    ), said
+    assert said["fsdp"].startswith(
+        "model: a FullyShardedDataParallel is sharded (FSDP): sharded models are not supported"
+    ), said
+    assert said["fsdp2"].startswith("model: a FSDPSequential is sharded (FSDP)"), said
+    assert said["tp"].startswith("model: parameter 0.weight is a DTensor"), said
+    assert "sharded models are not supported yet" in said["tp"], said
+
+
+class _Spare(nn.Module):
+    """A regression net with a spare head, listed first (DDP's first parameter), used where
+    `spare` says: on one rank only, or on none."""
+
+    def __init__(self, spare: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.extra = nn.Linear(16, 1)
+        self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 1)
+        self.spare = spare
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        return self.head(h) + self.extra(h) if self.spare else self.head(h)
+
+
+def _unused_worker(rank, world):
+    """ddp and cpdp K=1 β=0 on a model whose spare head rank 0 alone uses, with
+    find_unused_parameters: trained, counted and equal bit for bit (the two-phase boundary,
+    as DDP reduces first). Without it, a spare head no rank uses: one line naming ddp_kwargs
+    on every strategy that reduces gradients."""
+    res = {}
+    unused = {"find_unused_parameters": True}
+
+    def run(strategy, spare, ddp_kwargs=None, optimizer=torch.optim.SGD, steps=8, **options):
+        model = _Spare(spare)
+        if optimizer is torch.optim.SGD:
+            opt = optimizer(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+        else:
+            opt = optimizer(model.parameters(), lr=0.01)
+        sync = autok.Sync(
+            model, opt, strategy=strategy, sync_period=1, ddp_kwargs=ddp_kwargs, **options
+        )
+        try:
+            log = _train(sync, opt, _batches(rank, steps))
+        except autok.OptionError as exc:
+            return str(exc)
+        out = (_flat(model), log, sync.grad_syncs, sync.strategy.fused_gradients)
+        sync.close()
+        return out
+
+    res["ddp"] = run("ddp", rank == 0, unused)
+    res["cpdp"] = run("cpdp", rank == 0, unused, slowmo_beta=0.0)
+    res["localsgd"] = run("localsgd", rank == 0)  # no gradient sync: nothing to find
+    static = {"static_graph": True, "gradient_as_bucket_view": True, "bucket_cap_mb": 1}
+    res["static"] = run("ddp", True, static)  # the other arguments DDP takes, on ddp
+    for name, strategy, options in (
+        ("ddp refused", "ddp", {}),
+        ("fused refused", "cpdp", {"slowmo_beta": 0.0}),
+        ("two-phase refused", "cpdp", {"slowmo_beta": 0.0, "boundary": "two-phase"}),
+        # no DDP reduction to check it: the fused boundary's own capture of g_i refuses
+        ("fused given refused", "cpdp", {"slowmo_beta": 0.0, "boundary": "fused"}),
+    ):
+        res[name] = run(strategy, False, steps=3, **options)
+    try:
+        run("cpdp", False, unused, boundary="fused")
+    except autok.OptionError as exc:
+        res["fused given"] = str(exc)
+    return res
+
+
+def test_a_model_with_unused_parameters_trains_with_find_unused_parameters_exactly():
+    for res in run_dist(_unused_worker, 2):
+        ddp, log, grad_syncs, fused = res["ddp"]
+        assert all(ok for _, ok in log) and grad_syncs == 8, res["ddp"]
+        # every step's reduction counted, also on rank 1, which never reaches the spare head
+        # listed first (the built-in path times a backward by it)
+        cpdp, log, grad_syncs, fused = res["cpdp"]
+        assert not fused and grad_syncs == 8 and all(ok for _, ok in log), res["cpdp"]
+        assert torch.equal(cpdp, ddp)  # two-phase K=1, β=0 is ddp bit for bit
+        assert all(ok for _, ok in res["localsgd"][1])
+        _, log, grad_syncs, _ = res["static"]
+        assert all(ok for _, ok in log) and grad_syncs == 8, res["static"]
+        for name in ("ddp refused", "fused refused", "two-phase refused", "fused given refused"):
+            said = res[name]
+            assert isinstance(said, str) and said.startswith("ddp_kwargs: "), (name, said)
+            assert "find_unused_parameters': True" in said and "\n" not in said, said
+        assert res["fused given"].startswith(
+            "--boundary: fused is not exact with ddp_kwargs find_unused_parameters"
+        ), res["fused given"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal states: tensors equal, containers equal item by item."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b or (a != a and b != b)  # (NaN)
+
+
+def _set(path: str, value: Any) -> Callable[[dict], None]:
+    """A tampering: state[path] = value (a dotted path), or deleted where value is _DELETE."""
+
+    def tamper(state: dict) -> None:
+        *head, last = path.split(".")
+        for key in head:
+            state = state[key]
+        if value is _DELETE:
+            del state[last]
+        elif callable(value):
+            state[last] = value(state[last])
+        else:
+            state[last] = value
+
+    return tamper
+
+
+_DELETE = object()
+_TAMPERED = [
+    ("counters.boundary", _DELETE, "counters: no 'boundary'"),
+    ("counters.sync_period", 0, "counters.sync_period: 0 is not an integer in [1, 1048576]"),
+    ("counters.sync_period", -3, "counters.sync_period: -3 is not an integer"),
+    ("counters.sync_period", 10**30, "counters.sync_period: 1000000000000000000000000000000 "),
+    ("counters.sync_period", "four", "counters.sync_period: 'four' is not an integer"),
+    ("counters.sync_period", 2.0, "counters.sync_period: 2.0 is not an integer"),
+    ("counters.k_path", {"x": {}}, "counters.k_path['x']: K is not an integer"),
+    ("counters.interval.steps", -1, "counters.interval.steps: -1 is not an integer"),
+    ("counters.fragment_position", 2, "counters.fragment_position: 2 is beyond fragments 1"),
+    ("counters.loss_held", ["a"], "counters.loss_held[0]: 'a' is not a number"),
+    ("averager", {}, "averager: no 'ref'"),
+    ("averager.ref", lambda t: t[:-1], "averager.ref: shape (160,), this model's is (161,)"),
+    ("averager.ref", lambda t: t.double(), "averager.ref: torch.float64, this Sync averages in"),
+    ("averager.velocity", lambda t: t[:-1], "averager.velocity: shape (160,)"),
+    ("averager.boundaries", None, "averager.boundaries: None is not an integer"),
+    ("controller", {}, "controller: no 'sync_period'"),
+    ("controller.sync_period", 0, "controller.sync_period: 0 is not an integer in [1, 1048576]"),
+    ("divergence", [], "divergence: a list, not a dict"),
+    ("divergence.recent", 5, "divergence.recent: not a list"),
+    ("link.rng", (1, 2), "link.rng: not a random generator's state"),
+]
+
+
+def _tampered_worker(rank, world):
+    """A state saved mid-interval, each value tampered with in turn, loaded into a Sync that
+    has trained otherwise: every one refused in one line naming the key, and the Sync left as
+    it was; the state as saved then loads."""
+    opts = dict(strategy="cpdp", sync_period=2, link="lan", link_jitter_ms=1)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sync = autok.Sync(model, opt, **opts)
+    _train(sync, opt, _batches(rank, 5))
+    saved = sync.state_dict()
+    sync.close()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    target = autok.Sync(model, opt, **opts)
+    _train(target, opt, _batches(rank + 7, 3))
+    before = target.state_dict()
+    said, unchanged = [], []
+    for path, value, _ in _TAMPERED:
+        state = copy.deepcopy(saved)
+        _set(path, value)(state)
+        try:
+            target.load_state_dict(state)
+            said.append(None)
+        except autok.OptionError as exc:
+            said.append(str(exc))
+        unchanged.append(_same(target.state_dict(), before))
+    target.load_state_dict(saved)
+    loaded = _same(target.state_dict(), saved)
+    _train(target, opt, _batches(rank, 2))
+    target.close()
+    return said, unchanged, loaded
+
+
+def test_a_tampered_state_is_refused_naming_the_key_and_leaves_the_sync_unchanged():
+    (res,) = run_dist(_tampered_worker, 1)
+    said, unchanged, loaded = res
+    for (path, _, expect), msg, same in zip(_TAMPERED, said, unchanged, strict=True):
+        assert msg is not None, f"{path}: loaded"
+        assert msg.startswith("load_state_dict: " + expect) and "\n" not in msg, (path, msg)
+        assert same, f"{path}: the refused state changed the Sync"
+    assert loaded
+
+
+def _settings_worker(rank, world):
+    """States saved under other settings that shape them, loaded under these: an outer
+    momentum into an average, no compression into int8, F = 4 fragments into F = 2. Refused
+    naming the option; also a state without the settings it was saved under (its "kind")."""
+
+    def saved_under(steps, **opts):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sync = autok.Sync(model, opt, **opts)
+        _train(sync, opt, _batches(rank, steps))
+        state = sync.state_dict()
+        position = sync._position
+        sync.close()
+        return state, position
+
+    cases = {
+        "outer": (
+            dict(strategy="cpdp", sync_period=2, outer_optimizer="nesterov"),
+            dict(strategy="cpdp", sync_period=2, outer_optimizer="average"),
+        ),
+        "compress": (
+            dict(strategy="localsgd", sync_period=2),
+            dict(strategy="localsgd", sync_period=2, compress="int8"),
+        ),
+        "fragments": (
+            dict(strategy="localsgd", sync_period=4, fragments=4),
+            dict(strategy="localsgd", sync_period=4, fragments=2),
+        ),
+    }
+    said = {}
+    for name, (was, now) in cases.items():
+        state, position = saved_under(3, **was)
+        said["position"] = position if name == "fragments" else said.get("position")
+        model = _model()
+        sync = autok.Sync(model, torch.optim.SGD(model.parameters(), lr=0.05), **now)
+        for kind in (True, False):
+            if not kind:
+                del state["kind"]  # as a state saved before the settings were recorded
+            try:
+                sync.load_state_dict(state)
+            except autok.OptionError as exc:
+                said[name, kind] = str(exc)
+        sync.close()
+    return said
+
+
+def test_a_state_saved_under_other_settings_is_refused_naming_the_option():
+    (said,) = run_dist(_settings_worker, 1)
+    assert said["position"] == 4  # the next fragment sync moves fragment 4 of 4
+    expect = {
+        ("outer", True): "saved with outer_optimizer 'nesterov'; this Sync has 'average'",
+        ("outer", False): "averager.velocity: saved with an outer momentum (outer_optimizer",
+        ("compress", True): "saved with compress 'none'; this Sync has 'int8'",
+        ("compress", False): "averager.residual: none after 1 boundaries: saved with compress",
+        ("fragments", True): "saved with fragments 4; this Sync has 2",
+        ("fragments", False): "counters.fragment_position: 4 is beyond fragments 2",
+    }
+    for key, text in expect.items():
+        assert said.get(key, "").startswith("load_state_dict: " + text), (key, said.get(key))
+
+
+def _default_link_worker(rank, world):
+    model = _model()
+    sync = autok.Sync(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out = (sync.options.link, sync.link_name, sync.clock is None)
+    sync.close()
+    return out
+
+
+def test_the_librarys_default_link_is_none_and_autok_trains_default_is_the_wan():
+    """docs/design.md §7: no emulated network unless asked for in a user's loop; the CLI's
+    study keeps the emulated WAN as its default."""
+    from autok.cli import build_parser, config_from_args
+
+    assert run_dist(_default_link_worker, 1) == [("none", "none", True)]
+    cfg = config_from_args(build_parser().parse_args(["train"]))
+    assert cfg.link == "wan" and cfg.link_profile.name == "wan"

@@ -39,6 +39,25 @@ def file(name: str, content: str | bytes):
     return setup
 
 
+# descriptors of run locks held for the rows below, as a training process holds them
+_LOCKS_HELD: list[int] = []
+
+
+def held_run(name: str):
+    """A directory whose run lock (autok/runlock.py) another holder has: this process, through
+    its own open file, which conflicts with autok's as another process's does."""
+
+    def setup(tmp: Path) -> None:
+        import fcntl
+
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp / name / ".autok.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _LOCKS_HELD.append(fd)
+
+    return setup
+
+
 def both(*setups):
     def setup(tmp: Path) -> None:
         for s in setups:
@@ -139,6 +158,37 @@ GOOD_EXP = (
 )
 
 
+def link(name: str, target: str):
+    """`name` a symbolic link to the directory `target` (made if missing)."""
+
+    def setup(tmp: Path) -> None:
+        (tmp / target).mkdir(parents=True, exist_ok=True)
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).symlink_to(tmp / target, target_is_directory=True)
+
+    return setup
+
+
+def marked_run(out: str, rel: str):
+    """A run directory `out/rel` as autok made it: the experiment's state, the run's marker."""
+
+    def setup(tmp: Path) -> None:
+        from autok.experiment import ensure_secret, mark
+
+        (tmp / out / rel).mkdir(parents=True, exist_ok=True)
+        mark(tmp / out / rel, rel, ensure_secret(tmp / out))
+
+    return setup
+
+
+def copy(src: str, dst: str):
+    def setup(tmp: Path) -> None:
+        (tmp / dst).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / dst).write_bytes((tmp / src).read_bytes())
+
+    return setup
+
+
 def finished_run(edit=None):
     """An experiment directory with one finished run (the files `autok report` reads)."""
 
@@ -151,6 +201,8 @@ def finished_run(edit=None):
 
     return setup
 
+
+DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested 100 000 deep
 
 GOOD_BOUNDARY = {
     "epoch": 0,
@@ -193,6 +245,55 @@ def _float_fields() -> list[str]:
 def R(argv, expect, setup=None, id=None):  # noqa: A002
     return pytest.param(argv, (expect,) if isinstance(expect, str) else expect, setup, id=id)
 
+
+# The regimes' knobs (tests/test_regimes.py): an option its mode does not read, a bad value.
+# fmt: off
+REGIMES = [
+    R(["train", "--partition-alpha", "0.1", "--out", "{out}"], "--partition-alpha"),
+    R(["train", "--partition", "dirichlet", "--out", "{out}"], "--partition", id="no-alpha"),
+    R(["train", "--partition", "dirichlet", "--partition-alpha", "0", "--out", "{out}"],
+      "--partition-alpha", id="alpha-0"),
+    R(["train", "--partition", "dirichlet", "--partition-alpha", "-1", "--out", "{out}"],
+      "--partition-alpha", id="alpha-negative"),
+    R(["train", "--partition", "shards", "--out", "{out}"], "--partition", id="partition-unknown"),
+    R(["train", "--task", "tests.task_fixtures:regression", "--partition", "dirichlet",
+       "--partition-alpha", "0.1", "--out", "{out}"], "--partition", id="dirichlet-no-labels"),
+    R(["train", "--straggler-ms", "20", "--out", "{out}"], "--straggler-ms", id="ms-no-mode"),
+    R(["train", "--straggler", "slow-rank", "--out", "{out}"], "--straggler", id="mode-no-ms"),
+    R(["train", "--straggler", "random", "--straggler-ms", "-5", "--out", "{out}"],
+      "--straggler-ms", id="ms-negative"),
+    R(["train", "--straggler", "random", "--straggler-ms", "1e9", "--out", "{out}"],
+      "--straggler-ms", id="ms-huge"),
+    R(["train", "--straggler", "slow-rank", "--straggler-ms", "5", "--straggler-prob", "0.5",
+       "--out", "{out}"], "--straggler-prob", id="prob-not-random"),
+    R(["train", "--straggler", "random", "--straggler-ms", "5", "--straggler-prob", "0",
+       "--out", "{out}"], "--straggler-prob", id="prob-0"),
+    # the clock (trainer/clock.py): what the wall clock does not read, what virtual needs
+    R(["train", "--compute-ms", "5", "--out", "{out}"],
+      "--compute-ms: --clock wall does not read it", id="compute-ms-wall"),
+    R(["train", "--model-bytes", "1000", "--out", "{out}"],
+      "--model-bytes: --clock wall does not read it", id="bytes-wall"),
+    R(["train", "--clock", "virtual", "--out", "{out}"], "--clock: virtual models",
+      id="virtual-no-compute"),
+    R(["train", "--clock", "virtual", "--compute-ms", "0", "--out", "{out}"], "--compute-ms",
+      id="compute-ms-0"),
+    R(["train", "--clock", "virtual", "--compute-ms", "5", "--model-bytes", str(2**50), "--out",
+       "{out}"], "--model-bytes", id="bytes-huge"),
+    R(["train", "--clock", "sundial", "--out", "{out}"], "--clock", id="clock-unknown"),
+    R(["train", "--lr-schedule", "step", "--out", "{out}"], "--lr-schedule", id="no-milestones"),
+    R(["train", "--lr-milestones", "0.5", "--out", "{out}"], "--lr-milestones", id="not-step"),
+    R(["train", "--lr-gamma", "0.5", "--out", "{out}"], "--lr-gamma", id="gamma-not-step"),
+    *[
+        R(["train", "--lr-schedule", "step", "--lr-milestones", m, "--out", "{out}"],
+          "--lr-milestones", id=f"milestones-{m[:12]}")
+        for m in ("0.75,0.5", "0.5,0.5", "1.5", "0", "x", "", ",".join(["0.9"] * 17))
+    ],
+    R(["train", "--lr-schedule", "step", "--lr-milestones", "0.01", "--epochs", "10", "--out",
+       "{out}"], "--lr-milestones", id="milestone-in-warmup"),
+    R(["train", "--lr-schedule", "step", "--lr-milestones", "0.5", "--lr-gamma", "1", "--out",
+       "{out}"], "--lr-gamma", id="gamma-1"),
+]
+# fmt: on
 
 TRAIN = [
     R(["train", "--metrics-host", "example.com", "--out", "{out}"], ("--metrics-host",)),
@@ -255,6 +356,7 @@ TRAIN = [
         id="rtt-and-schedule",
     ),
     R(["train", "--random-mean", "4", "--out", "{out}"], "--random-mean", id="mean-not-random"),
+    *REGIMES,
     R(["train", "--policy", "random", "--random-mean", "0.5", "--out", "{out}"], "--random-mean"),
     R(
         ["train", "--policy", "random", "--random-mean", "100", "--out", "{out}"],
@@ -347,6 +449,60 @@ TRAIN = [
         "--outer-optimizer",
         id="ddp+outer",
     ),
+    # flags the run never reads (trainer/options.py READ_ONLY_UNDER): one line, the flag, why
+    *[
+        R(
+            ["train", "--strategy", "ddp", *given, "--out", "{out}"],
+            f"{given[0]}: --strategy ddp",
+            id=f"ddp+{given[0][2:]}",
+        )
+        for given in (
+            ["--sync-optimizer-state"],
+            ["--slowmo-lr-aware"],
+            ["--boundary", "two-phase"],
+            ["--max-sync-period", "128"],
+        )
+    ],
+    R(
+        ["train", "--strategy", "localsgd", "--boundary", "two-phase", "--out", "{out}"],
+        "--boundary: --strategy localsgd does not read it",
+        id="localsgd+two-phase",
+    ),
+    R(
+        ["train", "--strategy", "localsgd", "--slowmo-lr-aware", "--out", "{out}"],
+        ("--slowmo-lr-aware:", "--slowmo-beta is 0"),
+        id="localsgd+lr-aware-at-beta-0",
+    ),
+    R(
+        ["train", "--outer-optimizer", "slowmo", "--slowmo-lr-aware", "--out", "{out}"],
+        ("--slowmo-lr-aware:", "--outer-momentum is 0"),
+        id="slowmo+lr-aware-at-momentum-0",
+    ),
+    R(
+        ["train", "--on-divergence", "stop", "--max-rollbacks", "5", "--out", "{out}"],
+        "--max-rollbacks: --on-divergence stop does not read it",
+        id="stop+max-rollbacks",
+    ),
+    R(
+        ["train", "--dataset", "digits", "--mnist1d-samples", "900", "--out", "{out}"],
+        "--mnist1d-samples: --dataset digits does not read it",
+        id="digits+mnist1d-samples",
+    ),
+    R(
+        ["train", "--image-size", "64", "--out", "{out}"],
+        "--image-size: --dataset mnist1d does not read it",
+        id="image-size-on-1d-data",
+    ),
+    R(
+        ["train", "--link-schedule", "lan,wan@epoch=50", "--epochs", "2", "--out", "{out}"],
+        "--link-schedule: wan@epoch=50 is past the run (--epochs 2",
+        id="schedule-past-the-run",
+    ),
+    R(
+        ["train", "--link-schedule", "lan,wan@epoch=\u0663", "--out", "{out}"],
+        "--link-schedule",
+        id="schedule-arabic-indic-digit",
+    ),
     R(
         ["train", "--outer-optimizer", "sgd", "--outer-momentum", "1", "--out", "{out}"],
         "--outer-momentum",
@@ -398,6 +554,32 @@ TRAIN = [
         ["train", "--overlap-boundary", "--fragment-delay", "1", "--out", "{out}"],
         "--overlap-boundary",
         id="overlap+fragment-delay",
+    ),
+    R(
+        ["train", "--strategy", "ddp", "--outer-state-device", "cpu", "--out", "{out}"],
+        "--outer-state-device: cpu: ddp keeps no outer state",
+        id="ddp+outer-state-cpu",
+    ),
+    R(
+        ["train", "--outer-state-device", "cpu", "--overlap-boundary", "--out", "{out}"],
+        "--outer-state-device: cpu: a delayed average",
+        id="overlap+outer-state-cpu",
+    ),
+    R(
+        ["train", "--outer-state-device", "cpu", "--compress", "int8", "--out", "{out}"],
+        "--outer-state-device: cpu: --compress",
+        id="compress+outer-state-cpu",
+    ),
+    R(
+        ["train", "--config", "{tmp}/c.yaml", "--out", "{out}"],
+        "--accumulation-steps: autok train's loop takes one",
+        file("c.yaml", "accumulation_steps: 4\n"),
+        id="accumulation-steps-library-only",
+    ),
+    R(
+        ["train", "--accumulation-steps", "4", "--out", "{out}"],
+        "--accumulation-steps",
+        id="accumulation-steps-no-flag",
     ),
     R(
         ["train", "--strategy", "ddp", "--fragment-delay", "1", "--out", "{out}"],
@@ -520,6 +702,30 @@ TRAIN = [
         id="cfg-huge",
     ),
     R(["train", "--resume", ""], "--resume", id="resume=empty"),
+    # config.json is data: the task a resume runs is the command line's, never the run's
+    R(
+        ["train", "--resume", "{tmp}/run"],
+        ("--task", "was trained with --task 'builtins:input'"),
+        run_dir(
+            config=json.dumps(
+                {**TrainConfig(link="none").model_dump(mode="json"), "task": "builtins:input"}
+            )
+        ),
+        id="resume-config-names-a-task",
+    ),
+    R(
+        ["train", "--resume", "{tmp}/run", "--task", "tests.task_fixtures:regression"],
+        ("--task", "is not the task", "the built-in task"),
+        run_dir(),
+        id="resume-another-task",
+    ),
+    # one process trains a run: another holds its lock
+    R(
+        ["train", *TINY, "--out", "{out}"],
+        ("--out", "is being written by another autok process"),
+        held_run("out"),
+        id="out-being-written",
+    ),
 ]
 
 SWEEP_SPACE = ["sweep", *TINY, "--space", "{tmp}/s.yaml", "--out", "{out}"]
@@ -593,6 +799,19 @@ SWEEP = [
     R(["train", "--task", "tests.task_fixtures:not_a_task", "--out", "{out}"], "--task: "),
     R(["train", "--task", "tests.no_such_module:x", "--out", "{out}"], "--task: cannot import"),
     R(["train", "--task", "tests.task_fixtures:missing", "--out", "{out}"], "--task: "),
+    # tasks that passed --task's checks and crashed after launch (files written, exit 1)
+    *[
+        R(
+            ["train", "--task", f"tests.task_fixtures:{fn}", "--out", "{out}"],
+            f"--task: {says}",
+            id=f"task-{fn}",
+        )
+        for fn, says in (
+            ("detached_loss", "tests.task_fixtures:detached_loss returned a loss_fn whose loss"),
+            ("huge_train_set", "tests.task_fixtures:huge_train_set returned a train_dataset of"),
+            ("complex_parameter", "tests.task_fixtures:complex_parameter returned a model whose"),
+        )
+    ],
     R(["train", "--task", "a:b:c", "--out", "{out}"], "--task: 'a:b:c' is not MODULE:FUNCTION"),
     R(["train", "--tensorboard", "", "--out", "{out}"], "--tensorboard"),
     R(
@@ -747,6 +966,7 @@ SWEEP = [
 ]
 
 EXP = ["experiment", "run", "{tmp}/exp.yaml", "--out", "{out}"]
+K_SWEEP = ["experiment", "run", "k-sweep", "--out", "{out}"]
 EXPERIMENT = [
     R(["experiment", "run", "k-sweep", "--seeds", "-1", "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--seeds", str(2**40), "--out", "{out}"], "--seeds"),
@@ -781,6 +1001,22 @@ EXPERIMENT = [
     ),  # fmt: skip
     R(["experiment", "run", "k-sweep", "--seeds", "x", "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--jobs", "0", "--out", "{out}"], "--jobs"),
+    # every run on the virtual clock: checked with each run's settings, before any starts
+    R(
+        [*K_SWEEP, "--clock", "virtual"],
+        ("--clock: virtual", "needs --compute-ms"),
+        id="experiment-virtual-no-compute",
+    ),
+    R(
+        [*K_SWEEP, "--compute-ms", "5"],
+        ("--compute-ms: --clock wall does not read it",),
+        id="experiment-compute-ms-wall",
+    ),
+    R(
+        [*K_SWEEP, "--clock", "virtual", "--compute-ms", "nan"],
+        "--compute-ms",
+        id="experiment-compute-ms-nan",
+    ),
     R(["experiment", "run", "k-sweep", "--jobs", "100000", "--out", "{out}"], "--jobs"),
     R(["experiment", "run", "k-sweep", "--out", ""], "--out", id="exp-out=empty"),
     R(["experiment", "run", "k-sweep", "--out", "{tmp}/f"], "--out", file("f", "x"), id="exp-f"),
@@ -828,6 +1064,18 @@ EXPERIMENT = [
             ("setting-inf", "--lr", "name: t\nquick: {base: {lr: .inf}}\nruns: [{name: a}]\n"),
             ("setting-seed", "--seed", "name: t\nseeds: [-5]\nquick: {}\nruns: [{name: a}]\n"),
             ("dup-runs", "distinct names", "name: t\nquick: {}\nruns: [{name: a}, {name: a}]\n"),
+            (
+                "measured-runs",
+                "measured.quick: needs runs",
+                "name: t\nmeasured: {quick: {runs: 0, minutes: 5, machine: x, source: y}}\n"
+                "quick: {}\nruns: [{name: a}]\n",
+            ),
+            (
+                "measured-form",
+                "measured.full: names no form",
+                "name: t\nmeasured: {full: {runs: 1, minutes: 5, machine: x, source: y}}\n"
+                "quick: {}\nruns: [{name: a}]\n",
+            ),
         ]
     ],
     R(
@@ -851,6 +1099,85 @@ EXPERIMENT = [
         both(experiment(GOOD_EXP), file("out/a/seed-42/checkpoints/.staging-epoch-0001/x", "")),
         id="exp-user-file-in-staging",
     ),
+    # A name autok writes proves nothing: a directory autok did not make (no marker of this
+    # experiment) is the user's, whatever its files are called.
+    *[
+        R(
+            EXP,
+            ("--out", f"seed-42/{name}", "cannot prove"),
+            both(experiment(GOOD_EXP), file(f"out/a/seed-42/{name}", "the user's own")),
+            id=f"exp-users-own-{name}",
+        )
+        for name in ("model.pt", "config.json", "run.yaml")
+    ],
+    R(
+        EXP,
+        ("--out", "seed-42/model.pt"),
+        both(
+            experiment(GOOD_EXP),
+            marked_run("other", "a/seed-42"),
+            copy("other/a/seed-42/.autok-run.json", "out/a/seed-42/.autok-run.json"),
+            file("out/.autok-experiment.json", '{"secret": "' + "ab" * 32 + '"}'),
+            file("out/a/seed-42/model.pt", "the user's own"),
+        ),
+        id="exp-marker-copied-from-another-experiment",
+    ),
+    R(
+        EXP,
+        ("--out", "seed-42/model.pt"),
+        both(
+            experiment(GOOD_EXP),
+            marked_run("out", "b/seed-42"),
+            copy("out/b/seed-42/.autok-run.json", "out/a/seed-42/.autok-run.json"),
+            file("out/a/seed-42/model.pt", "the user's own"),
+        ),
+        id="exp-marker-copied-from-another-run",
+    ),
+    R(
+        EXP,
+        ("--out", "seed-42/notes.txt", "not written by autok"),
+        both(
+            experiment(GOOD_EXP),
+            marked_run("out", "a/seed-42"),
+            file("out/a/seed-42/config.json", "{}"),
+            file("out/a/seed-42/notes.txt", "the user's own, in autok's run directory"),
+        ),
+        id="exp-user-file-in-autoks-run-dir",
+    ),
+    R(
+        EXP,
+        ("--out", "seed-42/console.log"),
+        both(
+            experiment(GOOD_EXP),
+            marked_run("out", "a/seed-42"),
+            link("out/a/seed-42/console.log", "logs"),
+        ),
+        id="exp-link-in-autoks-run-dir",
+    ),
+    R(
+        EXP,
+        ("--out", ".autok-experiment.json"),
+        both(experiment(GOOD_EXP), file("out/.autok-experiment.json", "not json")),
+        id="exp-state-not-autoks",
+    ),
+    # A symbolic link under --out is never written or deleted through, whatever lies behind it.
+    *[
+        R(EXP, ("--out", f"{where} is a symbolic link"), both(experiment(GOOD_EXP), *setups), id=i)
+        for i, where, setups in [
+            ("exp-label-dir-is-a-link", "out/a", [link("out/a", "elsewhere")]),
+            (
+                "exp-label-dir-links-to-autok-named-files",
+                "out/a",
+                [link("out/a", "elsewhere"), file("elsewhere/seed-42/config.json", "mine")],
+            ),
+            (
+                "exp-label-dir-links-to-a-finished-run",
+                "out/a",
+                [link("out/a", "elsewhere"), file("elsewhere/seed-42/summary.json", "{}")],
+            ),
+            ("exp-run-dir-is-a-link", "out/a/seed-42", [link("out/a/seed-42", "elsewhere")]),
+        ]
+    ],
 ]
 
 REPORT = [
@@ -910,6 +1237,20 @@ REPORT = [
             ),
             ("epochs-utf8", ("epochs.csv",), lambda d: (d / "epochs.csv").write_bytes(b"\xff\xfe")),
             ("meta-json", ("experiment.json",), write("experiment.json", "nope")),
+            # deeper than the JSON parser recurses: one line naming the file, not a crash
+            *[
+                (
+                    f"{name}-nested-deep",
+                    (f"{name}.json", "nested too deeply"),
+                    write(f"{name}.json", DEEP),
+                )
+                for name in ("experiment", "summary", "config")
+            ],
+            (
+                "boundaries-nested-deep",
+                ("boundaries.jsonl", "line 1"),
+                write("boundaries.jsonl", DEEP + "\n"),
+            ),
             ("meta-seed", ("experiment.json", "seed"), edit_json("experiment.json", seed="x")),
             ("config-json", ("config.json",), write("config.json", "")),
             (
@@ -1041,6 +1382,11 @@ END_TO_END = [
     ),
     R(["sweep", "--sampler-seed", "-1", "--out", "{out}"], "--sampler-seed"),
     R(["report", "{tmp}/exp"], ("summary.json",), finished_run(write("summary.json", "{"))),
+    R(
+        ["report", "{tmp}/exp"],
+        ("experiment.json", "nested too deeply"),
+        finished_run(write("experiment.json", DEEP)),
+    ),
 ]
 
 
@@ -1118,27 +1464,77 @@ def test_rewind_drops_a_torn_last_row_and_refuses_garbage(tmp_path):
 
 
 def test_an_unstarted_run_is_cleared_of_autok_files_only(tmp_path):
-    """`experiment run` starts a run again when it left no checkpoint: it removes what autok
-    wrote there (keeping train.log's history) and refuses, never deletes, anything else."""
+    """`experiment run` starts a run again when it left no checkpoint: in the directory it made
+    (its marker) it removes what autok wrote there (keeping train.log's history and the marker)
+    and refuses, never deletes, anything else."""
     from autok.config import ConfigError
-    from autok.experiment import clear_unstarted
+    from autok.experiment import MARKER, clear_unstarted, ensure_secret, start_over
 
+    secret = ensure_secret(tmp_path)
     run = tmp_path / "a" / "seed-1"
+    start_over(run, "a/seed-1", secret)  # made and marked, as `_train` makes it
+    assert [p.name for p in run.iterdir()] == [MARKER]
     staged = run / "checkpoints" / ".staging-epoch-0000"
     staged.mkdir(parents=True)
     (staged / "rank0.pt").write_bytes(b"x")
     for name in ("config.json", "epochs.csv", "run.yaml", "experiment.json", ".epochs.csv.tmp"):
         (run / name).write_text("x")
     (run / "train.log").write_text("the first attempt\n")
-    clear_unstarted(run)
-    assert [p.name for p in run.iterdir()] == ["train.log"]
+    clear_unstarted(run, "a/seed-1", secret)
+    assert sorted(p.name for p in run.iterdir()) == sorted([MARKER, "train.log"])
     assert (run / "train.log").read_text() == "the first attempt\n"
 
     (run / "notes.md").write_text("mine")
     (run / "config.json").write_text("x")
     with pytest.raises(ConfigError, match="notes.md"):
-        clear_unstarted(run)
+        clear_unstarted(run, "a/seed-1", secret)
     assert (run / "notes.md").read_text() == "mine" and (run / "config.json").exists()
+
+
+def test_files_under_autok_names_in_a_directory_autok_did_not_make_are_never_deleted(tmp_path):
+    """A user's model.pt, config.json and run.yaml where a run of the grid goes: without the
+    marker of this experiment for this run, nothing proves autok wrote them; a marker signed
+    by another experiment's secret, or made for another run, proves nothing either."""
+    from autok.config import ConfigError
+    from autok.experiment import MARKER, clear_unstarted, ensure_secret, mark
+
+    run = tmp_path / "out" / "a" / "seed-1"
+    run.mkdir(parents=True)
+    secret = ensure_secret(tmp_path / "out")
+    names = ("model.pt", "config.json", "run.yaml")
+    for name in names:
+        (run / name).write_text("the user's own")
+    with pytest.raises(ConfigError, match="^--out: .*config.json: autok cannot prove"):
+        clear_unstarted(run, "a/seed-1", secret)
+    mark(run, "a/seed-2", secret)  # another run's marker, moved here
+    with pytest.raises(ConfigError, match="cannot prove"):
+        clear_unstarted(run, "a/seed-1", secret)
+    (run / MARKER).unlink()
+    (tmp_path / "other").mkdir()
+    mark(run, "a/seed-1", ensure_secret(tmp_path / "other"))  # another experiment's
+    with pytest.raises(ConfigError, match="cannot prove"):
+        clear_unstarted(run, "a/seed-1", secret)
+    assert all((run / name).read_text() == "the user's own" for name in names)
+
+
+def test_a_run_never_deletes_or_writes_through_a_link_under_out(tmp_path):
+    """OUT/a -> ELSEWHERE: the run OUT/a/seed-1 would clear ELSEWHERE/seed-1. Refused where the
+    run starts (a link made after the checks before launch), and nothing there is touched."""
+    from autok.config import ConfigError
+    from autok.experiment import Run, run_experiment
+
+    elsewhere = tmp_path / "elsewhere" / "seed-1"
+    elsewhere.mkdir(parents=True)
+    for name in ("model.pt", "config.json"):
+        (elsewhere / name).write_text("the user's own")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a").symlink_to(elsewhere.parent, target_is_directory=True)
+    run = Run("a", 1, {"workers": 1, "epochs": 0})  # a run that would fail at once if launched
+    with pytest.raises(ConfigError, match="^--out: .*/out/a is a symbolic link"):
+        run_experiment([run], out)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["config.json", "model.pt"]
+    assert all(p.read_text() == "the user's own" for p in elsewhere.iterdir())
 
 
 def test_policy_and_optimizer_options_read_by_the_choice_are_accepted():
@@ -1152,12 +1548,22 @@ def test_policy_and_optimizer_options_read_by_the_choice_are_accepted():
         dict(policy="qsr", qsr_base=2, qsr_alpha=0.5, max_sync_period=16),
         dict(policy="composite", k_growth=4, qsr_base=2),
         dict(policy="adacomm", sync_window=8),
+        dict(policy="post-local", sync_period=8, max_sync_period=16),
+        dict(policy="inverse-lr", max_sync_period=32),
         dict(policy="random", random_mean=3.0, max_sync_period=8),
         dict(policy="fixed", sync_period=100),  # refused before: --max-sync-period 64 < 100
         dict(policy="fixed", sync_period=100, max_sync_period=100),  # as before: a cap
         dict(optimizer="adamw"),
         dict(nesterov=True),  # with the default momentum 0.9
         dict(momentum=0.0),
+        # what the strategy, data set and divergence reaction read; a default given is no news
+        dict(strategy="cpdp", boundary="two-phase", sync_optimizer_state=True),
+        dict(strategy="localsgd", slowmo_beta=0.3, slowmo_lr_aware=True, max_sync_period=8),
+        dict(strategy="ddp", max_sync_period=64, boundary="auto", sync_optimizer_state=False),
+        dict(on_divergence="rollback", max_rollbacks=5),
+        dict(on_divergence="stop", max_rollbacks=3),
+        dict(dataset="digits", mnist1d_samples=5000, image_size=32),
+        dict(link_schedule="lan,wan@epoch=1", epochs=2),
     ]
     for settings in ok:
         cfg = TrainConfig(**settings)

@@ -82,8 +82,11 @@ def test_the_summary_reports_start_up_and_collectives_beside_training_time(run_d
     assert summary["startup_seconds"] > 0
     assert summary["total_seconds"] >= summary["startup_seconds"] + summary["wall_seconds"] * 0.99
     rows = list(csv.DictReader((run_dir / "epochs.csv").open()))
-    # cpdp with SGD: fused boundaries, one collective for a gradient and a parameter sync
-    assert summary["collectives"] == summary["param_syncs"] == summary["grad_syncs"]
+    # cpdp with SGD: fused boundaries, one collective for a gradient and a parameter sync, after
+    # the first (auto: two-phase, its bucket and its average, until a boundary step has shown
+    # that the loop leaves the gradients as backward gave them; trainer/grad_watch.py)
+    assert summary["param_syncs"] == summary["grad_syncs"]
+    assert summary["collectives"] == summary["param_syncs"] + 1
     assert sum(int(r["collectives"]) for r in rows) == summary["collectives"]
 
 

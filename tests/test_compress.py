@@ -143,8 +143,9 @@ def test_compressed_averaging_keeps_replicas_identical_and_close_to_fp32():
             )
             assert not torch.equal(got["params"], base["params"]), name  # it did compress
             # bytes per boundary: the compressed payload against the fp32 buffer; this model has
-            # 161 parameters beside 10 float32 scalars, so the tail weighs 6% here
-            ratio = got["bytes"][0] / base["bytes"][0]
+            # 161 parameters beside 12 float32 scalars, so the tail weighs 7% here. The last
+            # boundary: cpdp's first is two-phase (auto), its gradient bucket uncompressed
+            ratio = got["bytes"][-1] / base["bytes"][-1]
             assert ratio <= (0.56 if name == "fp16" else 0.32), (name, ratio)
     for name in res:  # every rank ends with the same parameters, overlap included: close()
         # settles a pending overlapped average by writing θ_new, not θ_i + (θ_new − θ_sent)

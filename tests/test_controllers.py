@@ -208,6 +208,73 @@ def test_adacomm_shrinks_k_as_the_loss_falls(schedule):
     assert ks[1] == 16 and ks[-1] < 16 and ks == sorted(ks, reverse=True)
 
 
+def test_adacomm_lr_factor_follows_the_paper():
+    # τ_l = ceil(sqrt(η_0 F_l / (η_l F_0)) · τ_0): the LR halved at the same loss lifts K by √2;
+    # the loss quartered at the LR quartered leaves it where it started
+    assert adacomm_k(2.0, 2.0, 8, max_k=64, lr=0.05, initial_lr=0.1) == math.ceil(8 * 2**0.5)
+    assert adacomm_k(0.5, 2.0, 8, max_k=64, lr=0.025, initial_lr=0.1) == 8
+    assert adacomm_k(0.5, 2.0, 8, max_k=64, lr=0.1, initial_lr=0.1) == 4
+    assert adacomm_k(1.0, 2.0, 8, max_k=64, lr=0.0, initial_lr=0.1) == 1  # no period to compute
+    assert adacomm_k(1.0, 2.0, 8, max_k=64, lr=1e-320, initial_lr=1e10) == 64  # capped
+
+
+def test_adacomm_starts_large_at_the_cap_and_shrinks():
+    # The published form starts at a large τ_0 (here --max-sync-period) and shrinks: not at
+    # --sync-period, from which it could only fall further below it
+    c = build_controller("adacomm", 4, PolicyOptions(max_sync_period=32, sync_window=1))
+    assert c.sync_period == 32
+    assert c.observe(stats(32, loss=2.0, lr=0.1)).next_sync_period == 32  # F_0 = 2
+    assert c.observe(stats(32, loss=0.5, lr=0.1)).next_sync_period == 16  # sqrt(1/4) · 32
+    assert c.observe(stats(16, loss=0.5, lr=0.025)).next_sync_period == 32  # LR / 4: x 2
+
+
+def test_adacomm_reads_a_version_1_state():
+    c = AdaCommController(k0=16, window=1)
+    c.load_state_dict(
+        {"sync_period": 8, "initial_loss": 2.0, "sum": 0.0, "n": 0, "max_sync_period": 64}
+    )
+    assert c.observe(stats(8, loss=0.5, lr=0.05)).next_sync_period == 8  # η_0 := this LR
+    assert c.state_dict()["version"] == 2 and c.state_dict()["initial_lr"] == 0.05
+
+
+# ----- post-local SGD -------------------------------------------------------------------------
+
+
+def test_post_local_keeps_k_1_until_the_first_lr_decay_then_holds_k():
+    c = build_controller("post-local", 8, PolicyOptions(max_sync_period=64))
+    assert c.sync_period == 1
+    lrs = [0.02, 0.06, 0.1, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001]  # warmup ramp, then a step
+    ks = [c.observe(stats(1, lr=x, warmup=i < 2, i=i)).next_sync_period for i, x in enumerate(lrs)]
+    assert ks == [1, 1, 1, 1, 1, 8, 8, 8, 8]
+
+
+def test_post_local_ignores_a_decay_inside_warmup_and_noise_under_one_percent():
+    c = build_controller("post-local", 4, PolicyOptions())
+    assert c.observe(stats(1, lr=0.1, warmup=True)).next_sync_period == 1
+    assert c.observe(stats(1, lr=0.05, warmup=True)).next_sync_period == 1
+    c = build_controller("post-local", 4, PolicyOptions())
+    assert c.observe(stats(1, lr=0.1)).next_sync_period == 1
+    assert c.observe(stats(1, lr=0.0995)).next_sync_period == 1  # 0.5% below the peak
+    assert c.observe(stats(1, lr=0.0985)).next_sync_period == 4  # 1.5% below it
+
+
+def test_post_local_k_is_capped():
+    c = build_controller("post-local", 128, PolicyOptions(max_sync_period=16))
+    c.observe(stats(1, lr=0.1))
+    assert c.observe(stats(1, lr=0.01)).next_sync_period == 16
+
+
+# ----- K ∝ 1/η ---------------------------------------------------------------------------------
+
+
+def test_inverse_lr_is_linear_in_one_over_the_lr():
+    c = build_controller("inverse-lr", 4, PolicyOptions(peak_lr=0.5, max_sync_period=64))
+    ks = [c.observe(stats(4, lr=lr)).next_sync_period for lr in (0.5, 0.25, 0.125, 0.0625)]
+    assert ks == [4, 8, 16, 32]  # QSR's 1/η² would give 4, 16, 64, 64
+    assert c.observe(stats(32, lr=0.5 / 1024)).next_sync_period == 64  # capped
+    assert c.observe(stats(64, lr=0.01, warmup=True)).next_sync_period == 4  # K_base in warmup
+
+
 # ----- composite -------------------------------------------------------------------------------
 
 

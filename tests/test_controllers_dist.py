@@ -64,3 +64,35 @@ def test_exposed_sync_leaves_k_alone_without_a_link():
         assert {k for _, k, nxt in log0} == {16} and {nxt for *_, nxt in log0} == {16}, s0
     else:
         assert len(log0) >= 3  # every epoch's end is a boundary
+
+
+def _post_local_worker(rank, world):
+    cfg = tiny_cfg(
+        policy="post-local",
+        sync_period=4,
+        warmup_epochs=0,
+        lr_warmup_epochs=0,
+        epochs=2,
+        lr_schedule="step",
+        lr_milestones="0.5",
+        workers=world,
+    )
+    log = []
+
+    class Log:
+        def on_boundary(self, stats, decision):
+            log.append((stats.epoch, stats.lr, stats.sync_period, decision.next_sync_period))
+
+    Trainer(cfg, rank, world, None, observers=[Log()]).run()
+    return log
+
+
+def test_post_local_runs_ddp_like_until_the_lr_step_then_k():
+    # The engine starts at the controller's K = 1 (not --sync-period), keeps it through the first
+    # epoch, and moves to --sync-period at the milestone's LR decay, on every rank alike
+    log0, log1 = run_dist(_post_local_worker, 2)
+    assert log0 == log1
+    first = [k for e, _, k, _ in log0 if e == 0]
+    assert first and set(first) == {1}, log0
+    later = [nxt for e, _, _, nxt in log0 if e == 1]
+    assert later and set(later) == {4}, log0

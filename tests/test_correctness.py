@@ -196,3 +196,68 @@ def test_cpdp_k1_beta0_matches_ddp_at_world_3_to_rounding():
     for a, b in zip(ddp, two, strict=True):
         for name in a:
             assert torch.allclose(a[name], b[name], rtol=1e-5, atol=1e-6), name
+
+
+def _bn_model() -> torch.nn.Module:
+    torch.manual_seed(0)  # identical initial weights on every rank
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+    )
+
+
+def _ddp_buffers_worker(rank, world):
+    """ddp under autok.Sync and a hand-written DDP loop (DDP's defaults), on the same batches:
+    each rank's BatchNorm sees its own data (rank r's inputs shifted by 3r). Per step, every
+    rank's buffers (and parameters) in each loop."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import autok
+
+    g = torch.Generator().manual_seed(7 + rank)
+    batches = [
+        (torch.randn(8, 6, generator=g) + 3 * rank, torch.randn(8, 1, generator=g))
+        for _ in range(6)
+    ]
+
+    def run(loop_model, module, opt, step):
+        out = []
+        for x, y in batches:
+            step(loop_model, x, y, opt)
+            out.append(
+                (
+                    torch.cat([b.reshape(-1).float() for b in module.buffers()]),
+                    _flat(module),
+                )
+            )
+        return out
+
+    def plain_step(loop_model, x, y, opt):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(loop_model(x), y).backward()
+        opt.step()
+
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ddp = DistributedDataParallel(model)
+    plain = run(ddp, model, opt, plain_step)
+
+    model = _bn_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = autok.Sync(model, opt, strategy="ddp", link="none")
+
+    def sync_step(loop_model, x, y, opt):
+        with sync.step():
+            plain_step(loop_model, x, y, opt)
+
+    ours = run(sync.model, model, opt, sync_step)
+    sync.close()
+    return plain, ours
+
+
+def test_ddp_broadcasts_rank0s_buffers_at_every_forward_as_ddp_does():
+    """strategy="ddp" is DDP: BatchNorm's running stats are rank 0's at each forward (DDP's
+    default), not each rank's own until the next sync_now(); bit for bit a plain DDP loop's."""
+    for plain, ours in run_dist(_ddp_buffers_worker, 2):
+        for (pb, pp), (ob, op) in zip(plain, ours, strict=True):
+            assert torch.equal(pb, ob), (pb - ob).abs().max()
+            assert torch.equal(pp, op)

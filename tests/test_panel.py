@@ -369,3 +369,95 @@ def test_the_resolvable_difference_follows_the_spread_and_the_seeds():
     v = [0.90, 0.91, 0.92]
     assert resolvable(v, 3) == pytest.approx(st.t.ppf(0.975, 4) * 0.01 * (2 / 3) ** 0.5)
     assert math.isnan(resolvable([0.9], 1))
+
+
+# ----- the panel's statistics (autok/panel_stats.py) --------------------------------------------
+
+
+def test_the_crossing_is_interpolated_exactly_on_a_line():
+    from autok.panel_stats import crossing_time
+
+    times, accs = [1.0, 2.0, 3.0, 4.0], [0.2, 0.4, 0.6, 0.8]  # acc = 0.2 t
+    assert crossing_time(times, accs, 0.5, higher_is_better=True) == pytest.approx(2.5)
+    assert crossing_time(times, accs, 0.1, higher_is_better=True) == 1.0  # met at once
+    assert crossing_time(times, accs, 0.9, higher_is_better=True) is None
+    losses = [2.0, 1.5, 1.0, 0.5]  # lower is better: loss = 2.5 − 0.5 t
+    assert crossing_time(times, losses, 1.2, higher_is_better=False) == pytest.approx(2.6)
+
+
+def test_holm_on_a_textbook_example():
+    from autok.panel_stats import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4x, 3x, 2x, 1x = 0.02, 0.03, 0.06, 0.04 -> monotone 0.06
+    adjusted = holm([0.01, 0.04, 0.03, 0.005, math.nan])
+    assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(adjusted[4])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+
+
+def test_the_paired_ratio_ci_and_p_are_scipys_on_the_log_times():
+    from scipy import stats as st
+
+    from autok.panel_stats import paired_log_ratio
+
+    method, base = [10.0, 12.0, 9.0, 11.5, 10.2], [11.0, 12.5, 10.5, 11.0, 12.0]
+    d = [math.log(a / b) for a, b in zip(method, base, strict=True)]
+    res = st.ttest_1samp(d, 0.0)
+    lo, hi = res.confidence_interval(0.95)
+    r = paired_log_ratio(method, base)
+    assert r.ratio == pytest.approx(math.exp(statistics.fmean(d)))
+    assert (r.ci_low, r.ci_high) == pytest.approx((math.exp(lo), math.exp(hi)))
+    assert r.p == pytest.approx(st.ttest_rel(np_log(method), np_log(base)).pvalue)
+    assert r.n == 5 and r.ci_low < r.ratio < r.ci_high
+
+
+def np_log(xs):
+    return [math.log(x) for x in xs]
+
+
+def test_the_resolvable_ratio_has_80_percent_power():
+    from scipy import stats as st
+
+    from autok.panel_stats import resolvable_ratio, resolvable_ratio_unpaired
+
+    sd, n = 0.1, 6
+    delta = math.log(resolvable_ratio(sd, n))
+    # The paired t-test's power at that true log ratio, from the noncentral t: about 0.8 (the
+    # formula is the standard approximation, exact up to the central-t quantile it reuses)
+    crit, nc = st.t.ppf(0.975, n - 1), delta / (sd / math.sqrt(n))
+    power = 1 - st.nct.cdf(crit, n - 1, nc) + st.nct.cdf(-crit, n - 1, nc)
+    assert 0.77 < power < 0.83
+    assert resolvable_ratio(sd, 24) < resolvable_ratio(sd, n)
+    assert math.isnan(resolvable_ratio(sd, 1))
+    a, b = [0.0, 0.1, 0.2], [0.0, 0.2, 0.4]  # variances 0.01 and 0.04
+    se = math.sqrt(0.01 / 3 + 0.04 / 3)
+    expect = math.exp((st.t.ppf(0.975, 4) + st.t.ppf(0.8, 4)) * se)
+    assert resolvable_ratio_unpaired(a, b) == pytest.approx(expect)
+
+
+def test_summary_json_pairs_seeds_against_the_best_fixed_k_and_marks_censored_runs(tmp_path):
+    from autok import panel
+
+    runs = [
+        *[_run("k1", s, [0.5, 0.8, 0.88, 0.90], 3.0) for s in (1, 2)],
+        *[_run("k8", s, [0.6, 0.875, 0.88, 0.88], 1.0, ks=(8,)) for s in (1, 2)],
+        # seed 1 at 1.05x the best fixed K's time, seed 2 at 1.2x (epochs of 1.05 s and 1.2 s)
+        _run("exposed-sync", 1, [0.6, 0.875, 0.895, 0.895], 1.05, "exposed-sync"),
+        _run("exposed-sync", 2, [0.6, 0.875, 0.895, 0.895], 1.2, "exposed-sync"),
+        *[_run("random", s, [0.5, 0.6, 0.7, 0.8], 1.0, "random") for s in (1, 2)],
+    ]
+    panel.report(tmp_path, runs, [])  # `autok report` on a panel: summary.json by report.md
+    assert (tmp_path / "report.md").exists()
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["default_policy"] == "exposed-sync" and data["baseline"] == {"r": "k8"}
+    r = data["regimes"]["r"]
+    assert set(r) == {"k1", "k8", "exposed-sync", "random"}
+    es = r["exposed-sync"]
+    assert es["ratio"] == pytest.approx(math.sqrt(1.05 * 1.2))  # geometric mean of the pairs
+    assert es["ci_low"] < es["ratio"] < es["ci_high"] and es["reached"] == 1.0
+    assert not es["censored"] and 0 < es["p_holm"] <= 1
+    # k8 crosses 0.873 at 1 + 0.273/0.275 s (interpolated); random never: its run end, 4 s
+    cross = 1 + (0.97 * 0.9 - 0.6) / 0.275
+    assert r["random"]["ratio"] == pytest.approx(4.0 / cross)
+    assert r["random"]["reached"] == 0.0 and r["random"]["censored"]
+    assert r["k8"]["ratio"] == 1.0 and r["k8"]["p_holm"] is None
+    assert set(es) >= {"ratio", "ci_low", "ci_high", "p_holm", "reached"}

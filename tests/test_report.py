@@ -212,6 +212,8 @@ def test_rows_in_natural_order_after_the_single_ddp_row(tmp_path):
 
 
 def test_a_tiny_experiment_end_to_end(tmp_path):
+    """...including a run whose divergence is its result (SlowMo beta 0.9 at a huge LR): the
+    experiment still exits 0, so `autok experiment run ... && autok report ...` reports it."""
     exp = tmp_path / "tiny.yaml"
     exp.write_text(
         yaml.safe_dump(
@@ -231,16 +233,38 @@ def test_a_tiny_experiment_end_to_end(tmp_path):
                 "runs": [
                     {"name": "ddp", "strategy": "ddp"},
                     {"name": "cpdp-k3", "strategy": "cpdp", "sync_period": 3},
+                    # non-finite at its first boundary: the trainer's guard stops it
+                    {
+                        "name": "diverges",
+                        "strategy": "cpdp",
+                        "sync_period": 2,
+                        "slowmo_beta": 0.9,
+                        "lr": 1e6,
+                    },
                 ],
             }
         )
     )
     out = tmp_path / "out"
+    # ddp as an interrupted first attempt left it, before its first checkpoint: it starts over
+    # in the directory autok made (its marker), cleared of autok's files, its log kept
+    from autok.experiment import MARKER, ensure_secret, start_over
+
+    out.mkdir()
+    start_over(out / "ddp" / "seed-1", "ddp/seed-1", ensure_secret(out))
+    for name in ("config.json", "epochs.csv", "run.yaml", "experiment.json"):
+        (out / "ddp" / "seed-1" / name).write_text("from the first attempt")
+    (out / "ddp" / "seed-1" / "console.log").write_text("the first attempt\n")
     res = autok("experiment", "run", str(exp), "--out", str(out), timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "[2/2]" in res.stdout
+    assert "[3/3]" in res.stdout and res.stdout.count(": done") == 2, res.stdout
+    assert "diverges seed 1: diverged: training diverged: " in res.stdout, res.stdout
+    assert "autok: 2 of 3 runs finished, 1 diverged; " in res.stdout, res.stdout
+    assert (out / "ddp" / "seed-1" / "console.log").read_text().startswith("the first attempt")
+    assert (out / "ddp" / "seed-1" / "summary.json").exists()
+    assert (out / "cpdp-k3" / "seed-1" / MARKER).exists()  # every run dir autok makes
     again = autok("experiment", "run", str(exp), "--out", str(out), timeout=600)
-    assert again.returncode == 0 and again.stdout.count("skipped") == 2
+    assert again.returncode == 0 and again.stdout.count("skipped") == 2, again.stdout
     # the same grid with another setting: refused, the finished runs kept (not "skipped" and
     # reported as if they were this grid's)
     other = tmp_path / "other.yaml"
@@ -253,6 +277,7 @@ def test_a_tiny_experiment_end_to_end(tmp_path):
     res = autok("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "| cpdp-k3 | 1 |" in (out / "report.md").read_text()
+    assert "| diverges | 1 | 0 |" in (out / "report.md").read_text()  # with why it stopped
     bad = autok("experiment", "run", "no-such-experiment", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "no-such-experiment" in bad.stderr
 
@@ -278,6 +303,60 @@ def test_a_finished_run_saved_with_an_option_it_never_read_stands_for_the_run_wi
         check_run_dirs([run], tmp_path)
 
 
+def test_a_diverged_run_is_told_from_a_failed_one_by_the_line_autok_train_ends_with():
+    from autok.experiment import failure
+
+    diverged = (
+        "autok: training failed: trainer.divergence.Diverged: training diverged: non-finite "
+        "values at boundary 0 (loss 8.7e+18, drift nan, update inf); lower --lr or --slowmo-beta"
+    )
+    why = "training diverged: non-finite values at boundary 0 (loss 8.7e+18, drift nan, update"
+    # the CLI's line, then what a shutting-down interpreter may still print
+    assert failure(["W1204 noise", diverged, "/usr/lib/python3.11/x.py: UserWarning: leak"], 1) == (
+        f"diverged: {why} inf); lower --lr or --slowmo-beta"
+    )
+    crash = "autok: training failed: RuntimeError: Connection reset by peer"
+    assert failure(["W1204 noise", crash], 1) == f"FAILED: {crash}"
+    # a failure that only quotes a divergence (a user's task raising its own) is a failure
+    quoted = "autok: training failed: ValueError: my task says Diverged: no"
+    assert failure([quoted], 1) == f"FAILED: {quoted}"
+    assert failure([], 137) == "FAILED: 137"
+
+
+def test_experiment_list_shows_each_forms_runs_and_a_time_it_can_stand_behind(capsys):
+    """Each experiment: its description, then per form the runs of its grid (as `expand` makes
+    them) and a time that is measured (docs/reproduction.md), scaled from a measurement, or
+    said to be untimed."""
+    from autok.cli import main
+    from autok.experiment import available, count_runs, estimate, expand, load_experiment
+
+    assert main(["experiment", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 * len(available())
+    entries = dict(zip(lines[::2], lines[1::2], strict=True))
+    for name in available():
+        exp = load_experiment(name)
+        head = next(h for h in entries if h.split()[0] == name)
+        assert exp["description"] in head
+        forms = entries[head]
+        assert forms.startswith(" " * 19 + "quick: ") and "; full: " in forms, forms
+        for form in ("quick", "full"):
+            assert f"{form}: {count_runs(exp, form)} runs" in forms, (name, form)
+        assert "full: " + str(count_runs(exp, "full")) + " runs, not timed" in forms
+    assert len(expand(load_experiment("k-sweep"), "quick")) == count_runs(
+        load_experiment("k-sweep"), "quick"
+    )
+    paper = entries[next(h for h in entries if h.startswith("paper-wan "))]
+    assert "quick: 48 runs, about 31 min (measured on 2 cores, docs/reproduction.md)" in paper
+    # a grid changed since it was timed: the time per run scales, and says from what
+    exp = load_experiment("paper-wan")
+    grown = {**exp, "seeds": [1, 2, 3, 4, 5, 6]}  # twice the measured three seeds
+    assert estimate(grown, "quick") == (
+        "quick: 96 runs, about 62 min (scaled from 31 min measured for 48 runs on 2 cores, "
+        "docs/reproduction.md)"
+    )
+
+
 def test_the_named_experiments_expand_to_valid_runs():
     from autok.experiment import available, expand, load_experiment
 
@@ -288,7 +367,7 @@ def test_the_named_experiments_expand_to_valid_runs():
         # every quick run trains on embedded data: a built-in small dataset or the shipped LM task
         assert quick and all(
             r.settings.get("dataset") in ("mnist1d", "digits")
-            or str(r.settings.get("task", "")).startswith("examples.tiny_gpt:")
+            or str(r.settings.get("task", "")).startswith("autok.examples.tiny_gpt:")
             for r in quick
         ), name
         if name == "controller-panel":  # its full form is larger, not the paper's workload
@@ -611,3 +690,106 @@ def test_the_profile_counts_collectives_apart_from_logical_syncs(synthetic):
     assert math.isnan(prof["ddp"].collectives)  # written before the column: not guessed
     text = render_profile(list(prof.values()))
     assert "| cpdp-k4 | 2.0 | 4.0 | 2.0 |" in text and "| ddp | 2.0 | 2.0 | — |" in text
+
+
+REPORT_FILES = (
+    "report.md",
+    "report.csv",
+    "frontier.png",
+    "accuracy_vs_time.png",
+    "k_paths.png",
+    "exposed_vs_compute.png",
+)
+
+
+def test_the_report_replaces_links_and_never_writes_through_them(synthetic, tmp_path_factory):
+    """Each of the report's names linked to a user's file (or to a path that does not exist):
+    the report replaces the link with its own file, and the user's files stay as they were."""
+    root, _ = synthetic
+    mine = tmp_path_factory.mktemp("mine")
+    for i, name in enumerate(REPORT_FILES):
+        target = mine / f"{name}.mine"
+        if i % 2 == 0:
+            target.write_text(f"the user's {name}\n")
+        (root / name).symlink_to(target)  # odd ones dangle: writing through would create them
+    report(root)
+    for i, name in enumerate(REPORT_FILES):
+        assert not (root / name).is_symlink() and (root / name).is_file(), name
+        target = mine / f"{name}.mine"
+        if i % 2 == 0:
+            assert target.read_text() == f"the user's {name}\n", name
+        else:
+            assert not target.exists(), name
+    assert "frontier.png" in (root / "report.md").read_text()
+    assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]  # no temporary left
+
+
+def stopped_run(root: Path, log: str = "console.log") -> Path:
+    d = root / "cpdp-k2" / "seed-1"
+    d.mkdir(parents=True)
+    (d / "experiment.json").write_text(json.dumps({"label": "cpdp-k2", "seed": 1}))
+    (d / "epochs.csv").write_text("epoch,test_accuracy\n0,0.25\n")
+    return d / log
+
+
+@pytest.mark.timeout(120)  # the old read of a FIFO waited for a writer forever
+def test_a_running_run_whose_log_is_a_fifo_is_reported_without_reading_it(synthetic):
+    import os
+
+    root, _ = synthetic
+    os.mkfifo(stopped_run(root))
+    text = report(root)
+    assert "| cpdp-k2 | 1 | 1 | 25.00 | no summary (running, or killed) |" in text
+
+
+def test_only_the_tail_of_a_regular_log_is_read(tmp_path):
+    from autok.report import LOG_TAIL_BYTES, collect_stopped, read_log_tail
+
+    log = stopped_run(tmp_path)
+    noise = "".join(f"W1204 step {i} of some very chatty library\n" for i in range(100_000))
+    last = "autok: training failed: ValueError: boom; advice\n"
+    log.write_text("autok: an old line\n" + noise + last)
+    tail = read_log_tail(log)
+    assert 0 < len(tail.encode()) <= LOG_TAIL_BYTES
+    assert tail.startswith("W1204 step ") and tail.endswith("boom; advice\n")  # whole lines
+    assert [s.why for s in collect_stopped(tmp_path)] == ["boom"]
+    # anything but a regular file is not read: a device that never ends, a link, a directory
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    assert read_log_tail(tmp_path / "zero") == "" and read_log_tail(tmp_path) == ""
+    assert read_log_tail(tmp_path / "missing") == ""
+
+
+def test_a_value_that_does_not_exist_is_null_in_strict_json_and_read_back_as_nan(tmp_path):
+    """A metric that counted nothing has no value: summary.json says null (json.dump would
+    write NaN, which is no JSON), and the report reads it as a run without that value."""
+    from trainer.sinks import write_json_atomic
+
+    fake_run(tmp_path, "ddp", 1, 0.9, 10.0)
+    d = tmp_path / "ddp" / "seed-1"
+    summary = json.loads((d / "summary.json").read_text())
+    summary |= {"metric": {"name": "mse", "higher_is_better": False}}
+    summary |= {"peak_test_metric": math.nan, "final_test_metric": math.nan}
+    summary["k_path"] = [{"sync_period": 1, "seconds": math.inf, "steps": 3}]
+    write_json_atomic(d / "summary.json", summary)
+
+    def refuse(token: str):
+        raise AssertionError(f"not strict JSON: {token}")
+
+    strict = json.loads((d / "summary.json").read_text(), parse_constant=refuse)
+    assert strict["peak_test_metric"] is None and strict["final_test_metric"] is None
+    assert strict["k_path"] == [{"sync_period": 1, "seconds": None, "steps": 3}]
+    assert strict["wall_seconds"] == 10.0
+    (run,) = collect(tmp_path)
+    assert math.isnan(run.summary["peak_test_metric"])
+    assert math.isnan(run.summary["final_test_metric"])
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    from trainer.atomic_write import replacing, write_text
+
+    path = tmp_path / "report.md"
+    write_text(path, "old\n")
+    with pytest.raises(RuntimeError), replacing(path) as f:
+        f.write("half of the new")
+        raise RuntimeError("interrupted")
+    assert path.read_text() == "old\n" and sorted(tmp_path.iterdir()) == [path]

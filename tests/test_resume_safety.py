@@ -97,6 +97,23 @@ def _no_checkpoints(run: Path, marker: Path) -> None:
     shutil.rmtree(run / "checkpoints")
 
 
+def _reshape_a_tensor(ckpts: str = "*"):
+    """Give a model tensor of every rank file in `ckpts` another shape, with its manifest's
+    checksums recomputed: plain tensors of autok's keys, which the model cannot load."""
+
+    def apply(run: Path, marker: Path) -> None:
+        for ckpt in (run / "checkpoints").glob(ckpts):
+            for f in ckpt.glob("rank*.pt"):
+                state = torch.load(f, weights_only=True)
+                name = next(iter(state["model"]))
+                state["model"][name] = torch.zeros(3, 3)
+                torch.save(state, f)
+            files = {f.name: sha256(f) for f in ckpt.glob("rank*.pt")}
+            _rewrite_manifest(ckpt, lambda m, files=files: {**m, "files": files})
+
+    return apply
+
+
 def _drop_rank1(run: Path, marker: Path) -> None:
     def edit(m):
         m["files"].pop("rank1.pt")
@@ -115,6 +132,11 @@ CASES = {
     "every checkpoint truncated": (_truncate_all, "checksum"),
     "directories not named epoch-NNNN": (_rename_all, "not a checkpoint directory name"),
     "no checkpoints directory": (_no_checkpoints, "no checkpoint to resume from"),
+    "a tensor of another shape, checksums recomputed": (
+        _reshape_a_tensor(),
+        "rank0.pt: its model's 'features.0.weight' is float32 [3, 3], the model's float32 "
+        "[32, 1, 5]",
+    ),
 }
 
 
@@ -182,12 +204,22 @@ def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
     from tests.test_controllers import stats
 
     fresh = TrainConfig().model_dump(mode="json")
+    ddp = {"strategy": "ddp", "sync_period": 1, "slowmo_beta": 0.0}
+    localsgd = {"strategy": "localsgd", "slowmo_beta": 0.0}
     cases = [
         ({"policy": "fixed", "target_sync_share": 0.3}, {"target_sync_share": 0.2}),
         ({"optimizer": "adamw", "momentum": 0.5}, {"momentum": 0.9}),
         ({"nesterov": True, "momentum": 0.0}, {"nesterov": False}),
         ({"policy": "qsr", "qsr_base": 100, "max_sync_period": 64}, {"max_sync_period": 100}),
         ({"policy": "composite", "qsr_base": 100, "max_sync_period": 64}, {"qsr_base": 64}),
+        # flags the strategy, the data set or the divergence reaction never read
+        ({**ddp, "sync_optimizer_state": True}, {"sync_optimizer_state": False}),
+        ({**ddp, "max_sync_period": 128}, {"max_sync_period": 64}),
+        ({**localsgd, "boundary": "two-phase"}, {"boundary": "auto"}),
+        ({**localsgd, "slowmo_lr_aware": True}, {"slowmo_lr_aware": False}),
+        ({"on_divergence": "stop", "max_rollbacks": 5}, {"max_rollbacks": 3}),
+        ({"dataset": "digits", "model": "cnn", "mnist1d_samples": 900}, {"mnist1d_samples": 5000}),
+        ({"image_size": 64}, {"image_size": 32}),
     ]
     for old, changed in cases:
         saved, notes = as_ran(fresh | old)
@@ -372,3 +404,146 @@ def test_under_torchrun_a_run_without_out_is_refused(tmp_path):
         "give --out (the same path on every node)\n"
     )
     assert list(tmp_path.iterdir()) == []  # no runs/ made
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory) -> Path:
+    """A real 2-worker --task run stopped after 1 of 2 epochs, with its checkpoint."""
+    run = tmp_path_factory.mktemp("task") / "run"
+    args = ["--task", "tests.task_fixtures:regression", "--workers", "2", "--epochs", "2"]
+    args += ["--link", "none", "--no-progress", "--stop-after-epochs", "1"]
+    res = autok("train", *args, "--out", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return run
+
+
+def test_a_resume_never_runs_the_task_its_config_json_names(task_run, tmp_path):
+    """config.json is data: a task it names is never imported (any importable module runs its
+    code at import; `builtins:input` waited on stdin). The command line's --task is used, and
+    one that differs from the run's, or none, is refused before anything is imported."""
+    run, marker = tmp_path / "run", tmp_path / "pwned"
+    shutil.copytree(task_run, run)
+    (tmp_path / "evil_task.py").write_text(f"open({str(marker)!r}, 'w').close()\ntask = print\n")
+    config = json.loads((run / "config.json").read_text())
+    config["task"] = "evil_task:task"
+    (run / "config.json").write_text(json.dumps(config))
+    before = tree(run)
+    for given, says in [
+        ([], f"autok: error: --task: {run} was trained with --task 'evil_task:task'; give"),
+        (
+            ["--task", "tests.task_fixtures:regression"],
+            "autok: error: --task: 'tests.task_fixtures:regression' is not the task",
+        ),
+    ]:
+        res = autok("train", "--resume", str(run), *given, cwd=tmp_path, timeout=120)
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert res.stderr.startswith(says) and res.stderr.count("\n") == 1, res.stderr
+        assert not marker.exists()  # nothing the run directory named ran
+        assert tree(run) == before
+
+
+def test_a_run_being_written_by_another_process_is_refused_until_it_exits(stopped_run, tmp_path):
+    """Two processes on one run (a --resume while it still trains) would train its epochs twice
+    under the same temporary names: the run's lock (an OS lock on OUT/.autok.lock, held by the
+    launching process) refuses the second before it writes anything, and the kernel releases it
+    however the first ends, kill -9 included."""
+    import subprocess
+    import sys
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    shutil.copytree(stopped_run, run)
+    fresh.mkdir()
+    # another process holding both runs' locks, as a training launcher does
+    hold = (
+        "import fcntl, os, sys\n"
+        "for d in sys.argv[1:]:\n"
+        "    fd = os.open(os.path.join(d, '.autok.lock'), os.O_RDWR | os.O_CREAT)\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(run), str(fresh)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before, fresh_before = tree(run), tree(fresh)
+        res = autok("train", "--resume", str(run), "--no-progress", timeout=120)
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert res.stderr == (
+            f"autok: error: --resume: {run} is being written by another autok process; one "
+            "process at a time trains a run\n"
+        ), res.stderr
+        res = autok("train", *TINY, "--out", str(fresh), timeout=120)
+        assert res.returncode == 2 and res.stderr.startswith(
+            f"autok: error: --out: {fresh} is being written by another autok process"
+        ), res.stderr
+        assert tree(run) == before and tree(fresh) == fresh_before
+    finally:
+        holder.kill()  # SIGKILL: no chance to unlock; the kernel does
+        holder.wait()
+    res = autok("train", "--resume", str(run), "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4
+
+
+def test_an_experiment_leaves_alone_a_run_another_process_trains(tmp_path):
+    """`autok experiment run` twice on one --out: the second finds a run the first trains (its
+    lock held) and neither clears it nor starts a second writer; it records the run as failed."""
+    import subprocess
+    import sys
+
+    from autok.experiment import Run, _train, ensure_secret, start_over
+
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = ensure_secret(out)
+    run = Run("ddp", 1, {"strategy": "ddp", "workers": 2, "epochs": 1, "link": "none"})
+    run_dir = out / run.dir
+    start_over(run_dir, run.dir, secret)
+    (run_dir / "epochs.csv").write_text("the other process's rows\n")
+    hold = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(os.path.join(sys.argv[1], '.autok.lock'), os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = tree(run_dir)
+        how, _ = _train(run, out, secret)
+        assert how == f"FAILED: {run_dir} is being written by another autok process", how
+        assert tree(run_dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_newest_checkpoint_the_model_cannot_load_falls_back_to_the_older_one(
+    stopped_run, tmp_path
+):
+    """A wrong-shape tensor whose checksums were recomputed passes the manifest: checked
+    against the model before launch, the checkpoint is refused in one line and the older good
+    one is used, as for a corrupted file (it once launched workers that each failed to load)."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    _reshape_a_tensor("epoch-0001")(run, tmp_path / "unused")
+    res = autok("train", "--resume", str(run), "--no-progress")
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = (
+        "autok: checkpoint epoch-0001 refused: rank0.pt: its model's 'features.0.weight' is "
+        "float32 [3, 3], the model's float32 [32, 1, 5]\n"
+    )
+    assert res.stdout.count(said) == 1, res.stdout
+    assert "resuming after epoch 1\n" in res.stdout  # epoch-0000: one epoch, counted from 1
+    assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4

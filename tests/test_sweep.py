@@ -286,6 +286,53 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
     # a failed trial is said in a line with its reason, not with a traceback of the sweep
     assert "Trial 0 failed with parameters" in res.stderr and "TrialFailed(" in res.stderr
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    # each trial is said as it ends (number, state, K, beta, LR, metric, time), on stdout; into
+    # a pipe there is no progress bar
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("autok: trial ")]
+    assert len(said) == 3, res.stdout
+    assert re.fullmatch(
+        r"autok: trial 0 \(1/3\) FAIL: K=2 beta=0 LR=0\.1 strategy=ddp \| invalid settings: "
+        r"--sync-period.* \| \d+ s",
+        said[0],
+    ), said[0]
+    assert re.fullmatch(
+        r"autok: trial 1 \(2/3\) FAIL: K=2 beta=0 LR=1e\+06 strategy=cpdp \| .*diverged.* \| \d+ s",
+        said[1],
+    ), said[1]
+    assert re.fullmatch(
+        r"autok: trial 2 \(3/3\) COMPLETE: K=2 beta=0 LR=0\.1 strategy=cpdp \| peak accuracy "
+        r"0\.\d+, \d+\.\d s of training \| \d+ s",
+        said[2],
+    ), said[2]
+    assert res.stdout.index(said[2]) < res.stdout.index("peak accuracy  ")  # before the table
+    assert "\r" not in res.stderr and "trial/s" not in res.stderr and "s/trial" not in res.stderr
+
+
+def test_trial_lines_show_the_trial_as_it_ran_and_a_bar_only_on_a_terminal(monkeypatch, capsys):
+    import io
+
+    from autok.sweep import SweepOptions, TrialLines
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for err in (io.StringIO(), Terminal()):
+        monkeypatch.setattr(sys, "stderr", err)
+        lines = TrialLines(SweepOptions(trials=2), {"workers": 2, "slowmo_beta": 0.0})
+        res = {"peak_test_metric": 0.91, "wall_seconds": 12.34, "reason": ""}
+        lines.trial_ended(0, "COMPLETE", {"sync_period": 4, "lr": 0.05}, res, 20.2)
+        # the strategy drawn, K and beta not: as the trial resolved them (ddp: K=1, beta 0)
+        res = {"peak_test_metric": 0.5, "reason": "pruned at epoch 1"}
+        lines.trial_ended(3, "PRUNED", {"strategy": "ddp"}, res, 5.0)
+        lines.close()
+        assert capsys.readouterr().out.splitlines() == [
+            "autok: trial 0 (1/2) COMPLETE: K=4 beta=0 LR=0.05 | peak accuracy 0.91, 12.3 s of "
+            "training | 20 s",
+            "autok: trial 3 (2/2) PRUNED: K=1 beta=0 LR=0.1 strategy=ddp | peak accuracy 0.5, "
+            "pruned at epoch 1 | 5 s",
+        ]
+        assert ("2/2" in err.getvalue()) == isinstance(err, Terminal)  # the bar's count
 
 
 @pytest.mark.parametrize(
@@ -390,6 +437,31 @@ def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_re
     twice = write(tmp_path / "twice.yaml", [{"target-sync-share": 0.3, "target_sync_share": 0.4}])
     with pytest.raises(ConfigError, match="entry 1 sets a setting twice"):
         load_enqueue(twice, readers, {})
+
+
+def test_a_setting_only_some_strategies_read_is_conditional_on_the_strategy():
+    """READ_ONLY_UNDER's settings are conditional in sweeps as the policies' options are: a
+    fixed --sync-optimizer-state with a searched strategy is dropped from the ddp trials (which
+    refuse it), --boundary is drawn only in cpdp trials, and one no trial reads is refused."""
+    import optuna
+
+    from autok.space import Dim, check_fixed, suggest_all, trial_settings
+    from autok.sweep import check_settings
+
+    strategies = Dim("strategy", "categorical", choices=("ddp", "cpdp"))
+    fixed = {"epochs": 2, "sync_period": 1, "sync_optimizer_state": True}
+    check_fixed(fixed, [strategies])
+    assert "sync_optimizer_state" not in trial_settings(fixed, {"strategy": "ddp"})
+    assert trial_settings(fixed, {"strategy": "cpdp"})["sync_optimizer_state"] is True
+    assert [check_settings(fixed, {"strategy": s}) for s in ("ddp", "cpdp")] == [None, None]
+    space = [strategies, Dim("boundary", "categorical", choices=("two-phase", "fused"))]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for strategy in ("ddp", "cpdp"):
+        study.enqueue_trial({"strategy": strategy})
+        params = suggest_all(space, study.ask(), fixed)
+        assert ("boundary" in params) == (strategy == "cpdp"), params
+    with pytest.raises(ConfigError, match="--sync-optimizer-state: --strategy ddp does not read"):
+        check_fixed(fixed | {"strategy": "ddp"}, [Dim("lr", "float", 0.01, 0.1)])
 
 
 def test_the_sweep_table_names_its_metric_whole_and_keeps_its_columns_aligned():
@@ -787,6 +859,15 @@ def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
     rows = trials(out)
     # ASHA may stop the weaker trial after its first epoch (grace period 1)
     assert len(rows) == 2 and {r["state"] for r in rows} <= {"COMPLETE", "PRUNED"}, rows
+    # each trial said as it ended, as on the Optuna backend
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("autok: trial ")]
+    assert len(said) == 2, res.stdout[-3000:]
+    for ln in said:
+        assert re.fullmatch(
+            r"autok: trial [01] \([12]/2\) (COMPLETE|PRUNED): K=\d+ beta=0 LR=[\d.e+-]+ \| "
+            r"peak mse \S+(, .*)? \| \d+ s",
+            ln,
+        ), ln
     done = [r for r in rows if r["state"] == "COMPLETE"]
     assert done
     for r in done:
@@ -796,6 +877,126 @@ def test_ray_backend_runs_tiny_trials_end_to_end(tmp_path, small_space):
     assert (out / "pareto.png").exists()
     best = min(done, key=lambda r: float(r["peak_test_metric"]))  # lower is better
     assert (out / "best.yaml").read_text().startswith(f"# best trial {best['number']} of ")
+
+
+# Starts the sweep's local Ray, runs one task (so a worker listens too), says "up" and holds
+# Ray until its stdin closes.
+RAY_UP = """
+import sys
+from autok.sweep_ray import start_ray
+assert start_ray(None)
+import ray
+assert ray.get(ray.remote(lambda: 1).remote()) == 1
+print("up", flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and every process below it, from /proc (Linux)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            continue
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return tree
+
+
+def listening_sockets(pids: set[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket these processes listen on, from /proc."""
+    import ipaddress
+
+    owner = {}
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                owner[target[8:-1]] = pid
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            (host, port), state, inode = fields[1].split(":"), fields[3], fields[9]
+            if state != "0A" or inode not in owner:  # 0A: LISTEN
+                continue
+            raw = bytes.fromhex(host)  # 32-bit words in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.append((owner[inode], str(ipaddress.ip_address(raw)), int(port, 16)))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv6 socket's IPv4 form
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.mark.dist
+def test_a_local_ray_listens_on_loopback_only_with_no_dashboard(tmp_path):
+    """Without --address the sweep's own Ray must not be reachable from the network: its GCS,
+    raylet, agents, workers and driver all listen on loopback, and no dashboard (port 8265)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ENABLE_")}
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RAY_UP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=err, text=True, env=env, cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+        try:
+            up = proc.stdout.readline().strip()  # "" when the process ended without Ray
+            sockets = listening_sockets(process_tree(proc.pid)) if up == "up" else []
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=300)
+    assert up == "up", (tmp_path / "stderr").read_text()[-3000:]
+    # at least the driver, the GCS, the raylet and the worker: the check saw Ray's servers
+    assert len({pid for pid, _, _ in sockets}) >= 4, sockets
+    assert all(is_loopback(address) for _, address, _ in sockets), sockets
+    assert 8265 not in {port for _, _, port in sockets}, sockets
+
+
+RAY_IMPORTED_FIRST = """
+import ray
+from autok.sweep_ray import start_ray
+print(ray.util.get_node_ip_address())  # what Ray takes for this machine's IP
+try:
+    start_ray(None)
+except RuntimeError as exc:
+    print(exc)
+print("still up" if ray.is_initialized() else "shut down")
+"""
+
+
+@pytest.mark.dist
+def test_a_local_ray_that_came_up_on_every_interface_is_shut_down_and_refused():
+    """The switch is read when ray is first imported: a caller that imported it before gets a
+    Ray on the machine's IP, which start_ray shuts down and refuses in one line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ENABLE_")}
+    res = subprocess.run(
+        [sys.executable, "-c", RAY_IMPORTED_FIRST], capture_output=True, text=True, env=env,
+        cwd=Path(__file__).parent.parent, timeout=300,
+    )  # fmt: skip
+    lines = res.stdout.strip().splitlines()
+    if lines and is_loopback(lines[0]):
+        pytest.skip("this machine has only loopback: Ray comes up there whatever the switch")
+    assert res.returncode == 0 and len(lines) == 3, res.stdout + res.stderr[-3000:]
+    assert "not only on loopback" in lines[1] and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" in lines[1]
+    assert lines[2] == "shut down"
 
 
 def test_dist_backend_reaches_the_trials_and_backend_stays_the_sweeps(tmp_path, monkeypatch):

@@ -48,6 +48,11 @@ def test_the_builtin_classification_is_a_task_like_any_other():
         ("tests.task_fixtures:unpaired_samples", "samples are not (input, target) pairs"),
         ("tests.task_fixtures:wrong_shapes", "train_dataset fails in the model on 2 samples"),
         ("tests.task_fixtures:loss_not_scalar", "a loss_fn that does not return a scalar"),
+        # each of these passed the checks and crashed after launch (files written, exit 1)
+        ("tests.task_fixtures:detached_loss", "a loss_fn whose loss does not require grad"),
+        ("tests.task_fixtures:huge_train_set", "a train_dataset of 1000000000000 samples"),
+        ("tests.task_fixtures:complex_parameter", "parameter 'weight' is complex64"),
+        ("tests.task_fixtures:integer_parameter", "parameter 'step' is int64"),
     ],
 )
 def test_an_unusable_task_is_one_line_naming_the_flag(spec, says):
@@ -134,7 +139,8 @@ def test_a_task_run_stops_and_resumes_with_its_own_columns(tmp_path):
     res = autok(*args, "--stop-after-epochs", "1")
     assert res.returncode == 0, res.stderr
     assert len(list(csv.DictReader((out / "epochs.csv").open()))) == 1
-    res = autok("train", "--resume", str(out), "--no-progress")
+    # the code a resume runs is its command line's: the same --task
+    res = autok("train", "--resume", str(out), "--task", TASK, "--no-progress")
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader((out / "epochs.csv").open()))
     assert list(rows[0]) == TASK_EPOCH_COLUMNS and [r["epoch"] for r in rows] == ["0", "1"]

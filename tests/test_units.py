@@ -22,6 +22,7 @@ from trainer.averaging import (
 )
 from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from trainer.optim import lr_factor
+from trainer.options import OptionError
 from trainer.slowmo import slowmo_update_
 
 
@@ -761,6 +762,10 @@ def test_the_fused_boundary_captures_every_kind_of_gradient():
     assert all(torch.equal(g, p.grad) for g, p in zip(got, params, strict=True))
     params[0].grad = torch.randn_like(params[0]).requires_grad_()  # kept with its graph
     params[2].grad = None
+    # a trainable parameter without a gradient is an unused one, which DDP refuses too
+    with pytest.raises(OptionError, match="^ddp_kwargs: parameter 2 got no gradient"):
+        averager.capture_boundary_grads()
+    params[2].requires_grad_(False)  # a frozen one has none: a zero
     averager.capture_boundary_grads()
     got = averager._boundary_grads()
     assert torch.equal(got[0], params[0].grad.detach()) and not got[0].requires_grad

@@ -26,13 +26,19 @@ import torch.distributed as dist
 
 from trainer.compress import Codec
 from trainer.fragments import WHOLE, fragment_bounds
+from trainer.grad_watch import CHANGED, UNCHECKED
 from trainer.link import LinkClock, allgather_, allreduce_sum_, delayed
+from trainer.options import UNUSED_PARAMETERS_HINT, OptionError
 from trainer.outer import OuterOptimizer, outer_step_
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
+# GRADS_CHECKED, GRADS_CHANGED: the ranks whose boundary step's gradients were checked, and found
+# changed, between backward and the optimizer step (trainer/grad_watch.py).
 S_PARTS = 4
-LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0 = range(S_PARTS, S_PARTS + 6)
-N_SCALARS = S_PARTS + 6
+LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0, GRADS_CHECKED, GRADS_CHANGED = range(
+    S_PARTS, S_PARTS + 8
+)
+N_SCALARS = S_PARTS + 8
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class IntervalTotals:
     steps: int
     compute_seconds: float
     exposed_sync_seconds: float
+    # the boundary step's trainer.grad_watch verdict (UNCHECKED where none was taken)
+    grads: int = UNCHECKED
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class Reconciled:
     exposed_sync_seconds: float  # mean over ranks
     nbytes: int
     wall_seconds: float  # this rank's time in reconcile(): collective + SlowMo + write-back
+    grads_checked: int = 0  # ranks whose boundary step's gradients were checked (grad_watch)
+    grads_changed: int = 0  # ... and found changed between backward and the optimizer step
 
 
 class ReplicaMismatch(RuntimeError):
@@ -317,6 +327,7 @@ class ParameterAverager:
         broadcast_extras=lambda: [],  # -> list of tensors taken from rank 0
         fused_sgd: torch.optim.SGD | None = None,
         fragments: int = 1,
+        offload: bool = False,
     ) -> None:
         """With `fused_sgd`, a cpdp boundary is one collective (DESIGN §1): the boundary step was
         a *local* SGD step with the local gradient g_i; its gradients ride with the parameters,
@@ -354,7 +365,13 @@ class ParameterAverager:
             work = torch.promote_types(work, p.dtype)
         flat = torch.cat([p.detach().reshape(-1) for p in params]).to(work)
         self._narrow = any(p.dtype != work for p in params)  # θ_new is rounded as written
-        self.ref = flat.clone()  # θ_ref, initialised from θ_0
+        # `offload` (--outer-state-device cpu): θ_ref and the velocity live in host memory
+        # (pinned, for a GPU's copies) and are staged on the device for a boundary only
+        # (_stage): between boundaries the device holds the buffer alone (docs/design.md §4).
+        # The boundary's arithmetic is the same ops on the same device: bit for bit.
+        self._device, self._offload = flat.device, offload
+        self._staged: tuple | None = None  # ((a, b), θ_ref, velocity, scratch) on the device
+        self.ref = flat.clone() if not offload else _host_copy(flat)  # θ_ref, from θ_0
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
         self._ref_views = self._views(self.ref, params)
         # the gradient segment: (the store it is cut from, the segment, its views)
@@ -362,8 +379,8 @@ class ParameterAverager:
         self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
         self._flats: list[torch.Tensor] | None = None  # _whole()'s 1-D views of the parameters
         self._cuts: dict[tuple[int, int, int, int], tuple] = {}  # _cut()'s views, per layout
-        self.velocity = torch.zeros_like(flat) if outer.needs_velocity else None
-        self._scratch = torch.empty_like(flat)
+        self.velocity = torch.zeros_like(self.ref) if outer.needs_velocity else None
+        self._scratch = torch.empty_like(flat) if not offload else None  # (staged, offloaded)
         # The buffer is a prefix view of one allocation that only grows: fragment syncs and
         # whole-model syncs alternate sizes without reallocating.
         self._store: torch.Tensor | None = None
@@ -404,6 +421,14 @@ class ParameterAverager:
         if all(g is not None and not g.requires_grad for g in grads):
             torch._foreach_copy_(views, grads)  # one op (issue 17): a cat costs 2 per tensor
         else:  # a missing gradient is a zero; one kept with its graph (create_graph) detached
+            pairs = enumerate(zip(grads, self.params, strict=True))
+            if unused := [i for i, (g, p) in pairs if g is None and p.requires_grad]:
+                # DDP, whose reduction this boundary stands in for, refuses an unused parameter
+                # (the two-phase boundary with find_unused_parameters handles one; Sync)
+                raise OptionError(
+                    f"ddp_kwargs: parameter {unused[0]} got no gradient at a boundary (unused); "
+                    f"{UNUSED_PARAMETERS_HINT}"
+                )
             grads = [
                 g.detach() if g is not None else torch.zeros_like(p)
                 for g, p in zip(grads, self.params, strict=True)
@@ -445,7 +470,7 @@ class ParameterAverager:
 
     def _buffer(self, n: int) -> torch.Tensor:
         if self._store is None or self._store.numel() < n:
-            store = torch.empty(n, dtype=self.ref.dtype, device=self.ref.device)
+            store = torch.empty(n, dtype=self.ref.dtype, device=self._device)
             if self._store is not None:  # keeps gradients captured into the old one
                 store[: self._store.numel()].copy_(self._store)
             self._store = store
@@ -467,6 +492,8 @@ class ParameterAverager:
             if len(self._cuts) >= len(self.bounds) + 4:  # F fragments' layouts, a few more
                 self._cuts.clear()
             buf, n, end = self._store, b - a, n_avg + n_bc
+            if self._offload:  # the boundary's own copies, cut for it (_stage)
+                return self._stage(a, b, buf, n_avg, n_bc)
             velocity = self.velocity[a:b] if self.velocity is not None else None
             scalars = buf[end : end + N_SCALARS]
             cut = self._cuts[key] = (
@@ -482,6 +509,31 @@ class ParameterAverager:
                 scalars.numpy() if scalars.device.type == "cpu" and buf.dtype in _NUMPY else None,
             )
         return cut
+
+    def _stage(self, a: int, b: int, buf: torch.Tensor, n_avg: int, n_bc: int) -> tuple:
+        """_cut's views with θ_ref[a:b], the velocity's and scratch as device copies, made once
+        per boundary (start() and finish() both cut) and written home by _unstage()."""
+        if self._staged is None or self._staged[0] != (a, b):
+            ref = self.ref[a:b].to(self._device, copy=True, non_blocking=True)
+            vel = self.velocity
+            if vel is not None:
+                vel = vel[a:b].to(self._device, copy=True, non_blocking=True)
+            self._staged = ((a, b), ref, vel, torch.empty_like(ref))
+        _, ref, vel, scratch = self._staged
+        end = n_avg + n_bc
+        scalars = buf[end : end + N_SCALARS]
+        host = scalars.numpy() if scalars.device.type == "cpu" and buf.dtype in _NUMPY else None
+        return buf[:n_avg], buf[n_avg:end], scalars, buf[: b - a], ref, vel, scratch, host
+
+    def _unstage(self) -> None:
+        """The boundary's θ_ref and velocity home (blocking: the host may read them next, a
+        checkpoint), and the device copies freed."""
+        if self._staged is not None:
+            (a, b), ref, vel, _ = self._staged
+            self._staged = None
+            self.ref[a:b].copy_(ref)
+            if vel is not None:
+                self.velocity[a:b].copy_(vel)
 
     def region(self, fragment: int = WHOLE) -> tuple[int, int, list[torch.Tensor]]:
         """[start, end) of the flat parameter vector that `fragment` moves, and the parameter
@@ -606,6 +658,8 @@ class ParameterAverager:
             totals.exposed_sync_seconds,
             self.last_digest,
             self.last_digest if self.rank == 0 else 0,
+            int(totals.grads != UNCHECKED),
+            int(totals.grads == CHANGED),
         ]
         if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
             if min(values) >= -_F32_MAX and max(values) <= _F32_MAX:  # nothing can overflow
@@ -707,6 +761,15 @@ class ParameterAverager:
                 f"replicas differ {when}: parameter digests sum to {red[DIGEST]:.0f}, "
                 f"expected {n} x {red[DIGEST0]:.0f}"
             )
+        if pending.n_grads and red[GRADS_CHANGED]:
+            # Refused before anything is written back: every rank sees the same sum
+            # (docs/design.md, "What the fused boundary needs unchanged").
+            raise OptionError(
+                f"--boundary: the loop changed the gradients between backward and "
+                f"optimizer.step() on {red[GRADS_CHANGED]:.0f} rank(s) (clipping, noise, a "
+                "scaling of its own): the fused boundary applies that to each rank's gradient "
+                'where DDP applies it to the averaged one; pass boundary="two-phase"'
+            )
         self.boundaries += 1
         # The mean Δ's 1/n rides in the outer step's factors where that is exact: with n a power
         # of two every product with it is exact, so the step is bit-identical to one on Σ/n and
@@ -763,7 +826,7 @@ class ParameterAverager:
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
             self.last_digest = replica_digest([theta_new], self._bits)
         else:
-            if pending.fragment == WHOLE:  # θ_new is θ_ref, already cut to the parameters
+            if pending.fragment == WHOLE and not self._offload:  # θ_new is θ_ref, cut already
                 self._copy_into(pieces, self._ref_views)
             else:
                 self._write_back(pieces, theta_new)
@@ -787,6 +850,8 @@ class ParameterAverager:
                 self.last_digest = digest_of_words(
                     words, self._bits, self._one_copy, self._digest_sums
                 )
+        if self._staged is not None:  # (after the narrow copy above: it rounds the staged θ_ref)
+            self._unstage()
 
         steps = max(1.0, red[STEPS])
         return Reconciled(
@@ -797,6 +862,8 @@ class ParameterAverager:
             exposed_sync_seconds=red[EXPOSED] / n,
             nbytes=pending.nbytes,
             wall_seconds=pending.seconds + time.perf_counter() - t0,
+            grads_checked=int(red[GRADS_CHECKED]),
+            grads_changed=int(red[GRADS_CHANGED]),
         )
 
     def pending_state(self, pending: _Pending) -> dict:
@@ -823,17 +890,44 @@ class ParameterAverager:
             "compressed": pending.compressed,
         }
 
-    def restore_pending(self, state: dict) -> _Pending:
-        """The averaging `pending_state` saved, ready for finish() (call after the parameters
-        and load_state_dict)."""
+    def pending_refusal(self, state: object) -> str | None:
+        """Why `restore_pending` cannot take this saved averaging (its keys, kinds and sizes
+        against this model and these options), or None; checked before anything is applied."""
+        keys = ("reduced", "snapshot", "n_grads", "n_avg", "n_bc", "lr", "overlap", "fragment")
+        if not isinstance(state, dict) or (missing := [k for k in keys if k not in state]):
+            return f"no {missing[0]!r}" if isinstance(state, dict) else "not a dict"
+        ints = ("n_grads", "n_avg", "n_bc", "fragment", "nbytes")
+        if any(type(state.get(k, 0)) is not int for k in ints):
+            return f"{', '.join(ints)}: integers"
         if state["n_grads"]:
-            raise ValueError("a fused boundary is never delayed; this state is not one to resume")
-        a, b, pieces, avg_tensors, bc_tensors = self._moved(int(state["fragment"]), [])
-        n_avg, n_bc = int(state["n_avg"]), int(state["n_bc"])
+            return "a fused boundary is never delayed; this state is not one to resume"
+        if not WHOLE <= state["fragment"] < len(self.bounds):
+            return f"fragment {state['fragment']} is beyond fragments {len(self.bounds)}"
+        if type(state["overlap"]) is not bool or type(state.get("compressed", False)) is not bool:
+            return "overlap, compressed: booleans"
+        if type(state["lr"]) not in (int, float):
+            return f"lr: {state['lr']!r:.40} is not a number"
+        _, _, _, avg_tensors, bc_tensors = self._moved(state["fragment"], [])
+        n_avg, n_bc = state["n_avg"], state["n_bc"]
         if sum(t.numel() for t in avg_tensors) != n_avg or (
             sum(t.numel() for t in bc_tensors) != n_bc
         ):
-            raise ValueError("the saved averaging does not fit this model and these options")
+            return "the saved averaging does not fit this model and these options"
+        for name, numel in (("reduced", n_avg + n_bc + N_SCALARS), ("snapshot", n_avg + n_bc)):
+            t = state[name]
+            if t is None and name == "snapshot" and not state["overlap"]:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype != self.ref.dtype or t.shape != (numel,):
+                return f"{name}: not a {self.ref.dtype} tensor of {numel} elements"
+        return None
+
+    def restore_pending(self, state: dict) -> _Pending:
+        """The averaging `pending_state` saved, ready for finish() (call after the parameters
+        and load_state_dict)."""
+        if why := self.pending_refusal(state):
+            raise ValueError(why)
+        a, b, pieces, avg_tensors, bc_tensors = self._moved(int(state["fragment"]), [])
+        n_avg, n_bc = int(state["n_avg"]), int(state["n_bc"])
         reduced = state["reduced"].to(self.ref.device)
         self._buffer(reduced.numel()).copy_(reduced)
         if state["snapshot"] is not None:
@@ -911,6 +1005,7 @@ class ParameterAverager:
         digest is recomputed from them, so replicas that resumed from differing files are caught
         at the first boundary (a digest kept from before the load would describe other
         weights); a state saved between boundaries restores the last boundary's digest."""
+        self._staged = None  # a boundary that raised may have left its copies
         self.ref.copy_(state["ref"])
         if self.velocity is not None and state["velocity"] is not None:
             self.velocity.copy_(state["velocity"])
@@ -939,3 +1034,10 @@ def reconcile_buffers(
         flat.div_(world_size)
     ParameterAverager._write_back(buffers, flat)
     return seconds
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in host memory: pinned where it comes from a GPU, so that staging it for
+    a boundary (ParameterAverager._stage) is a direct DMA."""
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+    return out.copy_(t)

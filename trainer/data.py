@@ -394,3 +394,104 @@ def build_splits(
     if dataset == "imagefolder":
         return _imagefolder(data_dir, image_size)
     raise ValueError(f"unknown dataset {dataset!r}")
+
+
+# ----- how the training set is split over the ranks (--partition) ------------------------------
+
+PARTITIONS = ("iid", "dirichlet")
+
+
+def class_labels(dataset: Any) -> Any:
+    """The integer class label of every sample of `dataset` (a numpy array), read without loading
+    a sample: a `.targets` list (torchvision's data sets), a TensorDataset's last tensor (x, y),
+    or a Subset of either. Raises ValueError saying why there is none."""
+    import numpy as np
+
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # a Subset
+        return class_labels(dataset.dataset)[np.asarray(dataset.indices, dtype=np.int64)]
+    if hasattr(dataset, "targets"):
+        labels = np.asarray(dataset.targets)
+    elif len(tensors := getattr(dataset, "tensors", ())) >= 2:
+        labels = tensors[-1].detach().cpu().numpy()
+    else:
+        raise ValueError(
+            "its train_dataset has no class labels (.targets, or a TensorDataset (x, y))"
+        )
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(dataset):
+        raise ValueError("its labels are not one integer class per sample")
+    if len(labels) and labels.min() < 0:
+        raise ValueError("its labels are not one integer class per sample (a negative one)")
+    return labels
+
+
+def dirichlet_partition(labels: Any, world_size: int, alpha: float, seed: int) -> list[Any]:
+    """Per-rank sample indices with label skew (the standard Dirichlet split, Hsu et al. 2019):
+    for each class, proportions over the ranks drawn from Dir(alpha), and that class's samples
+    (in a seeded random order) cut in those proportions. A pure function of its arguments, so
+    every rank computes the same partition with no collective.
+
+    Balancing (DDP needs the same number of steps on every rank): each rank then holds exactly
+    n // world_size samples. A rank above that gives away its surplus from its rarest classes
+    first, and the ranks below take the pooled surplus in rank order, so a receiving rank gets a
+    few whole classes rather than a sample of every class: the skew survives the balancing. The
+    n mod world_size samples left are unused. Trimming to the smallest shard instead would drop
+    most of the data at small alpha; padding with repeats would weight a small shard's samples
+    several times."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    parts: list[list[Any]] = [[] for _ in range(world_size)]
+    for c in np.unique(labels):  # sorted: the same draws in the same order on every rank
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        share = rng.dirichlet(np.full(world_size, alpha))
+        cuts = np.floor(np.cumsum(share)[:-1] * len(idx)).astype(np.int64)
+        for r, part in enumerate(np.split(idx, cuts)):
+            parts[r].append(part)
+    empty = np.zeros(0, dtype=np.int64)
+    shards = [np.concatenate(p) if p else empty for p in parts]
+    return _balance(shards, labels, len(labels) // world_size)
+
+
+def _balance(shards: list[Any], labels: Any, size: int) -> list[Any]:
+    """Every shard cut or filled to `size` samples (dirichlet_partition's balancing step)."""
+    import numpy as np
+
+    pool = []
+    for r, shard in enumerate(shards):
+        if len(shard) > size:
+            lab = labels[shard]
+            held = np.bincount(lab)[lab]  # how many of its class the rank holds, per sample
+            # rarest class first, then by class; stable: a class keeps its seeded random order
+            order = np.lexsort((lab, held))
+            pool.append(shard[order[: len(shard) - size]])
+            shards[r] = shard[order[len(shard) - size :]]
+    spare = np.concatenate(pool) if pool else np.zeros(0, dtype=np.int64)
+    for r, shard in enumerate(shards):
+        need = size - len(shard)
+        if need > 0:
+            shards[r], spare = np.concatenate([shard, spare[:need]]), spare[need:]
+    return [np.sort(s) for s in shards]
+
+
+class ShardSampler:
+    """This rank's fixed shard of the training set, in a new seeded order every epoch
+    (`set_epoch`), as DistributedSampler orders its own (seed + epoch). A sampler is any
+    iterable of indices to a DataLoader: torch is imported only when the order is drawn."""
+
+    def __init__(self, indices: Any, seed: int) -> None:
+        self.indices = [int(i) for i in indices]
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self):
+        import torch
+
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.indices), generator=g).tolist()
+        return iter([self.indices[i] for i in order])

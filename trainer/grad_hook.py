@@ -188,11 +188,15 @@ class GradSyncState:
         return self._bucket_count
 
 
-def install_grad_sync(ddp: DistributedDataParallel, state: GradSyncState) -> None:
+def install_grad_sync(
+    ddp: DistributedDataParallel, state: GradSyncState, builtin: bool = True
+) -> None:
     """The comm hook through the emulator, or with no link on the CPU the built-in path:
-    DDP's C++ all-reduce, and the end of backward compute from GradSyncState.arm's hook."""
+    DDP's C++ all-reduce, and the end of backward compute from GradSyncState.arm's hook.
+    `builtin`: False where a backward may not reach the first parameter (unused parameters, a
+    static graph): the comm hook then."""
     device = next(ddp.module.parameters()).device
-    if state.clock is not None or device.type != "cpu":
+    if state.clock is not None or device.type != "cpu" or not builtin:
         ddp.register_comm_hook(state, emulated_allreduce_hook)
         return
     # the parameters DDP all-reduces: a name in the module's _ddp_params_and_buffers_to_ignore

@@ -125,7 +125,8 @@ def parse_schedule(text: str) -> LinkSchedule:
             segments.append((0, PROFILES[name]))
             continue
         u, _, n = where.partition("=")
-        if u not in SCHEDULE_UNITS or not n.isdigit() or len(n) > 9:
+        # ASCII digits only: str.isdigit() also takes '٣' (which int() reads as 3) and '²'
+        if u not in SCHEDULE_UNITS or not (n.isascii() and n.isdigit()) or len(n) > 9:
             raise ValueError(f"{part[:60]!r}: give PROFILE@epoch=N or PROFILE@step=N")
         if unit is not None and u != unit:
             raise ValueError("use one unit (epoch or step) for the whole schedule")

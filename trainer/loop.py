@@ -24,15 +24,19 @@ from trainer.checkpoint import (
     ckpt_root,
     latest_valid,
     load_rank_file,
+    model_layout,
     publish,
     write_rank_file,
 )
+from trainer.data import ShardSampler, class_labels, dirichlet_partition
 from trainer.divergence import Diverged, Rollback, params_finite
 from trainer.link import allreduce_sum_
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.options import OptionError
 from trainer.profiler import EpochTimes, clock
 from trainer.runlog import LOGGER, RunLog, run_logger
 from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
+from trainer.straggler import Straggler
 from trainer.sync import Sync
 from trainer.tasks import Task, load_task
 
@@ -79,9 +83,7 @@ class Trainer:
         seed_everything(cfg.seed + 1000 * (rank + 1))
         train, test = self.task.train_dataset, self.task.test_dataset
 
-        self.sampler = DistributedSampler(
-            train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
-        )
+        self.sampler = train_sampler(cfg, train, rank, world_size)
         self.train_loader = DataLoader(
             train,
             batch_size=cfg.batch_size,
@@ -104,7 +106,17 @@ class Trainer:
             total_steps=cfg.epochs * self.steps_per_epoch,
             warmup_steps=cfg.lr_warmup_epochs * self.steps_per_epoch,
             schedule=cfg.lr_schedule,
+            milestones=cfg.milestones,
+            gamma=cfg.lr_gamma,
         )
+        self.straggler = (
+            None
+            if cfg.straggler == "none"
+            else Straggler(
+                cfg.straggler, cfg.straggler_ms or 0.0, cfg.straggler_prob, cfg.seed, rank,
+                world_size,
+            )
+        )  # fmt: skip
         # The engine: strategy, boundaries, SlowMo, controller, link emulator, guards. Its
         # observers list is the run's: sinks see boundaries and epochs alike.
         self.sync = Sync(
@@ -117,6 +129,13 @@ class Trainer:
         )
         # Every epoch ends with a boundary: a K above its steps could never take effect.
         self.sync.period_cap = self.steps_per_epoch
+        # --clock virtual: the engine's clock books every time (trainer/clock.py); the epochs'
+        # times and the stragglers' delays are booked on it too, never measured or slept
+        # (docs/design.md §4)
+        self.virtual = self.sync.virtual
+        if self.virtual is not None:
+            self.virtual.straggler = self.straggler
+            self.now = self.virtual.now
         self.observers = self.sync.observers
         self.total_compute = 0.0  # mean over ranks, summed over epochs
         self.total_exposed = 0.0
@@ -213,6 +232,8 @@ class Trainer:
             epoch += 1
         summary = self._summary(self.history, self.wall_before + time.perf_counter() - self.wall0)
         summary["startup_seconds"] = startup
+        if self.virtual is not None:  # the modelled training time (docs/design.md §4)
+            summary["virtual_seconds"] = self.virtual.now()
         summary["total_seconds"] = time.time() - self.started
         self._emit("on_end", summary)
         return summary
@@ -235,10 +256,14 @@ class Trainer:
             else torch.zeros(3, dtype=torch.float64, device=self.device)
         )
         last = self.steps_per_epoch - 1
+        straggler = self.straggler if self.virtual is None else None  # (virtual: booked)
         for i, (x, y) in enumerate(self.train_loader):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            delay = 0.0 if straggler is None else straggler.seconds(sync.global_step)
             # The last step of an epoch is always a boundary: every epoch starts identical.
             with sync.step(boundary=i == last) as s:
+                if delay:  # inside the step, before its forward: this rank's compute, which
+                    time.sleep(delay)  # its peers wait for (docs/design.md §2, Regimes)
                 self.optimizer.zero_grad(set_to_none=True)
                 out = sync.model(x)
                 loss = loss_fn(out, y)
@@ -336,7 +361,13 @@ class Trainer:
         """Load the newest valid checkpoint (refusing corrupt ones); return its epoch or -1.
         Collective: rank 0 verifies and chooses, every rank loads that epoch's file of its own,
         so no rank-local failure can make ranks resume from different epochs."""
-        found = latest_valid(self.out_dir, self.world_size) if self.rank == 0 else None
+        # the model's own layout: a checkpoint whose tensors do not fit it is refused like a
+        # corrupted one, and the older good one used
+        found = (
+            latest_valid(self.out_dir, self.world_size, model_layout(self.model))
+            if self.rank == 0
+            else None
+        )
         choice = torch.tensor([found.epoch + 1.0 if found else 0.0], dtype=torch.float64)
         choice = choice.to(self.device)
         allreduce_sum_(choice, None)  # rank 0's choice, everywhere
@@ -514,6 +545,28 @@ class Trainer:
                 for k, v in self.model.state_dict().items()
             }
             torch.save(weights, self.out_dir / "model.pt")
+
+
+def train_sampler(cfg: TrainConfig, train: Any, rank: int, world_size: int) -> Any:
+    """This rank's share of the training set. iid: DistributedSampler's (a new random split
+    every epoch). dirichlet: a fixed label-skewed shard of equal size on every rank
+    (trainer/data.py's dirichlet_partition), reshuffled every epoch."""
+    if cfg.partition == "iid":
+        return DistributedSampler(
+            train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
+        )
+    try:
+        labels = class_labels(train)
+    except ValueError as exc:
+        raise OptionError(f"--partition: dirichlet splits by class label, and {exc}") from None
+    if len(labels) < world_size:
+        raise OptionError(
+            f"--partition: {len(labels)} training samples cannot give each of {world_size} "
+            "ranks one; use iid or fewer workers"
+        )
+    alpha = cfg.partition_alpha or 0.0  # set whenever dirichlet (TrainConfig)
+    shards = dirichlet_partition(labels, world_size, alpha, cfg.seed)
+    return ShardSampler(shards[rank], cfg.seed)
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:

@@ -24,23 +24,41 @@ def build_optimizer(
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+def lr_factor(
+    step: int,
+    total_steps: int,
+    warmup_steps: int,
+    schedule: str,
+    milestones: tuple[float, ...] = (),
+    gamma: float = 0.1,
+) -> float:
     """Multiplier of the peak LR for optimizer step `step` (0-based): linear warmup, then
-    constant or cosine annealing to zero at `total_steps`."""
+    constant, cosine annealing to zero at `total_steps`, or `step`: times `gamma` at each
+    milestone, a fraction of the whole run (warmup included, as torch's MultiStepLR counts
+    epochs from the start): from step round(m * total_steps) on (rounded: 0.1 of 30 steps
+    is step 3, though 0.1 * 30 is 3.0000000000000004 in floating point)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
+    if schedule == "step":
+        return gamma ** sum(step >= round(m * total_steps) for m in milestones)
     span = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / span)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, schedule: str
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int,
+    schedule: str,
+    milestones: tuple[float, ...] = (),
+    gamma: float = 0.1,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total_steps, warmup_steps, schedule)
+        optimizer,
+        lambda s: lr_factor(s, total_steps, warmup_steps, schedule, milestones, gamma),
     )
 
 

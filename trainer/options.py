@@ -8,6 +8,7 @@ Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (DESIGN �
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import typing
 from typing import Literal
 
@@ -31,6 +32,8 @@ STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
 K_MAX = 2**20
 COUNT_MAX = 1_000_000  # epochs, windows, cooldowns, restarts: beyond any run
+ACCUMULATION_MAX = 65_536  # micro-batches per optimizer step
+MODEL_BYTES_MAX = 2**44  # --model-bytes: 16 TiB
 _K_REASON = "K beyond 2^20 steps is never reached: epoch ends synchronize anyway"
 
 # Bounds of the settings whose extremes crash, hang or exhaust the machine mid-run: the reason
@@ -48,11 +51,124 @@ LIMIT_REASONS: dict[tuple[str, str], str] = {
     ("outer_lr", "le"): "an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
     ("fragments", "le"): f"more than {FRAGMENTS_MAX} fragments only add a latency per sync",
     ("fragment_delay", "le"): _K_REASON,
+    ("compute_ms", "le"): "a minute per step; no model to emulate is slower",
+    ("model_bytes", "le"): "16 TiB of parameters is beyond any model",
+    ("accumulation_steps", "le"): "a larger batch per optimizer step needs no more passes: "
+    "give each a larger micro-batch",
 }
+
+
+_AVERAGING = frozenset({"localsgd", "cpdp"})
+# Settings read only under some values of another, the choosing setting: name -> (the chooser,
+# the values under which a run reads it, why the others do not). Given under another value, it
+# is refused, not ignored: a run would report a setting that changed nothing (docs/design.md
+# §1). autok/config.py adds the run's own, as for LIMIT_REASONS; autok/space.py derives the
+# sweeps' conditional settings and a resume's dropped ones from this same table.
+READ_ONLY_UNDER: dict[str, tuple[str, frozenset[str], str]] = {
+    "sync_optimizer_state": (
+        "strategy",
+        _AVERAGING,
+        "every ddp step applies the same averaged gradient: optimizer states never differ",
+    ),
+    "slowmo_lr_aware": ("strategy", _AVERAGING, "ddp has no SlowMo"),
+    "max_sync_period": ("strategy", _AVERAGING, "ddp keeps K = 1"),
+    "boundary": (
+        "strategy",
+        frozenset({"cpdp"}),
+        "only a cpdp boundary has both a gradient and a parameter collective to fuse or split",
+    ),
+    "compute_ms": ("clock", frozenset({"virtual"}), "the wall clock measures compute"),
+    "model_bytes": ("clock", frozenset({"virtual"}), "the wall clock's link moves real bytes"),
+}
+
+
+def default_slowmo_beta(strategy: str) -> float:
+    """SlowMo's β where neither --slowmo-beta nor --outer-optimizer is given: the paper's 0.3 on
+    cpdp; none on localsgd (plain LocalSGD) or ddp."""
+    return 0.3 if strategy == "cpdp" else 0.0
 
 
 class OptionError(ValueError):
     """A bad setting; the message starts with the flag (option) to change."""
+
+
+# `ddp_kwargs=` (autok.Sync): what a user may pass on to DDP, with the check of its value. The
+# rest of DDP's arguments are autok's to set (below), or change what DDP reduces and when in a way
+# the engine's gradient path and records do not follow (refused as unsupported).
+DDP_KWARGS_TAKEN: dict[str, str] = {
+    "find_unused_parameters": "bool",
+    "static_graph": "bool",
+    "gradient_as_bucket_view": "bool",
+    "bucket_cap_mb": "number",
+}
+DDP_BUCKET_CAP_MB_MAX = 65_536.0  # 64 GiB buckets: beyond any model's gradients
+DDP_KWARGS_AUTOK_SETS: dict[str, str] = {
+    "module": "it is the model you pass",
+    "device_ids": "it follows the model's device (or device=)",
+    "output_device": "it follows the model's device (or device=)",
+    "process_group": "the default process group carries every collective of autok's",
+    "device_mesh": "the default process group carries every collective of autok's",
+    "broadcast_buffers": "buffers follow buffer_policy",
+    "forward_sync_buffers": "buffers follow buffer_policy",
+    "init_sync": "autok's replica check needs the replicas to start identical",
+}
+UNUSED_PARAMETERS_HINT = (
+    "pass ddp_kwargs={'find_unused_parameters': True}; a branch used on some ranks only needs "
+    "it too"
+)
+
+
+def check_ddp_kwargs(
+    ddp_kwargs: object, strategy: str = "ddp", accumulation_steps: int = 1
+) -> dict[str, object]:
+    """`ddp_kwargs` as DDP will get it, or an OptionError naming the key: only the arguments in
+    DDP_KWARGS_TAKEN, of their kind; those autok sets, DDP's others and unknown names refused.
+    static_graph only where every backward all-reduces (ddp, one pass a step): DDP's static
+    graph fails an internal assert on a backward under no_sync()."""
+    if ddp_kwargs is None:
+        return {}
+    if not isinstance(ddp_kwargs, dict):
+        raise OptionError(f"ddp_kwargs: a {type(ddp_kwargs).__name__}; give a dict, or None")
+    taken = ", ".join(DDP_KWARGS_TAKEN)
+    for key, value in ddp_kwargs.items():
+        name = repr(key)[:60]
+        if key in DDP_KWARGS_AUTOK_SETS:
+            raise OptionError(
+                f"ddp_kwargs: {name} is set by autok.Sync ({DDP_KWARGS_AUTOK_SETS[key]}); "
+                f"it takes {taken}"
+            )
+        kind = DDP_KWARGS_TAKEN.get(key)
+        if kind is None:
+            import inspect
+
+            from torch.nn.parallel import DistributedDataParallel
+
+            known = inspect.signature(DistributedDataParallel.__init__).parameters
+            what = (
+                "not supported by autok.Sync"
+                if key in known
+                else "not an argument of DistributedDataParallel"
+            )
+            raise OptionError(f"ddp_kwargs: {name} is {what}; it takes {taken}")
+        if kind == "bool" and not _boolean(value):
+            raise OptionError(f"ddp_kwargs: {key} is {value!r:.40}; give True or False")
+        if kind == "number" and (
+            _boolean(value)
+            or not isinstance(value, int | float)
+            or not 0 < value <= DDP_BUCKET_CAP_MB_MAX
+        ):
+            raise OptionError(
+                f"ddp_kwargs: {key} is {value!r:.40}; give MiB in (0, {DDP_BUCKET_CAP_MB_MAX:g}]"
+            )
+    if ddp_kwargs.get("static_graph") and (strategy != "ddp" or accumulation_steps > 1):
+        raise OptionError(
+            "ddp_kwargs: static_graph needs every backward to all-reduce (strategy ddp, "
+            f"accumulation_steps 1); {strategy}'s local steps skip it (no_sync)"
+            if strategy != "ddp"
+            else "ddp_kwargs: static_graph needs every backward to all-reduce; "
+            "accumulation_steps > 1 skips it on all passes but the last (no_sync)"
+        )
+    return {k: bool(v) if DDP_KWARGS_TAKEN[k] == "bool" else v for k, v in ddp_kwargs.items()}
 
 
 def flag(field: str) -> str:
@@ -129,6 +245,19 @@ class SyncOptions(BaseModel):
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
     boundary: Literal["auto", "fused", "two-phase"] = "auto"
     overlap_boundary: bool = False
+    # Where θ_ref and the outer velocity live between boundaries (trainer/averaging.py):
+    # "cpu" keeps the model's device at most 2x the parameters (docs/design.md §4)
+    outer_state_device: Literal["model", "cpu"] = Field(
+        "model",
+        description="where θ_ref and the outer velocity live between boundaries: model (its "
+        "device) or cpu (host memory, staged per boundary; the device then holds at most 2x "
+        "the parameters)",
+    )
+    # --- the step: forward/backward passes per optimizer step, only the last all-reduces
+    # (trainer/sync.py). Library only: `autok train`'s loop takes one per step (autok/config.py)
+    accumulation_steps: int = Field(
+        1, ge=1, le=ACCUMULATION_MAX, description="micro-batches per optimizer step"
+    )
     # --- streaming fragment sync (trainer/fragments.py): each boundary moves 1/F of the model
     fragments: int = Field(
         1, ge=1, le=FRAGMENTS_MAX, description="F: contiguous parameter fragments, synced in turn"
@@ -150,11 +279,21 @@ class SyncOptions(BaseModel):
     qsr_alpha: float | None = Field(None, gt=0.0, le=1e6)
     random_mean: float | None = Field(None, ge=1.0, le=K_MAX)
     # --- link emulator
-    link: str = "wan"
+    # the library's default: no emulated network (docs/design.md §3); `autok train` studies the
+    # emulated WAN by default (TrainConfig overrides it)
+    link: str = "none"
     link_rtt_ms: float | None = Field(None, ge=0.0, le=60_000.0)
     link_bandwidth_gbps: float | None = Field(None, ge=1e-6)
     link_jitter_ms: float | None = Field(None, ge=0.0, le=60_000.0)
     link_schedule: str | None = Field(None, max_length=2000)
+    # --- the clock every recorded time comes from (trainer/clock.py; docs/design.md §4)
+    clock: Literal["wall", "virtual"] = "wall"
+    compute_ms: float | None = Field(
+        None, gt=0.0, le=60_000.0, description="virtual: the modelled compute of a step, ms"
+    )
+    model_bytes: int | None = Field(
+        None, ge=1, le=MODEL_BYTES_MAX, description="virtual: the bytes collectives move as"
+    )
     seed: int = Field(42, ge=0, le=SEED_MAX)
     # --- divergence guard
     on_divergence: Literal["stop", "rollback"] = "stop"
@@ -181,6 +320,14 @@ class SyncOptions(BaseModel):
                 plan = parse_schedule(self.link_schedule)
             except ValueError as exc:
                 raise ValueError(f"--link-schedule: {exc}") from None
+            last = plan.segments[-1][0]
+            if plan.unit == "epoch" and last > COUNT_MAX:
+                # Only this is provably unreachable here: the engine cannot know how long a
+                # loop runs (autok train also refuses epochs past its --epochs: autok/config.py)
+                raise ValueError(
+                    f"--link-schedule: epoch={last} is past any run (epochs are at most "
+                    f"{COUNT_MAX})"
+                )
             first = plan.segments[0][1].name
             if "link" in self.model_fields_set and self.link != first:
                 raise ValueError(
@@ -217,8 +364,18 @@ class SyncOptions(BaseModel):
             raise ValueError(
                 "--compress: ddp's gradient AllReduce is not compressed; use localsgd or cpdp"
             )
-        if self.boundary == "fused" and self.strategy != "cpdp":
-            raise ValueError("--boundary: fused is a cpdp boundary; use two-phase or auto")
+        self._check_unread()
+        if self.clock == "virtual" and self.compute_ms is None:
+            raise ValueError(
+                "--clock: virtual models each step's compute and needs --compute-ms (e.g. the "
+                "step time of the model you stand for)"
+            )
+        if self.slowmo_lr_aware and self.outer.momentum == 0.0:  # no velocity: nothing to rescale
+            src = "--outer-momentum" if self.outer_optimizer is not None else "--slowmo-beta"
+            raise ValueError(
+                f"--slowmo-lr-aware: keeps SlowMo's momentum in LR units, and {src} is 0 (no "
+                f"momentum): it would change nothing; drop it or give {src} > 0"
+            )
         if self.overlap_boundary and self.strategy == "ddp":
             raise ValueError("--overlap-boundary: ddp has no parameter averaging to overlap")
         if self.overlap_boundary and self.boundary == "fused":
@@ -227,6 +384,7 @@ class SyncOptions(BaseModel):
                 "fused boundary's momentum correction cannot arrive a step late"
             )
         self._check_fragments()
+        self._check_outer_state_device()
         if self.random_mean is not None and self.random_mean > self.max_sync_period:
             raise ValueError(
                 f"--random-mean: {self.random_mean:g} is above --max-sync-period "
@@ -262,6 +420,22 @@ class SyncOptions(BaseModel):
                 raise ValueError(
                     f"{flag(name)}: --policy {self.policy} does not read it; drop it, or use a "
                     f"policy that does ({readers}){strategy}"
+                )
+
+    def _check_unread(self, skip: frozenset[str] = frozenset()) -> None:
+        """A setting the run does not read (READ_ONLY_UNDER) is refused, not ignored. "Given" is
+        "differs from the default", as for the K-policy options, so a saved config validates
+        again unchanged. An entry whose fields this model lacks is the run's (TrainConfig);
+        `skip`: choosers whose settings a subclass refuses in its own words."""
+        fields = type(self).model_fields
+        for name, (chooser, readers, why) in READ_ONLY_UNDER.items():
+            if name not in fields or chooser not in fields or chooser in skip:
+                continue
+            value = getattr(self, chooser)
+            if value not in readers and getattr(self, name) != fields[name].default:
+                raise ValueError(
+                    f"{flag(name)}: {flag(chooser)} {value} does not read it ({why}); drop "
+                    f"it, or use {flag(chooser)} {' or '.join(sorted(readers))}"
                 )
 
     def _check_fragments(self) -> None:
@@ -306,6 +480,25 @@ class SyncOptions(BaseModel):
                 "--sync-period"
             )
 
+    def _check_outer_state_device(self) -> None:
+        """θ_ref and the velocity in host memory are staged on the device for one boundary
+        (trainer/averaging.py): not across the steps a delayed average spans, and not the
+        error feedback of a compressed one; ddp keeps no outer state."""
+        if self.outer_state_device == "model":
+            return
+        why = (
+            "ddp keeps no outer state (no parameter averaging)"
+            if self.strategy == "ddp"
+            else "a delayed average (--overlap-boundary, --fragment-delay) would hold the "
+            "staged state across steps"
+            if self.delay
+            else "--compress's error feedback stays on the device"
+            if self.compress != "none"
+            else None
+        )
+        if why:
+            raise ValueError(f"--outer-state-device: cpu: {why}; use model (the default)")
+
     @property
     def delay(self) -> int:
         """τ in force: --fragment-delay, or 1 for --overlap-boundary (the same delayed path)."""
@@ -321,7 +514,7 @@ class SyncOptions(BaseModel):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{flag(name)}: needs --outer-optimizer (sgd or nesterov)")
             if self.slowmo_beta is None:
-                self.slowmo_beta = 0.3 if self.strategy == "cpdp" else 0.0
+                self.slowmo_beta = default_slowmo_beta(self.strategy)
             return
         if self.slowmo_beta is not None:
             raise ValueError(
@@ -374,9 +567,17 @@ class SyncOptions(BaseModel):
 
 
 def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions:
-    """Validated options, or an OptionError whose one line names the option to change."""
+    """Validated options, or an OptionError whose one line names the option to change.
+
+    Strict, as Python's own arguments are (the library's path; the CLI's config reads text and
+    coerces): sync_period="4" or 2.0 is refused, not read as 4 or 2. An integer of another type
+    (NumPy's) is taken as the int it is; a boolean never is (see _no_booleans_for_numbers)."""
+    options = {
+        k: int(v) if isinstance(v, numbers.Integral) and not _boolean(v) else v
+        for k, v in options.items()
+    }
     try:
-        return cls(**options)
+        return cls.model_validate(options, strict=True)
     except ValidationError as exc:
         hint = "not an option of autok.Sync: its options are the `autok train` flags' names"
         raise OptionError(describe(exc, hint)) from None

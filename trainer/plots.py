@@ -41,8 +41,14 @@ def pyplot():
 
 
 def save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI)
-    pyplot().close(fig)
+    """`path` replaced whole by the figure, never written through a link (atomic_write)."""
+    from trainer.atomic_write import replacing
+
+    try:
+        with replacing(path, "wb") as f:
+            fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=DPI)
+    finally:
+        pyplot().close(fig)
     return path
 
 

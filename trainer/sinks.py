@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -59,10 +60,23 @@ SUMMARY_KEYS = [  # peak_test_accuracy, final_test_accuracy too, on a classifica
 ]
 
 
+def strict_json(obj: Any) -> Any:
+    """`obj` with every NaN or infinity as None (null): JSON has neither, and json.dump would
+    write `NaN`, which strict parsers refuse. A value that does not exist (the metric of a run
+    whose metric counted nothing, or that never evaluated) is null (docs/design.md §7)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        json.dump(strict_json(obj), f, indent=2, allow_nan=False)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
@@ -350,17 +364,21 @@ def _quality_row(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    wall = summary["wall_seconds"]
+    # under --clock virtual the records' times are modelled: shares are of the modelled time
+    virtual = summary.get("virtual_seconds")
+    wall = summary["wall_seconds"] if virtual is None else virtual
+    clock = "wall" if virtual is None else "virtual"
     rows = [
         ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
         ("workers, link", f"{summary['world_size']}, {summary['link']}"),
         _quality_row(summary),
         ("wall-clock", _wall_clock(summary)),
+        *([] if virtual is None else [("virtual clock", f"{virtual:.1f} s modelled")]),
         ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
         (
             "exposed sync (mean rank)",
             f"{summary['exposed_sync_seconds']:.1f} s "
-            f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of wall)",
+            f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of {clock})",
         ),
         ("boundaries", str(summary["boundaries"])),
         (

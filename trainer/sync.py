@@ -36,15 +36,33 @@ from torch.nn.parallel import DistributedDataParallel
 
 from controllers import build_controller
 from controllers.base import BoundaryStats, SyncDecision
-from trainer.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
+from trainer.averaging import IntervalTotals, ParameterAverager, Reconciled, reconcile_buffers
+from trainer.clock import VirtualClock
 from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finite
 from trainer.fragments import WHOLE, fragment_gap
 from trainer.grad_hook import GradSyncState, install_grad_sync
-from trainer.link import LinkClock
+from trainer.grad_watch import UNCHECKED, GradWatch
+from trainer.link import LinkClock, LinkSchedule
 from trainer.loss_sum import LossSum, read_held
 from trainer.optim import state_tensors
-from trainer.options import OptionError, SyncOptions, flag, sync_options
+from trainer.options import (
+    UNUSED_PARAMETERS_HINT,
+    OptionError,
+    SyncOptions,
+    check_ddp_kwargs,
+    flag,
+    sync_options,
+)
 from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
+from trainer.state_check import (
+    BadState,
+    check_averager,
+    check_counters,
+    check_link,
+    check_pending,
+    k_values,
+    loads_into_copy,
+)
 from trainer.strategies import STRATEGIES, fused
 
 # ddp has a boundary every step, and judging the parameters finite costs three ops and a host
@@ -97,17 +115,30 @@ class Sync:
         observers: list[Any] | None = None,
         peak_lr: float | None = None,
         options: SyncOptions | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         """`kwargs` are the options (the sync flags of `autok train`, same names and defaults),
-        validated here; or pass `options`, already validated (e.g. the CLI's TrainConfig)."""
+        validated here; or pass `options`, already validated (e.g. the CLI's TrainConfig).
+        `ddp_kwargs`: DDP's own arguments a model may need (trainer/options.py,
+        DDP_KWARGS_TAKEN), e.g. find_unused_parameters for a model with unused parameters."""
         if options is not None and kwargs:
             raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
         opts = options if options is not None else sync_options(**kwargs)
-        exact = fused_boundary_is_exact(opts.strategy, optimizer)
+        ddp_kwargs = check_ddp_kwargs(ddp_kwargs, opts.strategy, opts.accumulation_steps)
+        # With unused parameters a rank's gradient may be None where another's is not: its
+        # local step then skips the parameter (no weight decay, no momentum buffer), which the
+        # fused boundary's correction m_i += ḡ − g_i cannot repair. DDP, reducing first, gives
+        # every rank ḡ: the two-phase boundary (docs/design.md §2, the fused boundary's
+        # conditions).
+        unused = bool(ddp_kwargs.get("find_unused_parameters"))
+        exact = fused_boundary_is_exact(opts.strategy, optimizer) and not unused
         if opts.boundary == "fused" and not exact:
             raise OptionError(
-                "--boundary: fused is exact only for cpdp with torch.optim.SGD without "
+                "--boundary: fused is not exact with ddp_kwargs find_unused_parameters (a rank "
+                "whose gradient is None skips the parameter's step); use two-phase or auto"
+                if unused
+                else "--boundary: fused is exact only for cpdp with torch.optim.SGD without "
                 "dampening (AdamW is not linear in the gradient); use two-phase or auto"
             )
         if not dist.is_available() or not dist.is_initialized():
@@ -121,10 +152,12 @@ class Sync:
         self.optimizer = optimizer
         self.module = model
         self.strategy = STRATEGIES[opts.strategy]
-        use_fused = opts.boundary == "fused" or (
-            opts.boundary == "auto" and exact and opts.delay == 0
-        )
-        if use_fused:
+        # auto takes the fused boundary only once a boundary step has shown, on every rank, that
+        # the loop leaves the gradients as backward gave them (no clipping): until then it is
+        # two-phase, and for good if a rank changed them (trainer/grad_watch.py; docs/design.md,
+        # "What the fused boundary needs unchanged")
+        self._probing = self._auto = opts.boundary == "auto" and exact and opts.delay == 0
+        if opts.boundary == "fused":
             self.strategy = fused(self.strategy)
         self._fused = self.strategy.fused_gradients  # (asked at every step)
         # The host clock, read without a device sync; on a GPU the step's spans come from
@@ -134,17 +167,38 @@ class Sync:
 
         plan = opts.link_plan
         self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
-        self.clock = None if plan.is_ideal else LinkClock(plan, self.world_size, opts.seed)
-        # DDP's own per-forward buffer broadcast would bypass the emulator and the buffer
-        # policy; buffers are reconciled at boundaries instead (they still start from rank 0's).
+        # --clock virtual: the link is physically ideal (nothing sleeps) and the virtual clock
+        # books what it would cost instead (trainer/clock.py; docs/design.md §4)
+        self.virtual = self._virtual_clock(model, plan) if opts.clock == "virtual" else None
+        ideal = plan.is_ideal or self.virtual is not None
+        self.clock = None if ideal else LinkClock(plan, self.world_size, opts.seed)
+        # On the averaging strategies DDP's own per-forward buffer broadcast would bypass the
+        # emulator and the buffer policy: buffers are reconciled at boundaries instead (they
+        # still start from rank 0's). ddp is DDP: rank 0's buffers at every forward, as plain
+        # DDP broadcasts them, unless the policy keeps them local (docs/design.md, "Parameter
+        # averaging").
         self.model = _TimedDDP(
             model,
-            forward_sync_buffers=False,
+            forward_sync_buffers=opts.strategy == "ddp" and opts.buffer_policy != "local",
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            **ddp_kwargs,
         )
-        self.model._after_forward = self._after_forward
+        # Called from sync.model's forward, which torch.compile does not trace: disabled here too,
+        # with what it calls (the clock, the gradient hook it arms), or a compiled sync.model
+        # would trace this frame and break its graph on the host clock (docs/design.md §4).
+        self.model._after_forward = torch.compiler.disable(self._after_forward)
+        # N forward/backward passes per optimizer step, only the last all-reducing: each
+        # step's forwards are counted, by a report of its own (no cost to a step of one pass)
+        self.accumulation_steps = opts.accumulation_steps
+        if self.accumulation_steps > 1:
+            self.model._after_forward = torch.compiler.disable(self._after_micro_forward)
+            self.step = self._micro_step
         self.grad_state = GradSyncState(self.world_size, self.clock)
-        install_grad_sync(self.model, self.grad_state)
+        # DDP's built-in path times a backward by the first parameter's gradient, which an unused
+        # parameter, or a static graph's delayed reduction, may never give: the comm hook, which
+        # every bucket passes through, times and counts those (trainer/grad_hook.py)
+        reduction_as_given = not (unused or ddp_kwargs.get("static_graph"))
+        install_grad_sync(self.model, self.grad_state, builtin=reduction_as_given)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._params = list(model.parameters())  # DDP fixes them: no parameter joins later
         self.averager: ParameterAverager | None = None
@@ -164,11 +218,17 @@ class Sync:
                 compress=opts.compress,
                 averaged_extras=extras.averaged,
                 broadcast_extras=extras.broadcast,
-                fused_sgd=optimizer if self.strategy.fused_gradients else None,
+                fused_sgd=optimizer if self._fused or self._probing else None,
                 fragments=opts.fragments,
+                offload=opts.outer_state_device == "cpu",
             )
+        # the check a fused boundary, or auto's choice of it, needs at each boundary step
+        self._watch = GradWatch(self._params) if self._fused or self._probing else None
         if peak_lr is None:  # (an LR may be a tensor: CUDA graphs, a compiled step)
-            peak_lr = max(float(g["lr"]) for g in optimizer.param_groups)
+            # Group 0's, the group every boundary reads η from: qsr's ratio η/peak is then one
+            # group's schedule, whatever the order or relative LRs of the groups
+            # (docs/design.md, "The LR a boundary records").
+            peak_lr = float(optimizer.param_groups[0]["lr"])
         self.controller = build_controller(
             opts.policy, opts.sync_period, opts.policy_options(peak_lr)
         )
@@ -209,6 +269,24 @@ class Sync:
             optimizer.register_step_post_hook(self._after_optimizer_step),
         )
 
+    def _virtual_clock(self, model: nn.Module, plan: LinkSchedule) -> VirtualClock:
+        """--clock virtual's clock; --model-bytes scales every collective's bytes by the model's
+        own parameter bytes (a small model booked as the large one it stands for)."""
+        opts = self.options
+        own = sum(p.numel() * p.element_size() for p in model.parameters())
+        scale = opts.model_bytes / own if opts.model_bytes is not None and own else 1.0
+        compute_ms = opts.compute_ms or 0.0  # (set whenever virtual: trainer/options.py)
+        return VirtualClock(plan, self.world_size, self.rank, opts.seed, compute_ms, scale)
+
+    def _virtual_step(self, gs: GradSyncState) -> tuple[float, float, float, float | None]:
+        """The step as _close_step reads it (forward, backward with its wait, optimizer, the
+        gradient wait or None on a local step), booked on the virtual clock in place of what
+        was measured: only counts (the bytes and buckets backward all-reduced) are read."""
+        v = self.virtual
+        self.link_name = v.move_to(self.global_step, self.epoch).name
+        forward, backward, wait = v.step(self.global_step, gs.nbytes, gs.buckets)
+        return forward, backward + wait, 0.0, wait if gs.buckets else None
+
     # ----- the step ----------------------------------------------------------------------------
 
     @property
@@ -238,11 +316,29 @@ class Sync:
         if steps is not None:
             self.sync_period = min(self.sync_period, steps)
 
-    def step(self, boundary: bool = False) -> _Step:
+    def step(self, boundary: bool = False, micro_batches: int | None = None) -> _Step:
         """One optimizer step of the loop, as `with sync.step() as s:`. `boundary=True` makes
         it a boundary whatever K says (the built-in loop does so at each epoch's last step, so
-        epochs start identical)."""
-        return _Step(self, boundary)
+        epochs start identical). With `accumulation_steps` N, the step takes N forward and
+        backward passes through sync.model, or `micro_batches` (1..N: a short batch at an
+        epoch's end); only the last all-reduces gradients, as DDP's no_sync() on the others.
+        (With N > 1 the Sync's own `step` is _micro_step: a step of one pass tests nothing.)"""
+        if micro_batches is None:
+            return _Step(self, boundary)
+        return self._micro_step(boundary, micro_batches)
+
+    def _micro_step(self, boundary: bool = False, micro_batches: int | None = None) -> _Step:
+        n = self.accumulation_steps
+        if micro_batches is None:
+            return _MicroStep(self, boundary, n)
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+            raise OptionError(f"micro_batches: {micro_batches!r:.40} is not a count of passes")
+        if not 1 <= micro_batches <= n:
+            raise OptionError(
+                f"micro_batches: {micro_batches} passes in a step; give 1 to "
+                f"accumulation_steps ({n})"
+            )
+        return _MicroStep(self, boundary, micro_batches) if n > 1 else _Step(self, boundary)
 
     def _open_step(self, state: _Step) -> AbstractContextManager | None:
         if self._in_step is not None:
@@ -260,6 +356,8 @@ class Sync:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         ctx = self.strategy.backward_context(self.model, is_boundary)
         self.grad_state.reset(local=ctx is not None)  # (a local step: no_sync's context)
+        if is_boundary and self._watch is not None:
+            self._watch.arm()  # the end of its backward is marked
         state._t0 = state._fwd_start = self.now()
         if self._marks is not None:
             self._marks.start()
@@ -279,6 +377,18 @@ class Sync:
             if args and isinstance(x := args[0], torch.Tensor) and (shape := x.shape):
                 self._interval.samples += shape[0]  # for samples/s in the records
 
+    def _after_micro_forward(self, args: tuple) -> None:
+        """`_after_forward` with accumulation: the step's forwards counted; the last pass's
+        forward runs with DDP's gradient sync back on (DDP decides at a forward whether its
+        backward all-reduces), the earlier ones under no_sync() (_MicroStep.__enter__)."""
+        self._after_forward(args)
+        state = self._in_step
+        if state is not None and state._t2 is None and torch.is_grad_enabled():
+            state._passes += 1
+            if state._passes == state._micro - 1 and state._held is not None:
+                self.model.__dict__["require_backward_grad_sync"] = state._held
+                state._held = None
+
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
         if state is None or state._t2 is not None:
@@ -289,8 +399,10 @@ class Sync:
         lr = optimizer.param_groups[0]["lr"]
         # an LR held as a tensor is updated in place by the scheduler (fill_): kept as it is now
         state._lr = lr if type(lr) is float else _lr_now(lr)
-        if self._fused and state.is_boundary:
-            self.averager.capture_boundary_grads()  # g_i as it enters the step
+        if self._watch is not None and state.is_boundary:
+            self._watch.check()  # the gradients, changed since backward ended?
+            if self._fused:
+                self.averager.capture_boundary_grads()  # g_i as it enters the step
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
@@ -316,6 +428,8 @@ class Sync:
             wait = gs.exposed_wait(t1, t2, backward_end)
             if wait is not None:
                 wait = min(wait, span)
+        if self.virtual is not None:  # modelled, never measured (docs/design.md §4)
+            forward, span, optimizer, wait = self._virtual_step(gs)
         if wait is None:  # nothing all-reduced in this step's backward
             grad_synced, backward, wait = False, span, 0.0
         else:
@@ -351,6 +465,8 @@ class Sync:
             interval.exposed_sync_seconds += wait
             interval.grad_syncs += 1
         if state.is_boundary:
+            if self._watch is not None:
+                self._watch.disarm()
             # Delayed (overlapped) after warmup, but never at a forced (epoch-end) boundary.
             delay = (
                 self.options.delay
@@ -413,21 +529,26 @@ class Sync:
             fragment=fragment,
         )
         self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
+        grads = self._watch.take() if self._watch is not None and boundary_step else UNCHECKED
         totals = IntervalTotals(
-            loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds
+            loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds, grads
         )
         pending = self.averager.start(
-            totals, lr, self.clock, delay > 0, fragment, boundary_step=boundary_step
+            totals, lr, self.clock, delay > 0, fragment, boundary_step=boundary_step and self._fused
         )
         self.param_syncs += 1
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
         self._pending = _InFlight(pending, common, interval.grad_bytes, k, interval.steps, delay)
+        seconds = pending.seconds
+        if self.virtual is not None:  # booked once every rank has issued it (trainer/clock.py)
+            seconds = 0.0
+            self.virtual.book(pending.nbytes, pending.compressed)
         # the round: the next fragment, or a new round after the whole model
         frags = self.options.fragments
         self._position = 1 if fragment == WHOLE else self._position % frags + 1
         if delay > 0:
-            return pending.seconds
-        return pending.seconds + self._finish_boundary()
+            return seconds
+        return seconds + self._finish_boundary()
 
     def _ddp_boundary(self, interval: Interval, k: int, lr: float, forced: bool) -> None:
         """ddp's record, every step: written out rather than through the general path, whose
@@ -568,7 +689,11 @@ class Sync:
         flight, self._pending = self._pending, None
         pending = flight.pending
         rec = self.averager.finish(pending, settle=settle)
+        if self._probing and rec.grads_checked:
+            self._choose_boundary(rec)
         finish_seconds = rec.wall_seconds - pending.seconds
+        if self.virtual is not None:  # the wait for what _boundary booked (trainer/clock.py)
+            finish_seconds = self.virtual.wait(self.virtual.booked)
         stats = BoundaryStats(
             **flight.common,
             compute_seconds=rec.compute_seconds,
@@ -581,6 +706,18 @@ class Sync:
         )
         self._close_boundary(stats, flight.sync_period, flight.steps)
         return finish_seconds
+
+    def _choose_boundary(self, rec: Reconciled) -> None:
+        """auto's choice, from a two-phase boundary step whose gradients some rank checked (the
+        sums are every rank's, so every rank chooses alike): the fused boundary from the next
+        one where every rank checked and none found them changed after backward; two-phase for
+        good where one did (docs/design.md, "What the fused boundary needs unchanged")."""
+        if rec.grads_changed:
+            self._probing, self._watch = False, None
+        elif rec.grads_checked == self.world_size:
+            self._probing = False
+            self.strategy = fused(self.strategy)
+            self._fused = True
 
     def _close_boundary(
         self,
@@ -662,6 +799,8 @@ class Sync:
         t0 = time.perf_counter()
         if self.clock is not None:  # between steps: the position of the next one
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
+        elif self.virtual is not None:
+            self.link_name = self.virtual.move_to(self.global_step, self.epoch).name
         if self._pending is not None:
             # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
             # written as is (settled); otherwise the steps taken meanwhile are kept.
@@ -725,6 +864,7 @@ class Sync:
             "controller": self.controller.state_dict(),
             "divergence": self.divergence.state_dict(),
             "link": self.clock.state_dict() if self.clock else None,
+            "virtual": self.virtual.state_dict() if self.virtual else None,
             "counters": {
                 "sync_period": self.sync_period,
                 "fragment_position": self._position,
@@ -736,19 +876,37 @@ class Sync:
                 "k_path": self.k_path,
                 "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
                 **self._loss.state_dict(),  # loss_sum, loss_held
+                "boundary_form": self._boundary_form(),
             },
         }
+
+    def _boundary_form(self) -> str:
+        """The cpdp boundary taken now: auto's choice, so a resume continues on the same path."""
+        return "fused" if self._fused else "probing" if self._probing else "two-phase"
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Call after the model's own state is loaded. Saved at a boundary (an empty interval),
         the replica check's digest is taken from the loaded weights, so replicas resumed from
         differing files are caught at the first boundary; saved mid-interval, the replicas
         rightly differ, and the digest of the last boundary is restored instead. A state that
-        is not this kind of engine's (another strategy, policy or world size) raises a
-        ValueError naming what differs: it would load partly, or fail on a missing key."""
+        is not this kind of engine's (another strategy, policy, world size, outer optimizer,
+        compression or fragments) raises an OptionError naming what differs, and a state with
+        any value of the wrong type, range or shape one naming its key (trainer/state_check.py):
+        checked whole before any of it is applied, so a refused state leaves the Sync as it
+        was."""
         if why := self._foreign(state):
-            raise ValueError(f"load_state_dict: {why}")
+            raise OptionError(f"load_state_dict: {why}")
+        try:
+            self._check_state(state)
+        except BadState as exc:
+            raise OptionError(f"load_state_dict: {exc}") from None
         c = state["counters"]
+        form = c.get("boundary_form")  # absent from states saved before auto's check
+        if form is not None and form not in _BOUNDARY_FORMS:
+            raise OptionError(
+                f"load_state_dict: counters.boundary_form: {str(form)[:20]!r}; one of "
+                f"{', '.join(_BOUNDARY_FORMS)}"
+            )
         in_flight = state.get("pending")
         if self.averager is not None:
             # (with an average in flight, the digest is the one it carries: not recomputed)
@@ -769,6 +927,8 @@ class Sync:
         self.divergence.load_state_dict(state["divergence"])
         if self.clock is not None and state["link"] is not None:
             self.clock.load_state_dict(state["link"])
+        if self.virtual is not None and state.get("virtual") is not None:
+            self.virtual.load_state_dict(state["virtual"])
         self.sync_period = c["sync_period"]
         self._position = c.get("fragment_position", 1)  # absent before fragments existed
         self.global_step, self.boundary = c["global_step"], c["boundary"]
@@ -779,6 +939,18 @@ class Sync:
         self._last_boundary = self._lazy_record = None  # the record before the load is not this
         self._loss = LossSum()
         self._loss.load_state_dict(c)  # loss_held: absent from states saved before it
+        if form is not None and self._auto:
+            self._restore_boundary_form(form)
+
+    def _restore_boundary_form(self, form: str) -> None:
+        """auto's choice as saved (an explicit --boundary is the user's and stays)."""
+        self._probing, self._fused = form == "probing", form == "fused"
+        base = STRATEGIES[self.options.strategy]
+        self.strategy = fused(base) if self._fused else base
+        if form == "two-phase":
+            self._watch = None
+        elif self._watch is None:
+            self._watch = GradWatch(self._params)
 
     def _kind(self) -> dict[str, Any]:
         """What a saved state must match to load here (checked by load_state_dict)."""
@@ -787,7 +959,31 @@ class Sync:
             "policy": self.options.policy,
             "world_size": self.world_size,
             "numel": self.averager.numel if self.averager is not None else None,
+            # the settings that shape the averager's state: its velocity, residual, fragments
+            "outer_optimizer": self.options.outer.kind,
+            "compress": self.options.compress,
+            "fragments": self.options.fragments,
+            "clock": self.options.clock,  # a virtual time line continues only a virtual one
         }
+
+    def _check_state(self, state: dict[str, Any]) -> None:
+        """Every part of a saved state against this engine (trainer/state_check.py); raises
+        BadState naming the first fault. Applies nothing."""
+        check_counters(state["counters"], self.options.strategy, self.options.fragments)
+        if self.averager is not None:
+            check_averager(state["averager"], self.averager, self.options)
+        if state.get("pending") is not None:
+            check_pending(state["pending"], self.averager)
+        k_values(state["controller"], "controller")
+        loads_into_copy(self.controller, state["controller"], "controller")
+        loads_into_copy(self.divergence, state["divergence"], "divergence", optional=("first",))
+        if self.clock is not None and state["link"] is not None:
+            check_link(state["link"])
+        if self.virtual is not None and state.get("virtual") is not None:
+            try:
+                self.virtual.check_state(state["virtual"])
+            except ValueError as exc:
+                raise BadState(str(exc)) from None
 
     def _foreign(self, state: Any) -> str | None:
         if not isinstance(state, dict):
@@ -825,7 +1021,10 @@ class Sync:
             # perhaps not until the interpreter finalizes, where a gloo group's teardown is not
             # safe. Broken here, they go when the loop drops them.
             self.model._after_forward = _no_report
+            self.__dict__.pop("step", None)  # accumulation's bound _micro_step: a cycle too
             self.grad_state.release()
+            if self._watch is not None:
+                self._watch.disarm()
             for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
                 hook.remove()
             self._in_step = _CLOSED  # no step opens again: its optimizer step would go unseen
@@ -843,7 +1042,12 @@ def _add_to_path(
     at_k["steps"] += steps
 
 
+# What DDP's error at a forward says when the last synchronized backward left a parameter unused
+_UNFINISHED_REDUCTION = "Expected to have finished reduction in the prior iteration"
+
 _CLOSED: Any = object()  # Sync._in_step once closed: no step opens, no boundary runs
+
+_BOUNDARY_FORMS = ("fused", "probing", "two-phase")  # Sync._boundary_form
 
 
 @dataclass
@@ -885,6 +1089,10 @@ class _TimedDDP(DistributedDataParallel):
 
     _after_forward: Any = None
 
+    # Never traced by torch.compile: the report reads the host clock, which a compiled
+    # sync.model would break its graph on (docs/design.md §4). recursive=False: the frames this
+    # one calls (DDP's forward, the user's module) are compiled as they would be without autok.
+    @torch.compiler.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = super().forward(*args, **kwargs)
         self._after_forward(args)
@@ -948,4 +1156,49 @@ class _Step(StepHandle):
             self._ctx.__exit__(exc_type, exc, tb)
         if exc_type is None:
             sync._close_step(self)
+        elif exc_type is RuntimeError and _UNFINISHED_REDUCTION in str(exc):
+            # DDP's many-line account of a parameter that got no gradient in the last
+            # synchronized backward, as one line naming the argument that fixes it
+            raise OptionError(
+                f"ddp_kwargs: a parameter of the model got no gradient in a synchronized "
+                f"backward (unused); {UNUSED_PARAMETERS_HINT}"
+            ) from exc
         return False
+
+
+class _MicroStep(_Step):
+    """A step of `micro` forward/backward passes through sync.model (accumulation_steps, or
+    fewer where the loop says so): only the last pass's backward all-reduces gradients; the
+    others accumulate them locally, as under DDP's no_sync(). K counts the step once, and its
+    collectives are those of one pass (docs/design.md §2). A step that saw another number of
+    passes is refused at its close: its gradients would have been all-reduced never, or twice."""
+
+    _passes = 0  # forwards with autograd on, before the optimizer step
+    _held: bool | None = None  # DDP's gradient sync, held off until the last pass's forward
+
+    def __init__(self, sync: Sync, boundary: bool, micro: int) -> None:
+        super().__init__(sync, boundary)
+        self._micro = micro
+
+    def __enter__(self) -> StepHandle:
+        super().__enter__()
+        attrs = self._sync.model.__dict__
+        if self._ctx is None and self._micro > 1:  # this step's backward all-reduces
+            self._held = attrs["require_backward_grad_sync"]
+            attrs["require_backward_grad_sync"] = False
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        sync = self._sync
+        if self._held is not None:  # fewer passes than announced: DDP's flag back as it was
+            sync.model.__dict__["require_backward_grad_sync"] = self._held
+            self._held = None
+        if exc_type is None and self._passes != self._micro:
+            sync._in_step = None
+            if self._ctx is not None:
+                self._ctx.__exit__(None, None, None)
+            raise RuntimeError(
+                f"accumulation_steps: {self._passes} forward passes through sync.model in this "
+                f"step, expected {self._micro}; give sync.step(micro_batches=n) for a short step"
+            )
+        return super().__exit__(exc_type, exc, tb)

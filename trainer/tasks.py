@@ -29,6 +29,10 @@ __all__ = ["ACCURACY", "BUILTIN_TASK", "Metric", "PERPLEXITY", "Task", "TaskErro
 BUILTIN_TASK = "trainer.tasks:classification"
 # `package.module:function`: identifiers only, so a spec can never name a file path or code.
 TASK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+# Samples in one data set: DistributedSampler draws a permutation of every index on every rank
+# each epoch (int64, then a Python list of ~40 bytes an index): 2^27 is ~5 GB per rank already,
+# and a length of 10^12 would ask for terabytes after launch. ImageNet-21k has 1.4 * 10^7.
+SAMPLES_MAX = 1 << 27
 
 
 class TaskError(ValueError):
@@ -172,6 +176,8 @@ def _unusable(task: Any) -> str | None:
         return f"a model that is a {type(task.model).__name__}, not a torch.nn.Module"
     if not any(p.requires_grad for p in task.model.parameters()):
         return "a model with no trainable parameters"
+    if why := _non_real_parameter(task.model):
+        return why
     for name in ("train_dataset", "test_dataset"):
         ds = getattr(task, name)
         try:
@@ -182,6 +188,11 @@ def _unusable(task: Any) -> str | None:
             return f"a {name} whose length fails: {_brief(exc)}"
         if n == 0:
             return f"an empty {name}"
+        if n > SAMPLES_MAX:
+            return (
+                f"a {name} of {n} samples; at most {SAMPLES_MAX} (every rank's sampler holds "
+                "a shuffled list of all its indices, ~40 bytes each)"
+            )
     if not callable(task.loss_fn):
         return "a loss_fn that is not callable"
     m = task.metric
@@ -190,10 +201,22 @@ def _unusable(task: Any) -> str | None:
     return None
 
 
+def _non_real_parameter(model: nn.Module) -> str | None:
+    """A parameter that is not a real floating-point tensor (complex, integer): a boundary
+    averages every parameter in one flat buffer that also carries real scalars (the drift
+    norm, the loss: docs/design.md §3), so such a model would fail after launch."""
+    for name, p in model.named_parameters():
+        if not p.is_floating_point():
+            kind = str(p.dtype).removeprefix("torch.")
+            return f"a model whose parameter {name[:60]!r} is {kind}; autok averages real floats"
+    return None
+
+
 def _probe(task: Task) -> str | None:
     """Why two samples of each data set cannot go through the model, the loss and the metric
-    as the loop will put them, or None. Runs in eval mode without gradients, so it leaves no
-    trace in the model (BatchNorm statistics, autograd state)."""
+    as the loop will put them, or None. Runs in eval mode, so it leaves no trace in the model
+    (BatchNorm statistics, the RNG of dropout); the training samples' loss is built with
+    autograd on, as the loop's is, but never backpropagated (no .grad is written)."""
     import torch
     from torch.utils.data import default_collate
 
@@ -208,15 +231,22 @@ def _probe(task: Task) -> str | None:
                 if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
                     return f"a {name} whose samples are not (input, target) pairs"
                 x, y = batch
-                with torch.no_grad():
+                training = name == "train_dataset"
+                with torch.set_grad_enabled(training):
                     stage = "the model"
                     out = task.model(x)
                     stage = "loss_fn"
                     loss = task.loss_fn(out, y)
-                    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-                        return "a loss_fn that does not return a scalar tensor"
+                if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+                    return "a loss_fn that does not return a scalar tensor"
+                if training and not loss.requires_grad:  # backward() would fail after launch
+                    return (
+                        "a loss_fn whose loss does not require grad (detached from the model's "
+                        "output, or built without autograd): the loop cannot backpropagate it"
+                    )
+                with torch.no_grad():  # on what the loop gives it: a training output detached
                     stage = "the metric"
-                    total, count = task.metric.batch(out, y)
+                    total, count = task.metric.batch(out.detach() if training else out, y)
                     float(total), float(count)
             except Exception as exc:
                 return f"a task whose {name} fails in {stage} on 2 samples: {_brief(exc)}"

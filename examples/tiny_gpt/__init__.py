@@ -1,8 +1,9 @@
 """A byte-level GPT on Python standard-library source, as an autok task.
 
-    autok train --task examples.tiny_gpt:task --optimizer adamw --lr 3e-3 --batch-size 32
+    autok train --task autok.examples.tiny_gpt:task --optimizer adamw --lr 3e-3 --batch-size 32
 
-(run from the repository root, so `examples` is importable). A small nanoGPT-style causal
+(from any directory: examples/ ships inside the package as `autok.examples`; in the checkout's
+root `examples.tiny_gpt:task` names the same file). A small nanoGPT-style causal
 transformer learns to predict the next byte of a fixed list of pure-Python stdlib modules: text
 every machine with Python has offline, so the task needs no download. It is judged by
 perplexity (lower is better); the loop's test_loss is the mean next-byte NLL, log(perplexity).
@@ -232,7 +233,7 @@ class GPT(nn.Module):
 
 
 def task(cfg: Any) -> autok.Task:
-    """`--task examples.tiny_gpt:task`. The data ignore cfg (same windows for every seed and
+    """`--task autok.examples.tiny_gpt:task`. The data ignore cfg (same windows for every seed and
     rank); the model's initial weights come from the global RNG, which the loop seeds from
     cfg.seed before calling this."""
     train, val = splits()
@@ -242,7 +243,7 @@ def task(cfg: Any) -> autok.Task:
 
 
 def short_task(cfg: Any) -> autok.Task:
-    """`--task examples.tiny_gpt:short_task`: the first sixth of the training windows (the
+    """`--task autok.examples.tiny_gpt:short_task`: the first sixth of the training windows (the
     validation set unchanged), so six short epochs take as many steps as one epoch of `task` and
     validate six times on the way: what the controller panel needs for time-to-target."""
     train, val = splits()
