@@ -1016,11 +1016,14 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from autok.report import ReportError, report
+    from autok.report import ReportError, one_run, report
 
     if not ns.dir.is_dir():
         raise ConfigError(f"report: {ns.dir} is not a directory")
     try:
+        if (single := one_run(ns.dir)) is not None:  # a run's own directory: its files say it
+            print(single)
+            return 0
         print(report(ns.dir))
     except ReportError as exc:  # a run's file is malformed: it names the file and the field
         raise ConfigError(f"report: {exc}") from None

@@ -14,7 +14,9 @@ paired across methods:
   log times, exp((t(0.975, ν) + t(0.80, ν)) · sqrt(s_a²/n_a + s_b²/n_b)) with ν = n_a + n_b − 2.
 - censoring: a run that never reaches the target counts at its end time (a lower bound on its
   time to target); its entry says which fraction of seeds reached it, and `censored` is true.
-  A censored ratio is therefore optimistic for that method, never pessimistic.
+  A censored ratio is therefore optimistic for the censored arm: for a method, when the method
+  is censored; pessimistic for it when the baseline is. Seeds whose run has no summary (a
+  diverged run) drop out of the pairing.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ report.md: per method (and varied setting) mean ± std over seeds of the best an
 metric (accuracy in %, or a --task's own metric, e.g. perplexity), wall-clock and exposed sync;
 Δ vs DDP (percentage points for accuracy); a Welch two-sided t-test p-value against DDP's seeds.
 report.csv: one row per run. PNGs, each answering one question (the docstring of the function
-that draws it says which): the quality-time frontier over K, the test metric against wall-clock
-per method, the K paths of the adaptive policies (when there are any), where each method's
-wall-clock goes. Rows and plots follow the experiment's order (see `row_order`).
+that draws it says which): the quality-time frontier over the settings the grid varies, the
+test metric against wall-clock per method, the K paths of the adaptive policies (when there
+are any), where each method's wall-clock goes. Rows and plots follow the experiment's order
+(see `row_order`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 # every file the report writes replaces its name whole, never through a link (docs/design.md §9)
 from trainer.atomic_write import replacing, write_text
 from trainer.clock import training_seconds
+from trainer.link import exposed_wait
 from trainer.plots import (
     MARKERS,
     family_colors,
@@ -657,7 +659,22 @@ def _digits(q: Quality) -> int:
     return 2 if q.is_accuracy else 4
 
 
-def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
+def exposed_waits(runs: list[RunResult]) -> str:
+    """What the runs' exposed sync waited on (trainer/link.py exposed_wait): the network, the
+    modelled link, or peers when no link was emulated; several joined by "or"."""
+    seen = {
+        exposed_wait(
+            str(r.summary.get("link", "?")),
+            r.config.get("clock") == "virtual" or "virtual_seconds" in r.summary,
+        )
+        for r in runs
+    }
+    return " or ".join(sorted(seen)) if seen else "the network"
+
+
+def render(
+    rows: list[Row], title: str, quality: Quality = Quality(), waits: str | None = None
+) -> str:
     q = quality
     direction = (
         "" if q.is_accuracy else f" ({'higher' if q.higher_is_better else 'lower'} is better)"
@@ -668,7 +685,8 @@ def render(rows: list[Row], title: str, quality: Quality = Quality()) -> str:
         "Mean ± standard deviation over seeds (n; where n = 1, the one run's value), judged by "
         f"test {q.name}{direction}. Δ vs "
         f"DDP: difference of mean {q.best} {q.name} ({q.delta_unit}), with the two-sided Welch "
-        "t-test p-value against DDP's seeds; speedup: DDP's mean wall-clock over the row's.",
+        "t-test p-value against DDP's seeds; speedup: DDP's mean wall-clock over the row's."
+        + (f" Exposed sync: time waiting on {waits}." if waits else ""),
         "",
         f"| method | n | {q.best} {q.name}{q.unit} | final {q.name}{q.unit} | wall (s) | "
         f"exposed sync (s) | Δ vs DDP ({q.delta_unit}) | p (Welch) | speedup |",
@@ -747,7 +765,7 @@ def write_csv(runs: list[RunResult], path: Path) -> None:
 # ----- plots: one question each -----------------------------------------------------------------
 
 PLOT_TITLES = {  # the alt text of each image in report.md
-    "frontier": "quality-time frontier over K",
+    "frontier": "quality-time frontier over the settings the grid varies",
     "accuracy_vs_time": "test accuracy against wall-clock",
     "metric_vs_time": "test metric against wall-clock",
     "k_paths": "K paths of the adaptive policies",
@@ -814,13 +832,39 @@ def _seeds_note(groups: dict[str, list[RunResult]], what: str) -> str:
     return f"mean over seeds ({n}), {what} ± 1 std"
 
 
-def plots(runs: list[RunResult], out: Path) -> list[Path]:
+# Settings that differ between runs without being what the grid compares: where a run lives
+# and which seed it drew (seeds are averaged, never an axis).
+NOT_AN_AXIS = frozenset({"seed", "out", "data_dir", "resume", "metrics_port", "run_name"})
+AXIS_NAMES = {"sync_period": "K", "strategy": "method", "lr": "LR"}
+
+
+def varied_settings(runs: list[RunResult]) -> list[str]:
+    """The config.json settings whose values differ across `runs`, in config order: the axes
+    the grid varies (a β grid varies the outer momentum, not K), so a plot names what it
+    compares instead of assuming K."""
+    keys = list(dict.fromkeys(k for r in runs for k in r.config))
+    return [
+        k
+        for k in keys
+        if k not in NOT_AN_AXIS
+        and not k.endswith(("_dir", "_path"))
+        and len({json.dumps(r.config.get(k), sort_keys=True, default=str) for r in runs}) > 1
+    ]
+
+
+def axis_title(varied: list[str]) -> str:
+    """How a title names the varied settings: "K", "method, outer_momentum", ..."""
+    return ", ".join(AXIS_NAMES.get(k, k) for k in varied) if varied else "the methods"
+
+
+def plots(runs: list[RunResult], out: Path, stopped: Collection[StoppedRun] = ()) -> list[Path]:
     """The report's PNGs (written into `out`), in the experiment's row order; k_paths.png only
-    when an adaptive policy ran (otherwise there is nothing to show)."""
+    when an adaptive policy ran (otherwise there is nothing to show). `stopped`: the grid's
+    runs that did not finish, which the frontier lists rather than drops."""
     groups = group(runs)
     rows = table_rows(runs)
     q = quality_of(runs)
-    made = [_frontier(groups, rows, q, out / "frontier.png")]
+    made = [_frontier(groups, rows, q, out / "frontier.png", stopped)]
     name = "accuracy_vs_time" if q.is_accuracy else "metric_vs_time"
     made.append(_metric_vs_time(groups, q, out / f"{name}.png"))
     k_paths = _k_paths(groups, out / "k_paths.png")
@@ -830,14 +874,23 @@ def plots(runs: list[RunResult], out: Path) -> list[Path]:
     return made
 
 
-def _frontier(groups: dict[str, list[RunResult]], rows: list[Row], q: Quality, out: Path) -> Path:
+def _frontier(
+    groups: dict[str, list[RunResult]],
+    rows: list[Row],
+    q: Quality,
+    out: Path,
+    stopped: Collection[StoppedRun] = (),
+) -> Path:
     """frontier.png. The question: which settings buy wall-clock without losing quality, and
     what is the best quality reachable within a time budget? Each row of the table is one point
     (its number is its row in report.md): mean best metric against mean wall-clock, bars ± 1
-    std over its seeds; colour: K on a log2 scale (an adaptive policy's starting K, black edge);
-    marker: the LR when it varies. The staircase is the Pareto front: the best quality any row
-    reaches within the time on the x axis."""
+    std over its seeds; colour: K on a log2 scale (an adaptive policy's starting K, black edge)
+    when K varies, else the numeric setting the grid varies; marker: the LR when it varies.
+    The staircase is the Pareto front: the best quality any row reaches within the time on the
+    x axis. Runs that did not finish (diverged, failed) have no wall-clock to place: a note
+    lists them, so a grid's missing points are never silent."""
     from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
     from matplotlib.lines import Line2D
 
     from autok.pareto import pareto_front
@@ -853,6 +906,21 @@ def _frontier(groups: dict[str, list[RunResult]], rows: list[Row], q: Quality, o
     methods = list(dict.fromkeys(label.split(" ", 1)[0] for label in labels))
     method_marker = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(methods)}
     norm, cmap = k_norm(list(ks.values())), k_cmap()
+    all_runs = [r for label in labels for r in groups[label]]
+    varied = varied_settings(all_runs)
+    shade = {label: float(ks[label]) for label in labels}
+    shade_name = "K (sync period)"
+    if len(set(ks.values())) < 2:  # K fixed across the grid: colour by what does vary
+        numeric = [
+            k
+            for k in varied
+            if k != "lr" and all(_is_number(groups[lb][0].config.get(k)) for lb in labels)
+        ]
+        if numeric:
+            shade_name = numeric[0]
+            shade = {lb: float(groups[lb][0].config[shade_name]) for lb in labels}
+            lo, hi = min(shade.values()), max(shade.values())
+            norm, cmap = Normalize(lo, hi if hi > lo else lo + 1), pyplot().get_cmap("viridis")
     xy = [(row.wall[0], q.scale * row.peak[0]) for row in rows]
     usual = _usual_n(groups)
     fig, ax = plt.subplots(figsize=(10, 5.4), layout="constrained")
@@ -870,7 +938,7 @@ def _frontier(groups: dict[str, list[RunResult]], rows: list[Row], q: Quality, o
     for i, (label, (x, y)) in enumerate(zip(labels, xy, strict=True)):
         style = {
             "marker": lr_marker[lrs[label]] if lr_marker else method_marker[label.split()[0]],
-            "color": cmap(norm(ks[label])),
+            "color": cmap(norm(shade[label])),
             "markeredgecolor": "black" if _adaptive(groups[label]) else "white",
             "markeredgewidth": 1.4 if _adaptive(groups[label]) else 0.6,
             "markersize": 8,
@@ -895,12 +963,23 @@ def _frontier(groups: dict[str, list[RunResult]], rows: list[Row], q: Quality, o
         handles=handles, loc="outside right upper", title=_seeds_note(groups, "\nbars"),
         alignment="left",
     )  # fmt: skip
-    k_colorbar(fig, ScalarMappable(norm=norm, cmap=cmap), ax, list(ks.values()))
+    if shade_name == "K (sync period)":
+        k_colorbar(fig, ScalarMappable(norm=norm, cmap=cmap), ax, list(ks.values()))
+    else:
+        fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=shade_name, pad=0.02)
+    if stopped:
+        listed = [f"{s.label} seed {s.seed}: {s.why}"[:70] for s in stopped]
+        more = f"\n… and {len(listed) - 6} more" if len(listed) > 6 else ""
+        ax.text(
+            0.01, 0.01, "did not finish (not plotted):\n" + "\n".join(listed[:6]) + more,
+            transform=ax.transAxes, fontsize=8, va="bottom", ha="left", color="tab:red",
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "tab:red", "lw": 0.6},
+        )  # fmt: skip
     direction = "" if q.higher_is_better else " (lower is better)"
     ax.set(
         xlabel="wall-clock (s), as in the table",
         ylabel=f"{q.best} {q.column}{q.unit}{direction}",
-        title=f"{q.name}-time frontier over K: what does each setting buy?",
+        title=f"{q.name}-time frontier over {axis_title(varied)}: what does each setting buy?",
     )
     ax.grid(alpha=0.3)
     # last: it needs the final layout
@@ -1069,8 +1148,9 @@ def _k_paths(groups: dict[str, list[RunResult]], out: Path) -> Path | None:
 def _time_split(groups: dict[str, list[RunResult]], rows: list[Row], out: Path) -> Path:
     """exposed_vs_compute.png. The question: where does each method's wall-clock go? Per row
     (mean over ranks and seeds): compute (forward, backward, optimizer), exposed sync (time
-    spent waiting on the network) and the rest (evaluation, data, checkpoints), stacked so a
-    bar is the row's wall-clock, the frontier's x; the share of exposed sync written beside."""
+    spent waiting on the network, or on peers when no link was emulated) and the rest
+    (evaluation, data, checkpoints), stacked so a bar is the row's wall-clock, the frontier's
+    x; the share of exposed sync written beside."""
     plt = pyplot()
     labels = [row.label for row in rows]
     comp = [statistics.fmean(r.summary["compute_seconds"] for r in groups[lb]) for lb in labels]
@@ -1081,7 +1161,8 @@ def _time_split(groups: dict[str, list[RunResult]], rows: list[Row], out: Path) 
     fig, ax = plt.subplots(figsize=(9, max(2.8, 0.3 * len(rows) + 1.6)), layout="constrained")
     ax.barh(ys, comp, color="tab:blue", label="compute (forward, backward, optimizer)")
     left = list(comp)
-    ax.barh(ys, exposed, left=left, color="tab:red", label="exposed sync (waiting on the network)")
+    waits = exposed_waits([r for rs in groups.values() for r in rs])
+    ax.barh(ys, exposed, left=left, color="tab:red", label=f"exposed sync (waiting on {waits})")
     left = [a + b for a, b in zip(left, exposed, strict=True)]
     ax.barh(ys, rest, left=left, color="0.8", label="the rest (evaluation, data, checkpoints)")
     spread = [row.wall[1] if row.n > 1 else 0.0 for row in rows]
@@ -1109,6 +1190,30 @@ def _time_split(groups: dict[str, list[RunResult]], rows: list[Row], out: Path) 
     return save(fig, out)
 
 
+RUN_FILES = ("summary.json", "epochs.csv", "boundaries.jsonl", "k_lr.png", "train.log")
+
+
+def one_run(d: Path) -> str | None:
+    """What `autok report` says of a directory that is itself one finished run (`autok train
+    --out d`: summary.json, no experiment.json), None for anything else. There is nothing to
+    compare, so nothing is written: the summary the run printed at its end, and one line naming
+    the run's own files (docs/design.md §5) and what `autok report` is for."""
+    if not (d / "summary.json").is_file() or (d / "experiment.json").exists():
+        return None
+    summary = read_summary(d / "summary.json")  # malformed: a ReportError naming the field
+    from trainer.sinks import summary_table
+
+    try:
+        table = summary_table(summary) + "\n"
+    except (KeyError, TypeError, ValueError):  # a run from before a field existed
+        table = ""
+    files = ", ".join(n for n in RUN_FILES if (d / n).is_file())
+    return (
+        f"{table}autok: {d} is one finished run, not an experiment: its results are {files}; "
+        "`autok report` compares the runs of an `autok experiment` directory"
+    )
+
+
 def report(root: Path) -> str:
     runs = collect(root)
     if not runs:
@@ -1125,7 +1230,7 @@ def report(root: Path) -> str:
         return text
     rows = table_rows(runs)
     quality = quality_of(runs)
-    text = render(rows, f"autok report: {root}", quality)
+    text = render(rows, f"autok report: {root}", quality, exposed_waits(runs))
     if resolution := render_resolution(rows, quality):
         text += "\n" + resolution
     stopped = collect_stopped(root, quality)
@@ -1134,7 +1239,7 @@ def report(root: Path) -> str:
     text += "\n" + render_profile(sync_profile(runs))
     if stopped:
         text += "\n" + render_stopped(stopped, quality)
-    images = plots(runs, root)  # only the plots written: none is linked that is not there
+    images = plots(runs, root, stopped)  # only the plots written: none is linked that is not there
     write_text(
         root / "report.md",
         text + "\n" + "\n".join(f"![{PLOT_TITLES[p.stem]}]({p.name})" for p in images) + "\n",

@@ -156,8 +156,11 @@ def main() -> None:
         checkpoint(args.steps)
         with torch.no_grad():
             digest = float(sum(p.double().sum() for p in model.parameters()))
-        print(f"rank {rank}: done at step {args.steps}, val loss {evaluate():.4f}, "
-              f"parameter sum {digest!r}", flush=True)
+        print(
+            f"rank {rank}: done at step {args.steps}, val loss {evaluate():.4f}, "
+            f"parameter sum {digest!r}",
+            flush=True,
+        )
     sync.close()
     dist.destroy_process_group()
 

@@ -69,7 +69,8 @@ def test_no_progress_hides_only_the_bar_and_train_log_holds_the_same_lines(run_d
     log = (run_dir / "train.log").read_text()
     assert stdout.startswith(f"autok: run directory {run_dir} ")
     epochs = [ln for ln in stdout.splitlines() if ln.startswith("epoch ")]
-    assert [e.split()[1] for e in epochs] == ["1/2", "2/2"]
+    # counted from 0, as epochs.csv and --link-schedule count them: "epoch 0 (1 of 2)"
+    assert [e.split()[1:4] for e in epochs] == [["0", "(1", "of"], ["1", "(2", "of"]]
     assert all(" acc " in e and " K " in e and "exposed sync" in e for e in epochs)
     assert "autok summary" in stdout and "replicas agree" in stdout
     for line in epochs + ["autok summary"]:

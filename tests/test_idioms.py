@@ -328,3 +328,40 @@ def test_the_outer_state_on_the_cpu_leaves_the_device_two_params_at_most_bit_for
             if on_model[3] is not None:
                 assert torch.equal(on_model[3], on_cpu[3]), name
             assert all(map(torch.equal, on_model[4], on_cpu[4])), name
+
+
+# ----- a forward between backward() and the optimizer step ---------------------------------------
+
+
+def _forward_after_backward_worker(rank, world):
+    out = {}
+    # the built-in gradient path (no link) and the comm hook (an emulated link)
+    for strategy, link in (("ddp", "none"), ("ddp", "lan"), ("cpdp", "none")):
+        for look in (False, True):
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            k = 1 if strategy == "ddp" else 2
+            sync = autok.Sync(model, opt, strategy=strategy, sync_period=k, link=link)
+            for x, y in _batches(rank, 6):
+                with sync.step() as s:
+                    loss = ((sync.model(x) - y) ** 2).mean()
+                    loss.backward()
+                    if look:  # the loop looks at its model before stepping
+                        with torch.no_grad():
+                            sync.model(x)
+                    opt.step()
+                    opt.zero_grad()
+                    s.loss = loss
+            out[(strategy, link, look)] = (sync.grad_syncs, sync.collectives)
+            sync.close()
+    return out
+
+
+def test_a_forward_between_backward_and_step_keeps_the_gradient_sync_counted():
+    """A forward the loop runs after backward() (under no_grad) moves the step's end of forward
+    past the buckets' all-reduce: the sync is still counted, as without that forward (it was
+    dropped, and with it the virtual clock's booking of the all-reduce)."""
+    for out in run_dist(_forward_after_backward_worker, 2):
+        for strategy, link in (("ddp", "none"), ("ddp", "lan"), ("cpdp", "none")):
+            assert out[(strategy, link, True)] == out[(strategy, link, False)], out
+        assert out[("ddp", "none", False)][0] == 6, out

@@ -664,7 +664,7 @@ def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, d
     assert (tmp_path / "k_lr.png").stat().st_size > 1000
     texts = drawn["k_lr.png"]
     assert "warmup: K = 1 (1 epoch)" in texts and "LR (every step)" in texts
-    assert {"1", "2", "3"} <= set(texts)  # the epochs, numbered on top
+    assert {"0", "1", "2"} <= set(texts)  # the epochs, numbered on top from 0 as in epochs.csv
     assert "4" in texts  # K's whole-number ticks
 
 

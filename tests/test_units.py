@@ -519,7 +519,12 @@ def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwa
     state.last_ready, state.last_ready_event = 1.0, _At(10.0)
     assert state.exposed_wait(0.5, 1.1, _At(10.75)) == 0.75
     assert state.exposed_wait(0.5, 1.1, _At(9.0)) == 0.0  # never negative
-    state.last_ready = 0.25  # a bucket from before this backward: no wait of this step's
+    # a bucket ready before the last forward's end (reset() cleared last_ready when the step
+    # opened, so it was all-reduced in this step; the loop ran a forward after backward): the
+    # sync is counted, with none of its wait exposed
+    state.last_ready = 0.25
+    assert state.exposed_wait(0.5, 1.1, _At(10.75)) == 0.0
+    state.last_ready = None  # nothing all-reduced in this step
     assert state.exposed_wait(0.5, 1.1, _At(10.75)) is None
     # DDP's wait ended (GradSyncState._done's event) before backward's end: the loop's own work
     # in between (GradScaler's unscale, clipping) is not the wait

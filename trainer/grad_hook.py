@@ -153,7 +153,7 @@ class GradSyncState:
         optimizer step's start; on a GPU `end_event`, the recorded and already reached event
         there: trainer.profiler.DeviceMarks)."""
         ready = self.last_ready
-        if ready is None or ready <= backward_start:
+        if ready is None:
             return None
         if self.builtin:
             times = self.synced_forwards  # each synchronized forward's backward sends it all
@@ -161,6 +161,12 @@ class GradSyncState:
                 return None
             buckets = self._bucket_count if self._bucket_reads >= 2 else self.bucket_count()
             self.nbytes, self.buckets = times * self.grad_nbytes, times * buckets
+        if ready <= backward_start:
+            # reset() cleared last_ready when the step opened, so the buckets were all-reduced
+            # in this step; a forward the loop ran after backward (an evaluation under no_grad)
+            # moved backward_start past them. Their wait cannot be told from that forward's
+            # compute: the sync is counted, with none of it exposed.
+            return 0.0
         start = self.last_ready_event
         if start is not None:
             # where DDP's wait ended (recorded before backward returned), else end_event

@@ -137,6 +137,20 @@ def parse_schedule(text: str) -> LinkSchedule:
     return LinkSchedule(unit or "step", tuple(segments))
 
 
+def exposed_wait(link: str, virtual: bool) -> str:
+    """What a run's exposed sync waited on, named from its link (the summary's `link`: a
+    profile, a schedule's text, or 'custom') and its clock. With no link emulated there is no
+    network to wait on: the time is workers waiting on each other (a slower rank, shared cores),
+    and calling it "the network" misleads (docs/design.md §4: the link is emulated or modelled)."""
+    if virtual:
+        return "the modelled link"
+    try:
+        ideal = parse_schedule(link).is_ideal
+    except ValueError:  # 'custom' (overridden numbers) or an unknown name: a link was set
+        ideal = False
+    return "peers (no link emulated)" if ideal else "the network"
+
+
 def resolve_profile(
     name: str,
     rtt_ms: float | None = None,

@@ -157,7 +157,8 @@ class Trainer:
                 # rows after the checkpoint would be re-written
                 rewind_outputs(out_dir, epoch, epoch_columns(self.task.classifies))
                 self.log.info(
-                    f"autok: resuming after epoch {epoch + 1}"  # counted from 1, as printed
+                    # numbered from 0 as epochs.csv and the epoch lines are, its place beside it
+                    f"autok: resuming after epoch {epoch} ({epoch + 1} of {cfg.epochs} done)"
                     if epoch >= 0
                     else "autok: no checkpoint yet; starting over"
                 )

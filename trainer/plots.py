@@ -341,6 +341,26 @@ def epoch_starts(boundaries: Sequence[tuple[int, int, int, float, int]]) -> dict
     return dict(sorted(starts.items()))
 
 
+def link_changes(schedule: Any, starts: dict[int, int]) -> list[tuple[int, str]]:
+    """(optimizer step, profile) where a `--link-schedule` changes the link (docs/design.md §4):
+    `@step=N` is step N; `@epoch=N` is epoch N's first step (`starts`, from epoch_starts). None,
+    or text that no longer parses, has no changes to mark."""
+    from trainer.link import parse_schedule
+
+    if not isinstance(schedule, str):
+        return []
+    try:
+        plan = parse_schedule(schedule)
+    except ValueError:
+        return []
+    marks = []
+    for start, profile in plan.segments[1:]:
+        step = start if plan.unit == "step" else starts.get(start)
+        if step is not None:
+            marks.append((step, profile.name))
+    return marks
+
+
 def plot_k_and_lr(
     out: Path,
     boundaries: Sequence[tuple[int, int, int, float, int]],
@@ -370,7 +390,14 @@ def plot_k_and_lr(
         2, 1, figsize=(9, 5), sharex=True, height_ratios=(1.1, 1), layout="constrained"
     )
     ax_k.stairs(ks, edges, color="tab:blue", lw=1.6, baseline=None, label="K in force")
-    k_axis(ax_k, ks)
+    # the cap an adaptive policy cannot pass: a K path flat at the top is the cap, not a choice
+    # (a fixed K never meets it, and drawing it there would only squash the path)
+    cap = config.get("max_sync_period")
+    capped = type(cap) is int and config.get("policy", "fixed") != "fixed"
+    k_axis(ax_k, [*ks, cap] if capped else ks)
+    if capped:
+        cap_label = f"K cap (--max-sync-period {cap})"
+        ax_k.axhline(cap, color="tab:red", lw=0.9, ls="--", label=cap_label)
     if len(bs) <= 2000:  # where the syncs were: a rug along the bottom
         low = k_ticks(ks)[0] / 1.18
         ax_k.plot([b[1] for b in bs], [low] * len(bs), "|", color="0.3", ms=5, label="boundary")
@@ -394,10 +421,17 @@ def plot_k_and_lr(
     for ax in (ax_k, ax_lr):
         for s in inner:
             ax.axvline(s, color="0.55", lw=0.6, ls=":", zorder=1)
+    for step, name in link_changes(config.get("link_schedule"), starts):
+        if edges[0] < step < edges[-1]:
+            for ax in (ax_k, ax_lr):
+                ax.axvline(step, color="tab:purple", lw=1.0, ls="-.", zorder=2,
+                           label="link change")  # fmt: skip
+            ax_k.text(step, 1.0, f" {name}", transform=ax_k.get_xaxis_transform(),
+                      color="tab:purple", fontsize=8, va="top", ha="left")  # fmt: skip
     # epoch numbers on top, at each epoch's middle (thinned to at most 15 labels), counted
-    # from 1 as the console counts them
+    # from 0 as epochs.csv, --link-schedule and the console's epoch lines count them
     spans = sorted(starts.items())
-    mids = [((a + b) / 2, e + 1) for (e, a), (_, b) in zip(spans, spans[1:], strict=False)]
+    mids = [((a + b) / 2, e) for (e, a), (_, b) in zip(spans, spans[1:], strict=False)]
     every = max(1, math.ceil(len(mids) / 15))
     top = ax_k.secondary_xaxis("top")
     top.set_xticks([m for m, _ in mids[::every]], [str(e) for _, e in mids[::every]])

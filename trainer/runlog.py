@@ -56,7 +56,9 @@ def close_run_logger() -> None:
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
-    """One epoch as one line: what a reader checks while a run goes."""
+    """One epoch as one line: what a reader checks while a run goes. The epoch is numbered
+    from 0, as epochs.csv, boundaries.jsonl and `--link-schedule …@epoch=N` number it
+    (docs/design.md §5), with its place in the run beside it: "epoch 2 (3 of 6)"."""
     if "test_accuracy" in row:
         quality = f"acc {row['test_accuracy']:.4f}"
     else:
@@ -64,7 +66,8 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
     busy = row["epoch_seconds"] - row["overhead_seconds"]
     share = row["sync_seconds"] / busy if busy > 0 else 0.0
     return (
-        f"epoch {row['epoch'] + 1}/{epochs}  loss {row['train_loss']:.4f}  {quality}  "
+        f"epoch {row['epoch']} ({row['epoch'] + 1} of {epochs})  "
+        f"loss {row['train_loss']:.4f}  {quality}  "
         f"K {row['sync_period']}  exposed sync {share:.0%}  {row['epoch_seconds']:.1f} s"
     )
 
@@ -79,4 +82,5 @@ class RunLog:
         self.log.info(epoch_line(row, self.epochs))
 
     def on_stop(self, epoch: int) -> None:
-        self.log.info(f"stopped after epoch {epoch + 1} with a checkpoint")
+        done = f"{epoch + 1} of {self.epochs} done"
+        self.log.info(f"stopped after epoch {epoch} ({done}) with a checkpoint")

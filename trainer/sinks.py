@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.base import BoundaryStats, SyncDecision
+from trainer.link import exposed_wait
 
 EPOCH_COLUMNS = [
     "epoch",
@@ -75,7 +76,11 @@ def strict_json(obj: Any) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
+    # autok's own temporary name: a stale one, or a link planted there, is removed (the link,
+    # never its target) and the file made anew, so the write never follows a link
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(strict_json(obj), f, indent=2, allow_nan=False)
         f.write("\n")
         f.flush()
@@ -182,7 +187,11 @@ def rewind_outputs(out_dir: Path, last_epoch: int, columns: list[str] = EPOCH_CO
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
+    # autok's own temporary name: a stale one, or a link planted there, is removed (the link,
+    # never its target) and the file made anew, so the write never follows a link
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -368,6 +377,8 @@ def summary_table(summary: dict[str, Any]) -> str:
     virtual = summary.get("virtual_seconds")
     wall = summary["wall_seconds"] if virtual is None else virtual
     clock = "wall" if virtual is None else "virtual"
+    # what the wait was on: the network, or peers when no link is emulated
+    waits = exposed_wait(str(summary.get("link", "?")), virtual is not None)
     rows = [
         ("strategy / policy", f"{summary['strategy']} / {summary['policy']}"),
         ("workers, link", f"{summary['world_size']}, {summary['link']}"),
@@ -378,7 +389,8 @@ def summary_table(summary: dict[str, Any]) -> str:
         (
             "exposed sync (mean rank)",
             f"{summary['exposed_sync_seconds']:.1f} s "
-            f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of {clock})",
+            f"({summary['exposed_sync_seconds'] / max(wall, 1e-9):.0%} of {clock}), "
+            f"waiting on {waits}",
         ),
         ("boundaries", str(summary["boundaries"])),
         (

@@ -796,7 +796,9 @@ class Sync:
             if self._in_step is _CLOSED:
                 raise RuntimeError("sync.sync_now() after sync.close(): the replicas agree")
             raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
-        t0 = time.perf_counter()
+        # under --clock virtual the seconds spent are the booked ones (docs/design.md §4)
+        now = time.perf_counter if self.virtual is None else self.virtual.now
+        t0 = now()
         if self.clock is not None:  # between steps: the position of the next one
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
         elif self.virtual is not None:
@@ -824,12 +826,12 @@ class Sync:
                     self.clock,
                 )
                 self.collectives += 1
-            return time.perf_counter() - t0
+            return now() - t0
         k = self.k_in_force
         lr = self.optimizer.param_groups[0]["lr"]
         carried = self._boundary(self._interval, k, lr, boundary_step=False)
         self._interval = Interval(exposed_sync_seconds=carried)
-        return time.perf_counter() - t0
+        return now() - t0
 
     def _emit(self, event: str, *args: Any) -> None:
         for obs in self.observers:
