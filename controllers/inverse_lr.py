@@ -10,10 +10,9 @@ so K = K_base (`--sync-period`) at the peak LR and doubles each time the LR halv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from controllers.base import BoundaryStats, SyncDecision
-from controllers.qsr import lr_power_period
+from controllers.qsr import LRDrivenPeriod, lr_power_period
 
 
 def next_sync_period(lr: float, *, base: int, peak_lr: float, max_k: int) -> int:
@@ -21,7 +20,7 @@ def next_sync_period(lr: float, *, base: int, peak_lr: float, max_k: int) -> int
 
 
 @dataclass
-class InverseLRController:
+class InverseLRController(LRDrivenPeriod):
     base: int
     peak_lr: float
     max_sync_period: int = 64
@@ -39,15 +38,3 @@ class InverseLRController:
         )
         self.sync_period = k
         return SyncDecision(k, f"inverse-lr: {self.base} x {self.peak_lr:.3g}/{stats.lr:.3g}")
-
-    def rollback(self, sync_period: int) -> None:
-        """After a divergence rollback the LR-driven K may not exceed the halved K."""
-        self.sync_period = sync_period
-        self.max_sync_period = max(self.base, sync_period)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sync_period": self.sync_period, "max_sync_period": self.max_sync_period}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sync_period = int(state["sync_period"])
-        self.max_sync_period = int(state["max_sync_period"])

@@ -34,8 +34,30 @@ def default_alpha(peak_lr: float, base: int) -> float:
     return peak_lr * math.sqrt(base)
 
 
+class LRDrivenPeriod:
+    """What an LR-driven rule (QSR, inverse-lr) keeps besides its formula: K, its cap, and how a
+    rollback lowers the cap. The rule's own dataclass declares base, max_sync_period and
+    sync_period."""
+
+    base: int
+    max_sync_period: int
+    sync_period: int
+
+    def rollback(self, sync_period: int) -> None:
+        """After a divergence rollback the LR-driven K may not exceed the halved K."""
+        self.sync_period = sync_period
+        self.max_sync_period = max(self.base, sync_period)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sync_period": self.sync_period, "max_sync_period": self.max_sync_period}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync_period = int(state["sync_period"])
+        self.max_sync_period = int(state["max_sync_period"])
+
+
 @dataclass
-class QSRController:
+class QSRController(LRDrivenPeriod):
     base: int
     alpha: float
     max_sync_period: int = 64
@@ -51,15 +73,3 @@ class QSRController:
         k = next_sync_period(stats.lr, base=self.base, alpha=self.alpha, max_k=self.max_sync_period)
         self.sync_period = k
         return SyncDecision(k, f"qsr: (alpha/lr)^2 = ({self.alpha:.3g}/{stats.lr:.3g})^2")
-
-    def rollback(self, sync_period: int) -> None:
-        """After a divergence rollback the LR-driven K may not exceed the halved K."""
-        self.sync_period = sync_period
-        self.max_sync_period = max(self.base, sync_period)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sync_period": self.sync_period, "max_sync_period": self.max_sync_period}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sync_period = int(state["sync_period"])
-        self.max_sync_period = int(state["max_sync_period"])
