@@ -10,7 +10,7 @@ ARGS   ?=
 # pip takes torch==2.14.1 / torchvision==0.29.1 from this machine's disk (its cap stays on).
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
 # The main job: mnist1d, 4 workers, the emulated WAN, cpdp from K=4 with beta=0.3, and K
@@ -24,11 +24,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
+# ruff, then mypy over the installed packages ([tool.mypy] in pyproject.toml: what it checks)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/autok bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

@@ -1,4 +1,4 @@
-"""The public API: `autok.Sync` in your own training loop (DESIGN §7).
+"""The public API: `autok.Sync` in your own training loop (docs/design.md §3, Public API).
 
     import autok   # inside an initialized process group (torchrun, or autok's launcher)
 
@@ -22,10 +22,13 @@ Every option is the `autok train` flag of the same name and default (`sync_perio
 (docs/design.md §3); a bad one raises `autok.OptionError` (a ValueError) whose one line names it.
 `ddp_kwargs` goes on to DDP (find_unused_parameters, static_graph, gradient_as_bucket_view,
 bucket_cap_mb); what autok sets itself (device_ids, process_group, ...) is refused.
+`outer_optimizer` also takes a factory, `params -> torch.optim.Optimizer` (the API only): the
+outer step is then that optimizer's step on the pseudo-gradient (trainer/outer.py, TorchOuter).
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +36,10 @@ import torch
 from torch import nn
 
 from autok.config import SyncSettings
-from trainer.options import OptionError, check_ddp_kwargs, sync_options
+from trainer.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
+from trainer.outer import OuterFactory, TorchOuter
 from trainer.sinks import BoundaryLog
+from trainer.state_check import BadState
 from trainer.sync import StepHandle, StepTimes
 from trainer.sync import Sync as _Engine
 from trainer.tasks import ACCURACY, PERPLEXITY, Metric, Task
@@ -67,7 +72,11 @@ class Sync(_Engine):
         ddp_kwargs: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
+        factory = _outer_factory(options)  # (then options' outer_optimizer is "average")
         settings = sync_options(SyncSettings, **options)
+        assert isinstance(settings, SyncSettings)  # sync_options builds the class it is given
+        if factory is not None:
+            _check_outer_settings(settings)
         if isinstance(device, str):  # "cuda:1", as torch itself takes it
             try:
                 device = torch.device(device)
@@ -77,6 +86,8 @@ class Sync(_Engine):
         _check_optimizer(model, optimizer)
         ddp_kwargs = check_ddp_kwargs(ddp_kwargs, settings.strategy, settings.accumulation_steps)
         _check_service(settings, model, device, out_dir, peak_lr)
+        # built (the factory called, its result checked) before DDP: use_outer adopts it
+        self._outer = _build_outer(factory, model) if factory is not None else None
         super().__init__(
             model,
             optimizer,
@@ -86,6 +97,8 @@ class Sync(_Engine):
             options=settings,
             ddp_kwargs=ddp_kwargs,
         )
+        if self._outer is not None and self.averager is not None:  # (ddp: refused above)
+            self.averager.use_outer(self._outer)
         from autok.launch import start_exporter  # the same exporter `autok train` starts
 
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -94,6 +107,103 @@ class Sync(_Engine):
         exporter = start_exporter(settings, self.rank, str(self.out_dir or "run"))
         if exporter is not None:
             self.observers.append(exporter)
+
+    def _kind(self) -> dict[str, Any]:
+        """The engine's, with a factory's optimizer named: a state saved under another outer
+        step (a name, or another optimizer class) is refused naming outer_optimizer."""
+        kind = super()._kind()
+        if self._outer is not None:
+            kind["outer_optimizer"] = self._outer.name
+        return kind
+
+    def _check_state(self, state: dict[str, Any]) -> None:
+        """The engine's checks, and a factory's optimizer state tried on a copy: all before
+        load_state_dict applies anything."""
+        super()._check_state(state)
+        outer = self._outer
+        if outer is not None and (why := _outer_state_refusal(outer, state["averager"])):
+            raise BadState(f"averager.outer: {why}")
+
+
+# what only the named outer steps read: with a factory, the optimizer's own settings rule
+_NAMED_ONLY = {
+    "slowmo_beta": None,
+    "slowmo_lr_aware": False,
+    "outer_lr": None,
+    "outer_momentum": None,
+}
+
+
+def _outer_factory(options: dict[str, Any]) -> OuterFactory | None:
+    """`outer_optimizer` as a factory (popped: the options take names only), refused with what
+    only the names read, or on ddp; None where it is a name (the options check it)."""
+    factory = options.get("outer_optimizer")
+    if not callable(factory):
+        return None
+    for name, unset in _NAMED_ONLY.items():
+        if options.get(name, unset) is not unset:
+            raise OptionError(
+                f"outer_optimizer: a factory's optimizer takes its own settings; {name} applies "
+                "to the named outer steps only (drop it, or give a name such as 'nesterov')"
+            )
+    if options.get("strategy") == "ddp":
+        raise OptionError("outer_optimizer: ddp has no parameter averaging; use localsgd or cpdp")
+    options["outer_optimizer"] = "average"  # the engine's averaging; use_outer adds the step
+    return factory
+
+
+def _check_outer_settings(settings: SyncOptions) -> None:
+    """A factory's step moves the whole θ_ref where it lives (ParameterAverager.use_outer)."""
+    if settings.fragments > 1:
+        raise OptionError(
+            "outer_optimizer: a factory's optimizer steps the whole model; with fragments "
+            f"{settings.fragments} each boundary moves a slice (give a name, or fragments 1)"
+        )
+    if settings.outer_state_device != "model":
+        raise OptionError(
+            "outer_optimizer: a factory's optimizer keeps θ_ref on the model's device; "
+            "outer_state_device 'cpu' needs a named outer step"
+        )
+
+
+def _build_outer(factory: OuterFactory, model: nn.Module) -> TorchOuter:
+    """The factory's optimizer over a new θ_ref in the averaging's dtype (at least float32, as
+    ParameterAverager's own; use_outer checks they agree), refused naming outer_optimizer."""
+    params = list(model.parameters())
+    work = torch.float32
+    for p in params:
+        work = torch.promote_types(work, p.dtype)
+    numel = sum(p.numel() for p in params)
+    flat = torch.empty(numel, dtype=work, device=params[0].device)
+    try:
+        return TorchOuter(factory, flat, [p.shape for p in params])
+    except ValueError as exc:
+        raise OptionError(f"outer_optimizer: {exc}") from None
+
+
+def _outer_state_refusal(outer: TorchOuter, saved: Any) -> str | None:
+    """Why a saved averager state cannot give this factory's optimizer its state, or None:
+    loaded on a copy (torch checks the groups), each state tensor a scalar or of its
+    parameter's shape (torch does not, and the first step would fail on it)."""
+    if not isinstance(saved, dict) or "outer" not in saved:
+        return "no outer optimizer's state (saved without outer_optimizer=FACTORY?)"
+    state = saved["outer"]
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict):
+        return "not a torch optimizer's state_dict()"
+    shapes = [p.shape for p in outer.params]
+    for key, per_param in state["state"].items():
+        if not (isinstance(key, int) and 0 <= key < len(shapes)):
+            return f"state key {str(key)[:20]!r} is no parameter's index"
+        if not isinstance(per_param, dict):
+            return f"state[{key}] is not a dict"
+        for name, value in per_param.items():
+            if isinstance(value, torch.Tensor) and value.numel() > 1 and value.shape != shapes[key]:
+                return f"state[{key}][{str(name)[:20]!r}] is not of parameter {key}'s shape"
+    try:
+        copy.deepcopy(outer.optimizer).load_state_dict(state)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+    return None
 
 
 def _check_arguments(model: Any, device: Any, out_dir: Any, observers: Any) -> None:

@@ -34,6 +34,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
+from autok.extras import require, require_run, require_storage
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
 from trainer.clock import CLOCKS
 from trainer.link import PROFILES
@@ -277,7 +278,7 @@ def add_train_flags(
         conv = path_arg if conv is Path else conv
         # a renamed flag keeps its own dest: the sweep's --backend would otherwise share it
         dest = renamed[name].lstrip("-").replace("-", "_") if name in renamed else name
-        names = dict(dest=dest, default=argparse.SUPPRESS, help=text)
+        names: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=text)
         if conv is bool:
             g.add_argument(
                 renamed.get(name, flag(name)), action=argparse.BooleanOptionalAction, **names
@@ -299,7 +300,9 @@ class VersionAction(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> typing.NoReturn:
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace, values, option_string=None
+    ) -> typing.NoReturn:
         print(f"autok {package_version()}")  # on stdout, as argparse's own version action
         parser.exit()
 
@@ -746,6 +749,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         out = Path(cfg.out)
         if ns.resume is not None:
             check_resumable(out, cfg)
+        require_run(cfg)  # a missing extra: one line naming it (autok/extras.py)
         check_task(cfg)
         check_backend(cfg)
         check_metrics_ports(cfg)
@@ -769,6 +773,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
             "--out: under torchrun every rank must write into one run directory; give --out "
             "(the same path on every node)"
         )
+    require_run(cfg)  # a missing extra: one line naming it (autok/extras.py)
     check_task(cfg)
     check_backend(cfg)
     check_metrics_ports(cfg)  # a taken port fails here, not in rank 0 after config.json
@@ -791,6 +796,10 @@ def launch_run(cfg: TrainConfig, out: Path, resume: bool = False) -> int:
     import signal
     import threading
 
+    from autok.procs import start_worker_server, under_torchrun
+
+    if not under_torchrun():  # its imports overlap this process's own (autok/launch.py)
+        start_worker_server()
     from autok.launch import launch  # torch: only once the settings are known good
 
     # A train started with SIGINT ignored (a background job of a non-interactive shell: how
@@ -883,6 +892,10 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     train_args = argparse.Namespace(**given)
     out = getattr(ns, "out", None) or Path("sweeps") / time.strftime("%Y%m%d-%H%M%S")
     check_sweep_flags(ns)
+    require("autok sweep")  # its extras, before any file is read (autok/extras.py)
+    if ns.backend == "ray":
+        require("--backend ray")
+    require_storage(ns.storage)
     # The fixed part is what the user gave (defaults that depend on searched settings, such as
     # beta on a searched strategy, stay free); it must be a valid run by itself.
     fixed = given_values(train_args)
@@ -890,6 +903,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     # a fixed setting that only some trials read (--target-sync-share with a searched policy)
     check_fixed(fixed, space)
     fixed_cfg = load_config({}, trial_settings(fixed, {}))
+    require_run(fixed_cfg)
     metric = check_task(fixed_cfg)
     if fixed_cfg.metrics_port:
         from autok.metrics import check_metrics_ports
@@ -998,13 +1012,17 @@ def cmd_experiment(ns: argparse.Namespace) -> int:
         if getattr(ns, name) is not None:
             extra[name] = getattr(ns, name)
     runs = expand(exp, ns.form or "quick", ns.seeds, extra or None)
+    for run in runs:  # each run's data set, model and --tensorboard (autok/extras.py)
+        require_run(run.settings)
     check_run_dirs(runs, ns.out)
     make_out_dir(ns.out)
     print(
         f"autok: experiment {exp['name']} ({ns.form or 'quick'}): {len(runs)} runs into {ns.out}",
         flush=True,
     )
-    tally = run_experiment(runs, ns.out, ns.jobs)
+    from autok import pilot
+
+    tally = run_experiment(runs, ns.out, ns.jobs, pilot.spec(exp), exp.get("predictions"))
     # a diverged run is a result (the report lists it); only a crash or a refusal fails
     ended = f", {tally.diverged} diverged" if tally.diverged else ""
     ended += f", {tally.failed} failed" if tally.failed else ""
@@ -1024,6 +1042,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
         if (single := one_run(ns.dir)) is not None:  # a run's own directory: its files say it
             print(single)
             return 0
+        require("autok report")  # the plots and intervals of an experiment (autok/extras.py)
         print(report(ns.dir))
     except ReportError as exc:  # a run's file is malformed: it names the file and the field
         raise ConfigError(f"report: {exc}") from None

@@ -27,7 +27,7 @@ from trainer.options import (
     describe,
     flag,
 )
-from trainer.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task
+from trainer.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task, metric_of
 
 __all__ = [
     "STRATEGIES",
@@ -77,7 +77,7 @@ def parse_milestones(text: str) -> tuple[float, ...]:
     parts = [p.strip() for p in text.split(",")]
     if len(parts) > MILESTONES_MAX:
         raise ValueError(f"{len(parts)} milestones; at most {MILESTONES_MAX}")
-    out = []
+    out: list[float] = []
     for p in parts:
         try:
             m = float(p)
@@ -305,7 +305,9 @@ class TrainConfig(SyncSettings):
                     "--lr-schedule: step needs --lr-milestones (fractions of the run, e.g. "
                     "0.5,0.75)"
                 )
-            inside = [m for m in self.milestones if m * self.epochs < self.lr_warmup_epochs]
+            warmup = self.lr_warmup_epochs
+            assert warmup is not None  # resolved to --warmup-epochs before the regimes' check
+            inside = [m for m in self.milestones if m * self.epochs < warmup]
             if inside:
                 raise ValueError(
                     f"--lr-milestones: {inside[0]!r} of {self.epochs} epochs falls inside the LR "
@@ -469,7 +471,7 @@ def check_task(cfg: TrainConfig) -> Metric:
     except TaskError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.task is None:
-        return task.metric
+        return metric_of(task)
     if cfg.partition == "dirichlet":  # the built-in data sets all have class labels
         try:
             class_labels(task.train_dataset)
@@ -483,7 +485,7 @@ def check_task(cfg: TrainConfig) -> Metric:
             f"--fragments: {cfg.fragments} fragments of {cfg.task}'s model with {numel} "
             f"parameters; give at most {numel}"
         )
-    return task.metric
+    return metric_of(task)
 
 
 NAME_MAX = 255  # bytes in one file name, on Linux and macOS file systems

@@ -30,11 +30,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from autok import pilot
 from autok.config import (
     NAME_MAX,
     ConfigError,
@@ -59,6 +61,8 @@ class Run:
     settings: dict[str, Any]
     order: int = 0  # the run's place in the grid (runs x vary x seeds): the report's row order
     mean_k_of: str | None = None  # the label of the run whose mean K sets random_mean
+    stage: str = "main"  # "pilot": a run on the pilot's seeds (autok/pilot.py)
+    from_pilot: bool = False  # `sync_period: pilot`: settings from the regime's pilot choice
 
     @property
     def dir(self) -> str:
@@ -107,6 +111,11 @@ def experiment_problem(exp: Any) -> str | None:
                     f"runs[{i}].random_mean: give a number or {{mean_k_of: NAME}} naming an "
                     "earlier run"
                 )
+        if "only" in run and not (
+            isinstance(run["only"], dict)
+            and all(isinstance(v, list) and v for v in run["only"].values())
+        ):
+            return f"runs[{i}].only: needs a mapping of varied setting -> list of its values"
     seeds = exp.get("seeds", [42])
     if not isinstance(seeds, list) or not seeds or not all(type(x) is int for x in seeds):
         return "seeds: needs a non-empty list of integers"
@@ -114,6 +123,8 @@ def experiment_problem(exp: Any) -> str | None:
     if not forms:
         return "needs a `quick` or `full` form"
     if why := measured_problem(exp.get("measured", {}), forms):
+        return why
+    if why := pilot.problem(exp):
         return why
     for form in forms:
         spec = exp[form]
@@ -143,10 +154,21 @@ def experiment_problem(exp: Any) -> str | None:
 def count_runs(exp: dict[str, Any], form: str, seeds: list[int] | None = None) -> int:
     """How many runs `expand` makes of the form (runs x vary x seeds), without building any."""
     vary = exp[form].get("vary", {})
-    n_seeds = len(seeds or exp.get("seeds", [42]))
-    return n_seeds * sum(
-        math.prod(len(vary[k]) for k in vary if k not in run) for run in exp["runs"]
-    )
+    plan = pilot.spec(exp)
+    total = 0
+    for run in exp["runs"]:
+        only = run.get("only", {})
+        combos = math.prod(
+            sum(_name(v) in only.get(k, [_name(v)]) for v in vary[k]) for k in vary if k not in run
+        )
+        on_pilot = plan.seeds if plan is not None and run["name"] in plan.runs else None
+        total += combos * len(on_pilot or seeds or exp.get("seeds", [42]))
+    return total
+
+
+def _name(v: Any) -> Any:
+    """A varied value as labels and `only` name it: a bundle by its name."""
+    return v["name"] if isinstance(v, dict) else v
 
 
 def estimate(exp: dict[str, Any], form: str) -> str:
@@ -229,12 +251,20 @@ def expand(
             f"{head}experiment {exp['name']} ({form}) has {total:,} runs (runs x vary x "
             f"seeds); at most {MAX_RUNS:,}, each a full multi-worker job"
         )
-    out = []
+    plan = pilot.spec(exp)
+    if plan is not None and seeds and set(seeds) & set(plan.seeds):
+        raise ConfigError("--seeds: must differ from the experiment's pilot.seeds")
+    out: list[Run] = []
     dirs: dict[str, str] = {}
     tasks_checked: set[str] = set()
     for run in exp["runs"]:
         keys = [k for k in vary if k not in run]
+        only = run.get("only", {})
         for combo in itertools.product(*(vary[k] for k in keys)):
+            if any(
+                _name(v) not in only.get(k, [_name(v)]) for k, v in zip(keys, combo, strict=True)
+            ):
+                continue  # `only`: a run that means something in some regimes only
             chosen = dict(zip(keys, combo, strict=True))
             bundled: dict[str, Any] = {}
             for k, v in chosen.items():
@@ -243,7 +273,11 @@ def expand(
                     chosen[k] = v["name"]
                 else:
                     bundled[k] = v
-            own = {k: v for k, v in run.items() if k != "name"}
+            own = {k: v for k, v in run.items() if k not in ("name", "only")}
+            from_pilot = own.get("sync_period") == pilot.FROM_PILOT
+            if from_pilot:  # known once the pilot ran; a fixed K stands in for checking
+                own |= {"sync_period": 1, "strategy": own.get("strategy", "cpdp")}
+            on_pilot = plan is not None and run["name"] in plan.runs
             mean_of = (
                 own.pop("random_mean")["mean_k_of"]
                 if isinstance(own.get("random_mean"), dict)
@@ -268,7 +302,7 @@ def expand(
                     f"experiment {exp['name']}: run {label[:40]!r}... names a directory of "
                     f"{len(name.encode())} bytes; at most {NAME_MAX} (shorten its name or values)"
                 )
-            for seed in seeds or exp.get("seeds", [42]):
+            for seed in plan.seeds if on_pilot and plan else seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
                 try:
                     # a mean taken from another run is known only once it ran: any valid one
@@ -279,7 +313,15 @@ def expand(
                         tasks_checked.add(cfg.task)
                 except ConfigError as exc:
                     raise ConfigError(f"experiment {exp['name']}, run {label!r}: {exc}") from None
-                run_ = Run(label, seed, s, len(out), mean_of + suffix if mean_of else None)
+                run_ = Run(
+                    label,
+                    seed,
+                    s,
+                    len(out),
+                    mean_of + suffix if mean_of else None,
+                    "pilot" if on_pilot else "main",
+                    from_pilot,
+                )
                 if run_.dir in dirs:  # two runs would write (and clear) one directory
                     raise ConfigError(
                         f"experiment {exp['name']}: runs {dirs[run_.dir]!r} and {label!r} "
@@ -316,7 +358,13 @@ def with_matched_mean(run: Run, out: Path) -> Run:
     if not (source / "summary.json").exists():
         raise ValueError(f"{run.mean_k_of!r} (seed {run.seed}) did not finish")
     mean = min(mean_k_used(source), float(run.settings.get("max_sync_period", 64)))
-    return Run(run.label, run.seed, {**run.settings, "random_mean": round(mean, 4)}, run.order)
+    return Run(
+        run.label,
+        run.seed,
+        {**run.settings, "random_mean": round(mean, 4)},
+        run.order,
+        stage=run.stage,
+    )
 
 
 def _train(run: Run, out: Path, secret: bytes) -> tuple[str, float]:
@@ -367,7 +415,13 @@ def _train_holding(run: Run, out: Path, secret: bytes, held: list[RunLock]) -> t
     _write_text(
         run_dir / "experiment.json",
         json.dumps(
-            {"label": run.label, "seed": run.seed, "order": run.order, "settings": run.settings},
+            {
+                "label": run.label,
+                "seed": run.seed,
+                "order": run.order,
+                "stage": run.stage,
+                "settings": run.settings,
+            },
             indent=2,
         ),
     )
@@ -574,7 +628,15 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
     """Before anything starts: no run's directory is reached through a symbolic link, and every
     run that would start over holds only files autok can prove it wrote there."""
     secret = read_secret(out)
+    plan = pilot.read_plan(out) if any(r.from_pilot for r in runs) else {}
     for run in runs:
+        variant = run.label.partition(" ")[2]
+        if run.from_pilot and variant in plan:  # as it ran: with the pilot's choice
+            group = [r for r in runs if r.label.partition(" ")[2] == variant]
+            try:
+                run = with_pilot_choice(run, group, plan[variant]["best_fixed"])
+            except ValueError as exc:
+                raise ConfigError(f"--out: {out / pilot.PLAN}: {exc}; choose a new --out") from None
         refuse_links(out, run)
         run_dir = out / run.dir
         finished = (run_dir / "summary.json").exists()
@@ -667,8 +729,15 @@ class Tally:
     failed: int = 0
 
 
-def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> Tally:
+def run_experiment(
+    runs: list[Run],
+    out: Path,
+    jobs: int = 1,
+    plan_spec: pilot.PilotSpec | None = None,
+    predictions: dict[str, Any] | None = None,
+) -> Tally:
     """Run the grid, `jobs` runs at a time; how its runs ended."""
+    predictions = predictions or {}
     out.mkdir(parents=True, exist_ok=True)
     secret = ensure_secret(out)  # before any run: it signs the markers of the dirs autok makes
     total, done = len(runs), 0
@@ -705,15 +774,83 @@ def run_experiment(runs: list[Run], out: Path, jobs: int = 1) -> Tally:
             return
         one(run)
 
+    def main_run(run: Run, group: list[Run], entry: dict[str, Any] | str) -> None:
+        nonlocal done
+        if not run.from_pilot:
+            one(run)
+            return
+        try:
+            if isinstance(entry, str):  # the pilot could not choose: why
+                raise ValueError(entry)
+            chosen = with_pilot_choice(run, group, entry["best_fixed"])
+        except ValueError as exc:
+            done += 1
+            tally.failed += 1
+            print(f"[{done}/{total}] {run.label} seed {run.seed}: FAILED: {exc}", flush=True)
+            return
+        one(chosen)
+
     # One setting of the varied values (a regime) at a time, so an interrupted experiment leaves
-    # whole comparisons behind; within it, a run whose mean K comes from another run starts
-    # after the others have finished.
+    # whole comparisons behind. Within it: the pilot's runs, then its plan (autok/pilot.py),
+    # then the main seeds, and last a run whose mean K comes from another run.
     regimes: dict[str, list[Run]] = {}
     for r in runs:
         regimes.setdefault(r.label.partition(" ")[2], []).append(r)
-    for group in regimes.values():
+    for variant, group in regimes.items():
+        first = [r for r in group if r.stage == "pilot"]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(one, [r for r in group if r.mean_k_of is None]))
+            list(pool.map(one, first))
+        entry = make_plan(out, variant, first, plan_spec, predictions) if first else ""
+        mains = [r for r in group if r.stage == "main" and r.mean_k_of is None]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(partial(main_run, group=group, entry=entry), mains))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(follower, [r for r in group if r.mean_k_of is not None]))
     return tally
+
+
+def make_plan(
+    out: Path,
+    variant: str,
+    pilot_runs: list[Run],
+    plan_spec: pilot.PilotSpec | None,
+    predictions: dict[str, Any],
+) -> dict[str, Any] | str:
+    """The regime's plan (OUT/plan.json), kept once written; or why it cannot be made."""
+    existing = pilot.read_plan(out).get(variant)
+    if existing is not None:
+        return existing
+    if plan_spec is None:
+        return "the experiment has no pilot"
+    from autok.report import ReportError, read_run
+
+    by_method: dict[str, list] = {}
+    for r in pilot_runs:
+        if not (out / r.dir / "summary.json").exists():
+            return f"the pilot run {r.label!r} seed {r.seed} did not finish"
+        try:
+            by_method.setdefault(r.label.split(" ", 1)[0], []).append(read_run(out / r.dir))
+        except (OSError, ReportError, ValueError) as exc:
+            return f"the pilot run {r.label!r} seed {r.seed} cannot be read: {exc}"
+    entry = pilot.choose(by_method, plan_spec)
+    regime = variant.partition("=")[2]
+    if regime in predictions:
+        entry["prediction"] = predictions[regime]
+    pilot.write_entry(out, variant, entry)
+    print(
+        f"autok: {variant or 'the experiment'}: target {entry['target']:.4f} "
+        f"({entry['metric']}), best fixed K on the pilot: {entry['best_fixed']} "
+        f"(written to {out / pilot.PLAN})",
+        flush=True,
+    )
+    return entry
+
+
+def with_pilot_choice(run: Run, group: list[Run], best: str) -> Run:
+    """`run` (sync_period: pilot) with the settings of the regime's best pilot run."""
+    suffix = run.label.partition(" ")[2]
+    label = f"{best} {suffix}" if suffix else best
+    source = next((r for r in group if r.stage == "pilot" and r.label == label), None)
+    if source is None:  # plan.json names a run this experiment's pilot does not have
+        raise ValueError(f"{pilot.PLAN} names {label!r}, which is not a run of this pilot")
+    return Run(run.label, run.seed, {**source.settings, "seed": run.seed}, run.order)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -17,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autok.config import SyncSettings, TrainConfig
-from autok.procs import die_with_parent, under_torchrun
+from autok.procs import die_with_parent, start_worker_server, under_torchrun, worker_start_method
 from trainer.data import DATA_SEED, prepare_mnist1d
 
 
@@ -190,6 +192,75 @@ def store_file() -> str:
     return path
 
 
+class _Launcher:
+    """What a spawned worker takes from the launcher when it starts, and a forked one would take
+    from the worker server instead: the environment and stdout/stderr as they are now (the
+    server's are those of when it started, maybe a test or an earlier launch ago). The working
+    directory and sys.path travel already (multiprocessing's preparation data)."""
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd  # only while a worker is being started
+
+        fds = [DupFd(fd) if _is_open(fd) else None for fd in (1, 2)]
+        return (_Inherited, (self.env, *fds))
+
+
+class _Inherited:
+    def __init__(self, env: dict[str, str], stdout, stderr) -> None:
+        self.env, self.stdio = env, ((stdout, 1), (stderr, 2))
+
+    def apply(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.env)
+        for dup, target in self.stdio:
+            if dup is not None and (fd := dup.detach()) != target:
+                os.dup2(fd, target)
+                os.close(fd)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _forked(rank: int, inherited: _Inherited, fn, *args) -> None:
+    inherited.apply()
+    fn(rank, *args)
+
+
+def start_workers(fn, args: tuple, nprocs: int):
+    """fn(rank, *args) on `nprocs` new processes (torch's ProcessContext, not joined). Where the
+    platform has a fork server, they are forked from it: it imported torch and the workers'
+    modules once (autok/procs.py, WORKER_MODULES), so a worker starts in a fraction of a second
+    where a fresh interpreter took seconds, N times over on a few cores. The server only
+    imported: it ran no torch op and never touched CUDA, so forking it is safe where forking
+    the launcher (which may have run torch ops: OpenMP and CUDA are not fork-safe) is not
+    (docs/design.md §9, Processes). A forked worker gets the launcher's environment and stdio
+    of now (_Launcher), so it sees what a spawned one would."""
+    method = worker_start_method()
+    if method == "forkserver":
+        start_worker_server()  # a no-op where the CLI started it early
+        fn, args = _forked, (_Launcher(), fn, *args)
+    return mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method=method)
+
+
+@functools.cache
+def freeze_heap_at_exit() -> None:
+    """At the launcher's exit, freeze what is alive then (gc.freeze): the interpreter's final
+    collections skip the millions of objects torch imported, which they would walk to free
+    nothing (most of a second of the command's end, benchmarks/results/startup.md). Exit
+    handlers still run and objects still go by reference count; only garbage in cycles at exit
+    is not collected, and the launcher's files are closed before then (the workers write the
+    run's outputs)."""
+    atexit.register(gc.freeze)
+
+
 def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None:
     cfg_json = cfg.model_dump_json()
     out = str(out_dir) if out_dir else None
@@ -197,17 +268,12 @@ def launch(cfg: TrainConfig, out_dir: Path | None, resume: bool = False) -> None
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         worker(rank, world, cfg_json, out, int(os.environ.get("LOCAL_RANK", 0)), resume=resume)
         return
+    freeze_heap_at_exit()
     prepare_data(cfg)
     restarts = 0
     while True:
         store = store_file()
-        ctx = mp.start_processes(
-            _spawned,
-            args=(cfg.workers, cfg_json, out, store, resume),
-            nprocs=cfg.workers,
-            join=False,
-            start_method="spawn",
-        )
+        ctx = start_workers(_spawned, (cfg.workers, cfg_json, out, store, resume), cfg.workers)
         try:
             join_all(ctx)
             return
@@ -267,15 +333,13 @@ def _run_worker_entry(
 
 
 def run_workers(fn, world_size: int, *args, timeout: float = 300) -> list:
-    """fn(rank, world_size, *args) on `world_size` spawned processes joined by gloo on localhost;
-    returns the per-rank results. For tests and benchmarks that drive the engine directly."""
+    """fn(rank, world_size, *args) on `world_size` new processes (start_workers) joined by gloo
+    on localhost; returns the per-rank results. For tests and benchmarks that drive the engine
+    directly."""
     with tempfile.TemporaryDirectory() as d:
-        ctx = mp.start_processes(
-            _run_worker_entry,
-            args=(world_size, store := store_file(), fn, args, d, timeout),
-            nprocs=world_size,
-            join=False,
-            start_method="spawn",
+        store = store_file()
+        ctx = start_workers(
+            _run_worker_entry, (world_size, store, fn, args, d, timeout), world_size
         )
         try:
             join_all(ctx)

@@ -269,9 +269,9 @@ class MetricsExporter:
                 for name, doc in GAUGES.items():
                     if name in self._gauges:
                         extra = {"metric": self._metric_name} if name == "test_metric" else {}
-                        m = GaugeMetricFamily(f"autok_{name}", doc, labels=[*names, *extra])
-                        m.add_metric([*values, *extra.values()], self._gauges[name])
-                        yield m
+                        g = GaugeMetricFamily(f"autok_{name}", doc, labels=[*names, *extra])
+                        g.add_metric([*values, *extra.values()], self._gauges[name])
+                        yield g
                 for name, doc in COUNTERS.items():
                     m = CounterMetricFamily(f"autok_{name}", doc, labels=names)
                     m.add_metric(values, self._counters[name])
@@ -284,15 +284,15 @@ class MetricsExporter:
                 for kind, n in sorted(self._k_changes.items()):
                     m.add_metric([*values, kind], n)
                 yield m
-                m = GaugeMetricFamily(
+                g = GaugeMetricFamily(
                     "autok_sync_period_change_timestamp_seconds",
                     "unix time of each of the last K changes (the end of warmup included), "
                     "one series per change",
                     labels=[*names, "change", "old_k", "new_k", "reason"],
                 )
                 for n, old, new, kind, when in self._change_events:
-                    m.add_metric([*values, str(n), str(old), str(new), kind], when)
-                yield m
+                    g.add_metric([*values, str(n), str(old), str(new), kind], when)
+                yield g
                 for name, hist, doc in (
                     ("exposed_sync_seconds", self._exposed, "exposed sync per boundary interval"),
                     ("compute_seconds", self._compute, "compute per boundary interval"),

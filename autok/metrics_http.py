@@ -246,8 +246,10 @@ class MetricsHTTPServer:
                         continue
                     if key.data is None:
                         self._accept()
-                    elif self._conns.get(key.fd) is key.data:  # not dropped earlier this round
-                        self._serve(key.data, events)
+                        continue
+                    conn = self._conns.get(key.fd)
+                    if conn is not None and conn is key.data:  # not dropped earlier this round
+                        self._serve(conn, events)
                 now = time.monotonic()
                 if now >= self._next_expiry:
                     self._expire(now)
@@ -347,7 +349,7 @@ class MetricsHTTPServer:
                 line_end = conn.inbuf.find(b"\n")
                 first = bytes(conn.inbuf[:line_end]) if line_end >= 0 else None
                 kind = request_line_kind(first) if first is not None else "1.x"
-                if kind == "0.9":  # the line is the whole request: answer it and close
+                if kind == "0.9" and first is not None:  # the whole request: answer, close
                     conn.outbuf += answer_09(first, self._body)
                     conn.close_after = True
                 elif kind == "bad" or len(conn.inbuf) > MAX_HEAD:

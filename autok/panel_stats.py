@@ -1,4 +1,5 @@
-"""The controller panel's statistics (docs/design.md §9): pure functions, no files, no runs.
+"""The controller panel's statistics (docs/design.md §6, Judging a policy): pure functions, no
+files, no runs.
 
 A policy is judged by its time to a target quality against the regime's best fixed K, seeds
 paired across methods:

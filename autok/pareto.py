@@ -83,8 +83,9 @@ def plot_front(rows: list[dict], front: list[int], out: Path, metric: str = "acc
     ks = [float(r.get("sync_period") or 1) for r in rows]
     norm, cmap = k_norm(ks), k_cmap()
     lrs = [r.get("lr") for r in rows]
-    lr_known = all(isinstance(v, (int, float)) and v > 0 for v in lrs)
-    lo, hi = (min(lrs), max(lrs)) if lr_known else (1.0, 1.0)
+    positive = [float(v) for v in lrs if isinstance(v, (int, float)) and v > 0]
+    lr_known = len(positive) == len(lrs)
+    lo, hi = (min(positive), max(positive)) if lr_known else (1.0, 1.0)
 
     def size(lr: Any) -> float:  # marker area from the LR, on a log scale
         if not lr_known or hi <= lo:

@@ -88,3 +88,45 @@ def under_torchrun() -> bool:
 def torchrun_restart() -> bool:
     """torchrun is restarting its workers after a failure (--max-restarts)."""
     return under_torchrun() and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+# What the worker server imports once, for every worker it forks (autok/launch.py); the last
+# one shortens its exit (autok/forkserver_exit.py).
+WORKER_MODULES = (
+    "torch",
+    "torch.distributed",
+    "autok.launch",
+    "trainer.loop",
+    "autok.forkserver_exit",
+)
+
+
+def worker_start_method() -> str:
+    """How local workers start: forked from a server that imported torch and the worker's
+    modules once (`forkserver`) on Linux, else a fresh interpreter each (`spawn`). macOS has
+    a fork server too, but its system libraries may start threads that a fork breaks (why
+    Python spawns there by default), and importing torch loads them."""
+    import multiprocessing
+
+    linux = sys.platform.startswith("linux")
+    return (
+        "forkserver"
+        if linux and "forkserver" in multiprocessing.get_all_start_methods()
+        else "spawn"
+    )
+
+
+def start_worker_server() -> None:
+    """Start the worker server now, without waiting for it: its imports (seconds of torch)
+    overlap the launcher's own. Torch-free, so the CLI calls it before importing torch. The
+    server never runs a torch op or touches CUDA (OpenMP and CUDA are not fork-safe): it only
+    imports (docs/design.md §9, Processes). Its one other thread, numpy's OpenBLAS pool, stops
+    itself around a fork (its pthread_atfork handler), as for torch's own forked DataLoader
+    workers. A server already running is kept."""
+    if worker_start_method() != "forkserver":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(list(WORKER_MODULES))
+    forkserver.ensure_running()

@@ -22,9 +22,9 @@ import statistics
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-# every file the report writes replaces its name whole, never through a link (docs/design.md §9)
+# every file the report writes replaces its name whole, never through a link (docs/design.md §7)
 from trainer.atomic_write import replacing, write_text
 from trainer.clock import training_seconds
 from trainer.link import exposed_wait
@@ -57,6 +57,7 @@ class RunResult:
     epochs: list[dict[str, str]]
     boundaries: list[dict[str, Any]] | None = None  # boundaries.jsonl, read by collect
     order: int | None = None  # the run's place in the experiment's grid (experiment.json)
+    stage: str = "main"  # "pilot": a run on a panel's pilot seeds (autok/pilot.py)
 
     @property
     def method(self) -> str:
@@ -81,7 +82,7 @@ BOUNDARY_NUMBERS = ("exposed_sync_seconds", "compute_seconds")
 BOUNDARY_COUNTS = ("epoch", "global_step", "sync_period")
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -95,7 +96,7 @@ def _is_fraction_or_nan(v: Any) -> bool:
     return _is_number(v) and (math.isnan(v) or 0 <= v <= 1)
 
 
-def _is_count(v: Any) -> bool:
+def _is_count(v: Any) -> TypeGuard[int]:
     return type(v) is int and v >= 0
 
 
@@ -137,6 +138,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     _need(path, meta, "seed", lambda v: type(v) is int, "an integer")
     if "order" in meta:
         _need(path, meta, "order", _is_count, "a count")
+    if "stage" in meta:
+        _need(path, meta, "stage", lambda v: v in ("pilot", "main"), "pilot or main")
     return meta
 
 
@@ -188,7 +191,7 @@ def _a_metric(v: Any) -> bool:
 
 def read_summary(path: Path) -> dict[str, Any]:
     """summary.json, checked, with the test metric under one set of keys: a task's run has
-    `metric`, peak_test_metric and final_test_metric (DESIGN §5); a run written before tasks
+    `metric`, peak_test_metric and final_test_metric (docs/design.md §7); a run written before tasks
     had only the accuracies, which are its metric."""
     summary = read_json_object(path)
     for key in METRIC_KEYS:  # summary.json is strict JSON: a metric with no value is null
@@ -253,6 +256,8 @@ def read_epochs(
             columns = reader.fieldnames or []
     except (OSError, ValueError, csv.Error) as exc:  # ValueError: malformed UTF-8
         raise ReportError(f"{path}: not readable CSV ({_brief(exc)})") from None
+    if torn_ok and not columns:  # killed before its header reached the disk: no epoch yet
+        return []
     # The test metric's column: a task's test_metric, or a classification's test_accuracy.
     numbers = (*numbers, "test_metric" if "test_metric" in columns else "test_accuracy")
     for key in (*counts, *numbers):
@@ -309,24 +314,28 @@ def boundary_records(r: RunResult) -> list[dict[str, Any]]:
 def collect(root: Path) -> list[RunResult]:
     """The finished runs under `root`, their files checked: a malformed one is a ReportError
     naming the file and the field (never a crash half-way through the plots)."""
-    runs = []
-    for tag in sorted(root.rglob("experiment.json")):
-        d = tag.parent
-        if not (d / "summary.json").exists():
-            continue  # unfinished
-        meta = read_meta(tag)
-        run = RunResult(
-            meta["label"],
-            meta["seed"],
-            d,
-            read_config(d / "config.json"),
-            read_summary(d / "summary.json"),
-            read_epochs(d / "epochs.csv"),
-            order=meta.get("order"),
-        )
-        run.boundaries = read_boundaries(d / "boundaries.jsonl")
-        runs.append(run)
-    return runs
+    return [
+        read_run(tag.parent)
+        for tag in sorted(root.rglob("experiment.json"))
+        if (tag.parent / "summary.json").exists()  # else unfinished
+    ]
+
+
+def read_run(d: Path) -> RunResult:
+    """One finished run of an experiment, its files checked."""
+    meta = read_meta(d / "experiment.json")
+    run = RunResult(
+        meta["label"],
+        meta["seed"],
+        d,
+        read_config(d / "config.json"),
+        read_summary(d / "summary.json"),
+        read_epochs(d / "epochs.csv"),
+        order=meta.get("order"),
+        stage=meta.get("stage", "main"),
+    )
+    run.boundaries = read_boundaries(d / "boundaries.jsonl")
+    return run
 
 
 @dataclass
@@ -348,7 +357,7 @@ def read_log_tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
     """The last `limit` bytes of a log, from its first whole line; '' when it is no regular
     file. A FIFO would block the report until a writer came, and a device may never end: both
     are checked before the open (lstat: a link is not followed) and again on what was opened
-    (O_NONBLOCK: opening a FIFO does not wait), docs/design.md §9."""
+    (O_NONBLOCK: opening a FIFO does not wait), docs/design.md §7, Report."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -553,9 +562,9 @@ def table_rows(runs: list[RunResult]) -> list[Row]:
     rows = []
     for label, rs in groups.items():
         peaks = [r.summary["peak_test_metric"] for r in rs]
-        walls = [training_seconds(r.summary) for r in rs]  # (virtual: modelled, design.md §4)
+        walls = [training_seconds(r.summary) for r in rs]  # (virtual: modelled, docs/design.md §4)
         base_label = baseline_label(groups, rs[0].variant)
-        base_runs = groups.get(base_label, []) if base_label != label else []
+        base_runs = groups.get(base_label, []) if base_label not in (None, label) else []
         base = [r.summary["peak_test_metric"] for r in base_runs]
         delta = scale * (statistics.fmean(peaks) - statistics.fmean(base)) if base else math.nan
         speedup = (
@@ -936,8 +945,11 @@ def _frontier(
     (stairs,) = ax.plot(fx, fy, color="crimson", lw=1.2, zorder=2)
     handles = []
     for i, (label, (x, y)) in enumerate(zip(labels, xy, strict=True)):
+        lr = lrs[label]  # a run without a numeric LR takes its method's marker
         style = {
-            "marker": lr_marker[lrs[label]] if lr_marker else method_marker[label.split()[0]],
+            "marker": lr_marker[lr]
+            if lr_marker and lr is not None
+            else method_marker[label.split()[0]],
             "color": cmap(norm(shade[label])),
             "markeredgecolor": "black" if _adaptive(groups[label]) else "white",
             "markeredgewidth": 1.4 if _adaptive(groups[label]) else 0.6,
@@ -1197,7 +1209,7 @@ def one_run(d: Path) -> str | None:
     """What `autok report` says of a directory that is itself one finished run (`autok train
     --out d`: summary.json, no experiment.json), None for anything else. There is nothing to
     compare, so nothing is written: the summary the run printed at its end, and one line naming
-    the run's own files (docs/design.md §5) and what `autok report` is for."""
+    the run's own files (docs/design.md §7) and what `autok report` is for."""
     if not (d / "summary.json").is_file() or (d / "experiment.json").exists():
         return None
     summary = read_summary(d / "summary.json")  # malformed: a ReportError naming the field
@@ -1221,11 +1233,11 @@ def report(root: Path) -> str:
     from autok import panel
 
     if panel.is_panel(runs):  # regimes judged apart (their metrics differ): its own report
-        stopped = [
+        lines = [
             f"{s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}"
             for s in collect_stopped(root)
         ]
-        text = panel.report(root, runs, stopped)
+        text = panel.report(root, runs, lines)
         write_csv(runs, root / "report.csv")
         return text
     rows = table_rows(runs)

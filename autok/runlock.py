@@ -71,7 +71,7 @@ def acquire(out: Path) -> RunLock:
     """Lock `out` for this process (and the children it passes the descriptor to). The caller
     keeps it for the run's lifetime (the descriptor is closed at exit). RunInUse when another
     process holds it, OSError when the lock file cannot be opened. Never follows a symbolic
-    link (docs/design.md §9: no write through one); an existing lock file is opened, never
+    link (docs/design.md §7: no write goes through one); an existing lock file is opened, never
     written, so a refused run changes nothing."""
     path = out / LOCK_NAME
     created = not os.path.lexists(path)

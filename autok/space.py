@@ -6,7 +6,7 @@ import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeGuard
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
@@ -37,12 +37,23 @@ class Dim:
     log: bool = False
     choices: tuple | None = None
 
+    # A categorical dimension has choices, an int or float one low and high (load_space):
+    # these read them typed without the None.
+    def _choices(self) -> tuple:
+        assert self.choices is not None, f"{self.name}: a categorical dimension without choices"
+        return self.choices
+
+    def _range(self) -> tuple[float, float]:
+        assert self.low is not None and self.high is not None, f"{self.name}: no low or high"
+        return self.low, self.high
+
     def outside(self, value: Any) -> str | None:
         """Why an enqueued value does not belong to this dimension, or None."""
         if self.kind == "categorical":
-            return None if value in self.choices else f"{value!r:.40} is not one of the choices"
-        if not _finite_number(value) or not self.low <= value <= self.high:
-            return f"{value!r:.40} is not a number in [{self.low:g}, {self.high:g}]"
+            return None if value in self._choices() else f"{value!r:.40} is not one of the choices"
+        low, high = self._range()
+        if not _finite_number(value) or not low <= value <= high:
+            return f"{value!r:.40} is not a number in [{low:g}, {high:g}]"
         if self.kind == "int" and not float(value).is_integer():
             return f"{value!r:.40} is not an integer"
         return None
@@ -51,16 +62,17 @@ class Dim:
         """Its choices, or the two ends of its range (as ints for an int dimension): the values
         a check tries it at."""
         if self.kind == "categorical":
-            return self.choices
-        return tuple(int(b) if self.kind == "int" else b for b in (self.low, self.high))
+            return self._choices()
+        return tuple(int(b) if self.kind == "int" else b for b in self._range())
 
     def suggest(self, trial) -> Any:
         """Optuna's define-by-run suggestion."""
         if self.kind == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices))
+            return trial.suggest_categorical(self.name, list(self._choices()))
+        low, high = self._range()
         if self.kind == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
+            return trial.suggest_int(self.name, int(low), int(high), log=self.log)
+        return trial.suggest_float(self.name, low, high, log=self.log)
 
 
 # Settings read only under some values of another: name -> (the choosing setting, the values
@@ -297,7 +309,8 @@ def field_problem(name: str, value: Any) -> str | None:
     """Why `value` is not a valid value of setting `name` by itself (its type, its bounds, a
     finite number), or None. Combinations are checked per trial."""
     field = TrainConfig.model_fields[name]
-    ann = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+    # a type built at run time: no static type describes it
+    ann: Any = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
     try:
         TypeAdapter(ann, config=ConfigDict(allow_inf_nan=False)).validate_python(value)
     except ValidationError as exc:
@@ -344,7 +357,7 @@ def load_space(path: Path | None) -> list[Dim]:
             dims.append(Dim(name, kind, choices=tuple(choices)))
             continue
         low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
-        if not all(_finite_number(v) for v in (low, high)) or low > high:
+        if not (_finite_number(low) and _finite_number(high)) or low > high:
             raise ConfigError(f"{where}: needs finite numbers low <= high")
         if not isinstance(log, bool):
             raise ConfigError(f"{where}: log must be true or false")
@@ -365,7 +378,7 @@ def load_space(path: Path | None) -> list[Dim]:
     return dims
 
 
-def _finite_number(v: Any) -> bool:
+def _finite_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -18,7 +18,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import yaml
@@ -41,6 +41,7 @@ from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_t
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
 OBJECTIVES = ("pareto", "metric", "time-to-target")
 OBJECTIVE_ALIASES = {"accuracy": "metric", "time-to-accuracy": "time-to-target"}
+Direction = Literal["minimize", "maximize"]  # an Optuna study direction
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,9 @@ def redact(text: str, *urls: str | None) -> str:
     driver's message may quote one without its URL."""
     secrets: set[str] = set()
     for url in urls:
-        for pw in _passwords(url) if url else []:
+        if not url:
+            continue
+        for pw in _passwords(url):
             text = text.replace(url, redact_url(url))
             # A raw @ or : in the password makes parsers disagree on where the host or port
             # starts, and a message quoting that "host" or "port" would show the rest: hide
@@ -264,7 +267,8 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
             contexts = [{cond[0]: c} for c in dims[cond[0]].choices or ()]
         read = [c for c in contexts if applies(d.name, {**fixed, **c})]
         if not read:
-            why = unread_reason(d.name, fixed, [c.get(cond[0]) for c in contexts if c])
+            chosen = [c.get(cond[0]) for c in contexts if c] if cond is not None else []
+            why = unread_reason(d.name, fixed, chosen)
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {why}")
         whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
@@ -282,14 +286,15 @@ def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:
     return [res.time_to_target]
 
 
-def directions(opts: SweepOptions) -> list[str]:
+def directions(opts: SweepOptions) -> list[Direction]:
     """Optuna's study directions for the objective values, in order."""
-    metric = "maximize" if opts.higher_is_better else "minimize"
-    return {
+    metric: Direction = "maximize" if opts.higher_is_better else "minimize"
+    by_objective: dict[str, list[Direction]] = {
         "pareto": [metric, "minimize"],
         "metric": [metric],
         "time-to-target": ["minimize"],
-    }[opts.objective]
+    }
+    return by_objective[opts.objective]
 
 
 def intermediate(opts: SweepOptions, value: float) -> float:

@@ -225,7 +225,13 @@ def say_trials(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> A
         def __setstate__(self, state: dict) -> None:
             self.lines = None
 
-        def setup(self, **info: Any) -> None:
+        def setup(
+            self,
+            stop: Any = None,
+            num_samples: int | None = None,
+            total_num_samples: int | None = None,
+            **info: Any,
+        ) -> None:  # Callback.setup's signature: Tune passes these by name
             self.lines = TrialLines(opts, fixed)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info) -> None:
@@ -279,6 +285,8 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
         raise
 
     modes = [d[:3] for d in directions(opts)]  # maximize -> max, minimize -> min
+    metric: str | list[str]
+    mode: str | list[str]
     if opts.objective == "pareto":
         metric, mode = ["peak_test_metric", "wall_seconds"], modes
     elif opts.objective == "metric":
@@ -333,7 +341,8 @@ def sweep_ray(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) -> li
     )
     grid = tuner.fit()
     rows = []
-    for i, result in enumerate(grid):
+    for i in range(len(grid)):  # (ResultGrid is indexed, typed without __iter__)
+        result = grid[i]
         m = result.metrics or {}
         if result.error is not None:
             state, reason = FAIL, str(result.error).strip().splitlines()[-1][:300]

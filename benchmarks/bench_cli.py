@@ -17,7 +17,7 @@ from benchmarks.stats import MIN_ROUNDS
 # it measures (benchmarks/engine.py's docstring has the whole of each)
 PARTS = {
     "a": "overhead",
-    "g": "local_step",  # the per-step and per-boundary goals of the hot-path issue
+    "g": "local_step",  # the per-step and per-boundary goals of the hot path
     "h": "boundary_fixed",
     "i": "link_fidelity",
     "b": "boundary_cost",

@@ -1,4 +1,5 @@
-"""The parts of the hot path issue 17 changed, old way against new, one process, one thread.
+"""The parts of the boundary's hot path that were made cheaper, old way against new, one process,
+one thread.
 
     python -m benchmarks.boundary_parts
 

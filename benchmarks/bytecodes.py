@@ -1,6 +1,6 @@
 """Python bytecodes executed per step: a count, not a time, so a noisy machine cannot move it.
 
-On the 2-core machine of issue 17 a per-step time ratio moves by more than the few µs the hot
+On the project's shared 2-core machine a per-step time ratio moves by more than the few µs the hot
 path's changes are worth; the Python work of a step does not move at all. `count` runs a
 function under `sys.settrace` with opcode events and returns every bytecode executed in this
 thread, and those in autok's own frames: code in its modules (`autok`, `trainer`,

@@ -1,4 +1,4 @@
-"""What `Sync._close_ddp_lazily` saves a ddp step, hot, in one process (issue 17):
+"""What `Sync._close_ddp_lazily` saves a ddp step, hot, in one process (docs/design.md §4):
 
     python -m benchmarks.ddp_close [--rounds 7] [--steps 2000]
 

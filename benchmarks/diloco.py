@@ -1,4 +1,4 @@
-"""The DiLoCo family against today's cpdp and DDP (`autok bench --only diloco`, issue 16).
+"""The DiLoCo family against today's cpdp and DDP (`autok bench --only diloco`).
 
 On the emulated `wan`, world 2, one seed, two workloads:
 
@@ -28,7 +28,7 @@ from benchmarks.engine import RESULTS, _run, machine
 COMMAND = "autok bench --only diloco"
 WORLD = 2
 SEED = 0
-INT8_GOAL = 0.27  # issue 16: int8 carries at most this share of fp32's bytes
+INT8_GOAL = 0.27  # the goal: int8 carries at most this share of fp32's bytes
 MNIST = dict(link="wan", epochs=3, warmup_epochs=1, mnist1d_samples=2000, seed=SEED)
 # The controller panel's GPT workload (experiments/controller-panel.yaml, `gpt`).
 GPT = dict(
@@ -255,8 +255,8 @@ def _int8_sentence(runs: dict, goal: float) -> str:
     worst = max(r8, key=r8.get)
     verdict = "met" if r8[worst] <= goal else "not met"
     return (
-        f"int8 carries at most {r8[worst]:.3f}x the bytes of its fp32 twin ({worst}; the issue "
-        f"asks <= {goal:g}x: {verdict}). "
+        f"int8 carries at most {r8[worst]:.3f}x the bytes of its fp32 twin ({worst}; the goal "
+        f"is <= {goal:g}x: {verdict}). "
     )
 
 

@@ -4,8 +4,8 @@
     (or python -m benchmarks.engine with the same flags)
 
 Every ratio is taken once per round (both sides run in each round, which one first alternates)
-and reported as the median of the per-round ratios with their spread (min-max) and, where the
-issue sets a goal, a verdict: met, not met, or not resolved (the spread crosses the goal, or
+and reported as the median of the per-round ratios with their spread (min-max) and, where a
+part has a goal, a verdict: met, not met, or not resolved (the spread crosses the goal, or
 fewer than 7 rounds); see benchmarks/stats.py. Each rank of both sides runs pinned to the same
 cores (--cpus, default: every core this process may use).
 
@@ -33,7 +33,7 @@ cores (--cpus, default: every core this process may use).
     (compute + comm/K) / (compute + comm) from the ddp run's own compute and comm per step;
 (d) scaling: step time against world size (2, 4, 8) and model size (link `none`);
 (e) overlap: exposed sync per boundary and accuracy with and without --overlap-boundary;
-(f) the plain WAN comparison of the engine issue (4 workers, with warmup);
+(f) the plain WAN comparison of the engine (4 workers, with warmup);
 (job) the default job (`make train`): wall-clock and peak accuracy;
 (diloco) outer optimizers and compression against cpdp and ddp (benchmarks/diloco.py, its own
     results file).
@@ -81,7 +81,8 @@ PAIRED_FIELDS = (
 STEP_GOAL = 1.02  # autok's per-step time over the hand-written loop's, at most
 # Epochs (of 63 steps here) per round of (a) and (g): about 1000 pairs. A round's paired excess
 # is a median, whose spread over rounds shrinks as 1/sqrt(pairs): at 4 epochs (252 pairs) the
-# rounds of (a) spread over 44 µs (2026-12-01 21:36), near the 2% goal's 50 µs itself.
+# rounds of (a) spread over 44 µs, near the 2% goal's 50 µs itself
+# (benchmarks/results/measurements-in-code.md).
 STEP_EPOCHS = 16
 BOUNDARY_GOAL = 1.2  # a no-link boundary's CPU cost over one bare all_reduce, at most
 LINK_GOAL = 1.05  # exposed time per boundary on an emulated link over the modelled T(S, N)
@@ -201,9 +202,10 @@ def _times_only(sync) -> None:
     """A Sync whose steps are timed and whose training is not judged: its divergence guard
     judges only whether the drift and update norms are finite (the loss rule off, as on ddp).
     (a), (g) and (h) train at a constant LR until the loss is near zero, where a wobble up trips
-    the loss rule: (g)'s 128 epochs of cpdp K = 8 went from 0.0079 to 0.184 at boundary 687 on
-    2026-12-03, and the bench stopped. A raised factor would not do: at a minimum of exactly 0
-    any loss is more than F times it. The guard still runs where it always runs."""
+    the loss rule: (g)'s 128 epochs of cpdp K = 8 went from 0.0079 to 0.184 at boundary 687 in one
+    run, and the bench stopped (benchmarks/results/measurements-in-code.md). A raised factor would
+    not do: at a minimum of exactly 0 any loss is more than F times it. The guard still runs where
+    it always runs."""
     sync.divergence.shared_loss = False
 
 
@@ -219,8 +221,8 @@ def _interleaved_steps(
     A round's ratio is paired (benchmarks/stats.py, `paired_round`): the two sides' steps on one
     batch, taken back to back, are a pair. The ratio of the two sides' median steps is returned
     too: on this 2-core machine its spread over 7 rounds was the wider in 9 of 10 runs of (a)
-    and ad hoc variants of it on 2026-12-01 (e.g. 0.999-1.079 against 1.024-1.043), and the
-    narrower in one (1.020-1.053 against 0.994-1.048)."""
+    and ad hoc variants of it (e.g. 0.999-1.079 against 1.024-1.043), and the narrower in one
+    (1.020-1.053 against 0.994-1.048; benchmarks/results/measurements-in-code.md)."""
     import autok
 
     cfg = TrainConfig.model_validate_json(cfg_json)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.fused_passes     # -> benchmarks/results/fused_passes.md
 
-Needs a C++ compiler (torch.compile's CPU backend). Issue 17 (h) asks for a boundary within 1.2×
+Needs a C++ compiler (torch.compile's CPU backend). Bench part (h)'s goal is a boundary within 1.2×
 of a bare all-reduce of its buffer. On the 3M-parameter MLP the boundary's own passes over
 12 MB vectors cost more than that allows, so this measures what fusing them could save. Per
 round, 15 calls of each side, taking turns call by call (the order reverses each call):

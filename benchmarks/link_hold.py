@@ -11,8 +11,8 @@ process, pinned to one core.
    hold: the median time of the sequence. Where the second is many times the first, the
    machine evicts a waiting process's code and data from the caches (a shared VM), and any
    boundary's work after its wait pays that: it is the floor under (i)'s exposed time beyond T.
-   Then the same ops in NumPy, on the same memory. (Issue 17: a boundary whose finish ran in
-   NumPy on the CPU saved about 0.1 ms after the wait, but its NumPy norm in the start, whose
+   Then the same ops in NumPy, on the same memory. (Tried and dropped: a boundary whose finish ran
+   in NumPy on the CPU saved about 0.1 ms after the wait, but its NumPy norm in the start, whose
    code had cooled during the local steps, cost about as much: not landed.)
 
 A rough guide on a shared machine; `autok bench --only i` measures the emulator in place

@@ -16,7 +16,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-MIN_ROUNDS = 7  # fewer rounds give no verdict (the "at least 7 interleaved rounds")
+MIN_ROUNDS = 7  # fewer rounds give no verdict ("at least 7 interleaved rounds")
 DIRECTIONS = {"le": "≤", "ge": "≥"}  # the goal is an upper bound (le) or a lower bound (ge)
 VERDICTS = ("met", "not met", "not resolved")
 

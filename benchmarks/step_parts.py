@@ -1,4 +1,4 @@
-"""What each per-step mechanism of `autok.Sync` costs, side by side (issue 17):
+"""What each per-step mechanism of `autok.Sync` costs, side by side (docs/design.md §4, Per step):
 
     python -m benchmarks.step_parts [--rounds 7] [--steps 400]
 

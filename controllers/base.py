@@ -1,7 +1,7 @@
 """What a K policy sees and says. Pure data: no torch, no torch.distributed.
 
 Every rank runs the same controller on the same, already-reduced `BoundaryStats`, so every rank
-reaches the same `SyncDecision` without a collective of its own (DESIGN §2).
+reaches the same `SyncDecision` without a collective of its own (docs/design.md §3).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The drift and loss guard shared by `exposed-sync` and `composite`: pure rules + a small tracker.
 
-The guard fires when the window's mean drift ratio (DESIGN §3) exceeds `drift_limit` times its
-level calibrated over the first post-warmup window, or when the window's mean training loss
+The guard fires when the window's mean drift ratio (docs/design.md §4) exceeds `drift_limit` times
+its level calibrated over the first post-warmup window, or when the window's mean training loss
 exceeds (1 + loss_rise) times the best window mean seen so far.
 """
 

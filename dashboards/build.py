@@ -294,7 +294,7 @@ GRAPHS = [
         "Drift",
         "At each boundary, before the averaging: drift norm sqrt(mean_i ||theta_i - "
         "theta_avg||^2) and update norm ||theta_avg - theta_ref|| (left, parameter-space "
-        "norms), and their ratio (right), which the guard caps (DESIGN §3).",
+        "norms), and their ratio (right), which the guard caps (docs/design.md §4).",
         units.NoUnit,
         q(sel("autok_drift_norm"), "drift norm {{run_id}}", "A"),
         q(sel("autok_update_norm"), "update norm {{run_id}}", "B"),

@@ -22,7 +22,7 @@ def tiny_cfg(**overrides) -> TrainConfig:
 
 
 def expected_boundaries(steps_per_epoch: int, epochs: int, warmup: int, k: int) -> list[bool]:
-    """DESIGN §1: every step in warmup; after K steps; the last step of every epoch."""
+    """docs/design.md §2: every step in warmup; after K steps; the last step of every epoch."""
     out = []
     for epoch in range(epochs):
         since = 0

@@ -413,6 +413,22 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"peak_lr": -1.0}, "peak_lr"),
         ({"peak_lr": True}, "peak_lr"),
         ({"peak_lr": 1e200, "policy": "qsr"}, "peak_lr"),  # its α² overflowed at a boundary
+        # outer_optimizer as a factory (trainer/outer.py, TorchOuter): what it returns, and what
+        # only the named outer steps read
+        ({"outer_optimizer": lambda params: None}, "outer_optimizer"),  # not an optimizer
+        ({"outer_optimizer": lambda p: torch.optim.SGD(p[:1], lr=0.1)}, "outer_optimizer"),
+        ({"outer_optimizer": lambda p: torch.optim.SGD(p + p, lr=0.1)}, "outer_optimizer"),
+        ({"outer_optimizer": lambda p: torch.optim.SGD(p, lr=-1.0)}, "outer_optimizer"),
+        ({"outer_optimizer": torch.optim.Adam, "slowmo_beta": 0.3}, "outer_optimizer"),
+        ({"outer_optimizer": torch.optim.Adam, "slowmo_lr_aware": True}, "outer_optimizer"),
+        ({"outer_optimizer": torch.optim.Adam, "outer_lr": 0.7}, "outer_optimizer"),
+        ({"outer_optimizer": torch.optim.Adam, "outer_momentum": 0.9}, "outer_optimizer"),
+        ({"outer_optimizer": torch.optim.Adam, "strategy": "ddp"}, "outer_optimizer"),
+        (
+            {"outer_optimizer": torch.optim.Adam, "strategy": "localsgd", "fragments": 2},
+            "outer_optimizer",
+        ),
+        ({"outer_optimizer": torch.optim.Adam, "outer_state_device": "cpu"}, "outer_optimizer"),
     ],
 )
 def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
@@ -1311,7 +1327,7 @@ def test_a_loop_that_clips_gets_ddps_result_or_a_refusal_never_a_fused_boundary(
         assert res["auto amp"][1] and res["auto amp"][2] == (12, 12, 13), res["auto amp"]
 
 
-# ----- Sync's arguments and its saved state (docs/design.md §7) ----------------------------------
+# ----- Sync's arguments and its saved state (docs/design.md §3) ----------------------------------
 
 
 def _frozen_model() -> nn.Module:
@@ -1665,7 +1681,7 @@ def _default_link_worker(rank, world):
 
 
 def test_the_librarys_default_link_is_none_and_autok_trains_default_is_the_wan():
-    """docs/design.md §7: no emulated network unless asked for in a user's loop; the CLI's
+    """docs/design.md §3: no emulated network unless asked for in a user's loop; the CLI's
     study keeps the emulated WAN as its default."""
     from autok.cli import build_parser, config_from_args
 

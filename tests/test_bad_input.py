@@ -1,4 +1,4 @@
-"""Every bad input is refused before anything is written (issue 12).
+"""Every bad input is refused before anything is written (docs/design.md §9, Bad input).
 
 One table: argv (and a setup that lays out files) -> exit code 2, ONE line on stderr that names the
 flag (or the file and field) to change, no traceback, and the whole temporary tree, the output
@@ -427,7 +427,7 @@ TRAIN = [
     R(["train", "--workers", "two", "--out", "{out}"], "--workers"),
     R(["train", "--workers", "64", "--loader-workers", "63", "--out", "{out}"], "--loader-workers"),
     R(["train", "--lr", "x" * 5000, "--out", "{out}"], "--lr", id="--lr=5000-chars"),
-    # outer optimizers, compression, fragments (issue 16)
+    # outer optimizers, compression, fragments (docs/design.md §2)
     R(
         ["train", "--outer-optimizer", "sgd", "--slowmo-beta", "0.3", "--out", "{out}"],
         "--slowmo-beta",
@@ -745,7 +745,7 @@ SWEEP = [
     R(["sweep", "--jobs", "10000", "--out", "{out}"], "--jobs"),
     R(["sweep", "--sampler-seed", "-1", "--out", "{out}"], "--sampler-seed"),
     R(["sweep", "--sampler-seed", str(2**40), "--out", "{out}"], "--sampler-seed"),
-    # a local Ray has this machine's CPUs; a trial needing more would wait forever (issue 14)
+    # a local Ray has this machine's CPUs; a trial needing more would wait forever
     R(
         [
             "sweep",

@@ -276,7 +276,8 @@ def test_a_paired_round_takes_the_median_difference_and_a_trimmed_mean_counts_ra
 
 def test_the_timing_parts_guard_judges_finiteness_but_not_the_loss():
     """(a), (g) and (h) train until the loss is near zero; a wobble up from there must not stop
-    a timing run (it stopped (g) on 2026-12-03), and non-finite parameters still must."""
+    a timing run (it stopped (g) once: benchmarks/results/measurements-in-code.md), and non-finite
+    parameters still must."""
     from types import SimpleNamespace
 
     from tests.test_controllers import stats

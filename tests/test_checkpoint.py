@@ -72,12 +72,15 @@ def test_stop_and_resume_ends_exactly_like_the_uninterrupted_run(tmp_path):
 
 
 def _workers_of(pid: int, marker: bytes = b"spawn_main") -> list[int]:
-    """The training workers among a launcher's children (not multiprocessing's helpers)."""
+    """The training workers among a launcher's children (not multiprocessing's helpers), or
+    among its worker server's: autok/launch.py forks them from a multiprocessing fork server."""
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
         if marker in cmd:
             out.append(int(child))
+        elif b"multiprocessing.forkserver" in cmd:
+            out += _workers_of(int(child), b"multiprocessing.forkserver")
     return out
 
 

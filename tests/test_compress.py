@@ -1,5 +1,6 @@
-"""Compressed pseudo-gradients (issue 16): the codec, error feedback, bytes, and the engine on real
-gloo process groups (replicas identical on every rank, close to the uncompressed run)."""
+"""Compressed pseudo-gradients (docs/design.md §2, Compression): the codec, error feedback, bytes,
+and the engine on real gloo process groups (replicas identical on every rank, close to the
+uncompressed run)."""
 
 from __future__ import annotations
 

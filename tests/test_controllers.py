@@ -172,7 +172,7 @@ def test_qsr_follows_the_lr_schedule(schedule):
         if lr <= 0:
             continue
         k = c.observe(stats(2, lr=lr)).next_sync_period
-        alpha = peak * math.sqrt(base)  # the default
+        alpha = peak * math.sqrt(base)  # QSR's default (docs/design.md §6)
         assert k == max(base, math.floor((alpha / lr) ** 2))
         assert k >= base
     assert c.observe(stats(2, lr=peak, warmup=True)).next_sync_period == base

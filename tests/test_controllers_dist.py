@@ -50,8 +50,8 @@ def test_exposed_sync_climbs_on_wan_and_all_ranks_agree():
 
 def test_exposed_sync_leaves_k_alone_without_a_link():
     # Without a link a boundary still costs a few ms on this machine (a localhost allreduce,
-    # local packing, and waiting for the slower peer, which DESIGN counts as exposed). With
-    # ~100 ms of compute per interval (batch 256, K=16) that is well under the 20% target.
+    # local packing, and waiting for the slower peer, which docs/design.md §4 counts as exposed).
+    # With ~100 ms of compute per interval (batch 256, K=16) that is well under the 20% target.
     # On a loaded machine the wait for the slower peer can itself pass the target; the
     # controller then raises K, as it should, so that run only shows every move was a raise
     # for a measured sync share over the target (the rule), never a move of its own.

@@ -1,5 +1,6 @@
-"""Correct on every path (issue 12): the fused boundary under foreach SGD, ddp's divergence guard,
-overlap with broadcast buffers, the replica check after a resume, exact zero drift, world 3."""
+"""Correct on every path (docs/design.md §8): the fused boundary under foreach SGD, ddp's
+divergence guard, overlap with broadcast buffers, the replica check after a resume, exact zero
+drift, world 3."""
 
 from __future__ import annotations
 

@@ -141,7 +141,7 @@ def _final_params_worker(rank, world, strategy, k, beta, boundary="auto"):
 
 
 def test_cpdp_k1_beta0_is_exactly_ddp():
-    """DESIGN §1, bit for bit on the two-collective path; the fused path (the default, one
+    """docs/design.md §2, bit for bit on the two-collective path; the fused path (the default, one
     collective) is the same math in another summation order: equal to rounding."""
     ddp = run_dist(_final_params_worker, 2, "ddp", 1, 0.0)
     two = run_dist(_final_params_worker, 2, "cpdp", 1, 0.0, "two-phase")

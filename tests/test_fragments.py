@@ -1,6 +1,7 @@
-"""Streaming fragment sync (issue 16): the split and the schedule as pure functions, the options,
-and the engine on real gloo process groups (equivalences bit for bit, the schedule in the boundary
-records, bytes per fragment, identical replicas at epoch ends, exact resume)."""
+"""Streaming fragment sync (docs/design.md §2, Fragments): the split and the schedule as pure
+functions, the options, and the engine on real gloo process groups (equivalences bit for bit, the
+schedule in the boundary records, bytes per fragment, identical replicas at epoch ends, exact
+resume)."""
 
 from __future__ import annotations
 

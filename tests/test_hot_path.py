@@ -1,6 +1,6 @@
 """The Python a step under `autok.Sync` runs, counted (benchmarks/bytecodes.py), held to a
 budget: a count, unlike a time, is the same on every run, so this cannot flake on a busy
-machine, and any per-step work added to the hot path (issue 17) shows in it."""
+machine, and any per-step work added to the hot path (docs/design.md §4, Per step) shows in it."""
 
 from __future__ import annotations
 
@@ -17,13 +17,9 @@ from trainer.sync import DDP_PARAM_CHECK_EVERY
 pytestmark = pytest.mark.dist
 
 # autok's own bytecodes per step of the cnn1d at world 2, with about 3% headroom over what they
-# were when set (2026-12-02: ddp 676, a local step 544, a boundary 3805-3854; 2026-12-03: ddp
-# 720, +34 for the gradient wait ending where DDP's does, GradSyncState._done, not at the
-# optimizer step, and about 10 for the step's LR snapshot, Sync._before_optimizer_step; a
-# local step 563; 2026-12-04: a boundary 4103-4179, +276 for the fused boundary's check that the
-# loop left the gradients as backward gave them, trainer/grad_watch.py, per boundary only: a
-# local step 568, ddp unchanged). The counts are exact: a change that adds per-step work fails
-# here; lower a budget when a change removes some.
+# were when set (the counts, and what moved them: benchmarks/results/measurements-in-code.md). The
+# counts are exact: a change that adds per-step work fails here; lower a budget when a change
+# removes some.
 DDP_STEP = 740
 LOCAL_STEP = 580
 BOUNDARY = 4250

@@ -1,5 +1,5 @@
-"""The idioms users bring to `autok.Sync` (DESIGN §7): gradient accumulation, torch.compile,
-the outer state off the model's device. Real gloo process groups, the public API."""
+"""The idioms users bring to `autok.Sync` (docs/design.md §3, Public API): gradient accumulation,
+torch.compile, the outer state off the model's device. Real gloo process groups, the public API."""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def test_a_grid_over_k_keeps_k(tmp_path, figures):
 
 
 def _finished_run(d: Path) -> Path:
-    """The files `autok train --out d` leaves (docs/design.md §5), small."""
+    """The files `autok train --out d` leaves (docs/design.md §7), small."""
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"strategy": "cpdp", "sync_period": 2}))
     (d / "summary.json").write_text(json.dumps(SUMMARY | {"out_dir": str(d)}))

@@ -53,8 +53,8 @@ def test_no_link_exposes_almost_nothing():
     # No link: nothing is held, so a step exposes only the localhost allreduce and the wait for
     # the slower peer. Alone, a fraction of a millisecond: far below half of what the wan link
     # would add (17 ms here), which a hold taken with no link would exceed. On a loaded machine
-    # the peer's lag grows with its compute (a clean-clone run on 2026-12-03 exposed 10.3 ms a
-    # step, 48% of the epoch, when start-up alone took 67 s), so the bar rises with the step's
+    # the peer's lag grows with its compute (a clean-clone run exposed 10.3 ms a step, 48% of
+    # the epoch: benchmarks/results/measurements-in-code.md), so the bar rises with the step's
     # own compute: twice it, still below 17 ms on a quiet machine (the cnn1d's ddp step
     # computes in 1-3 ms).
     wan_step = PROFILES["wan"].allreduce_seconds(nbytes, 2)

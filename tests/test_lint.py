@@ -1,6 +1,10 @@
+import ast
+import io
+import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,7 @@ def test_ruff_clean():
     assert res.returncode == 0, res.stdout
 
 
-# ----- the layers (DESIGN §2): controllers <- engine <- built-in loop and tasks <- autok ---------
+# ----- the layers (docs/design.md §3): controllers <- engine <- built-in loop and tasks <- autok
 
 ENGINE = {  # trainer/ modules that make up `Sync`; the rest of trainer/ is the built-in loop
     "sync", "averaging", "grad_hook", "link", "options", "optim", "profiler", "slowmo",
@@ -93,3 +97,142 @@ def test_the_import_scan_sees_what_it_must():
     assert _violations([ROOT / "autok" / "api.py"], ("autok.",))  # autok.config, autok.launch
     assert not _violations([ROOT / "autok" / "api.py"], ("auto",))  # whole names only
     assert "trainer.tasks" in _imports(ROOT / "trainer" / "loop.py")
+
+
+# ----- citations: comments cite docs/design.md by its own sections, never issue numbers ----------
+
+CITING = ("autok", "trainer", "controllers")  # the packages held to it
+# The founding card outside the repository ("DESIGN §N", "DESIGN.md"): its numbering is not
+# docs/design.md's, so a reader of the repository cannot follow it.
+OUTSIDE_DESIGN = re.compile(r"\bDESIGN\b")
+# "issue 17", "Issue #41", "issue 15's goals": a number that says nothing in the code itself.
+ISSUE_NUMBER = re.compile(r"\bissue\s*#?\s*\d+", re.IGNORECASE)
+# "(#23)": in comments and docstrings only (a string may hold a colour, "#000000"); another
+# project's issue ("pytorch#76282") is a reference, not this project's number.
+HASH_NUMBER = re.compile(r"(?<![\w/])#\d+\b")
+# "docs/design.md §4", "design.md §7, §3", "docs/design.md §5 and §4", across comment lines too.
+DESIGN_CITE = re.compile(r"design\.md\s*§\s*(\d+)((?:\s*(?:,|and|or)\s*§\s*\d+)*)")
+
+
+def _design_sections() -> set[int]:
+    """The numbers of docs/design.md's sections (its "## N. Title" headings)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    return {int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)}
+
+
+def _comments(source: str) -> list[tuple[int, str]]:
+    """(first line, text) of each run of comments on consecutive lines, joined line by line, so
+    that a citation wrapped from one comment line to the next reads whole."""
+    blocks: list[tuple[int, str]] = []
+    last = -1
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        line, text = tok.start[0], tok.string.lstrip("#").strip()
+        if blocks and line == last + 1:
+            blocks[-1] = (blocks[-1][0], f"{blocks[-1][1]}\n{text}")
+        else:
+            blocks.append((line, text))
+        last = line
+    return blocks
+
+
+def _strings(source: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(line, text) of the docstrings, and of every other string literal (user-visible text)."""
+    tree = ast.parse(source)
+    owners = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    doc_ids = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, owners) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    docs: list[tuple[int, str]] = []
+    others: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            (docs if id(node) in doc_ids else others).append((node.lineno, node.value))
+    return docs, others
+
+
+def citation_problems(source: str, sections: set[int]) -> list[str]:
+    """'line: what' for each issue number, citation of the outside design card, or
+    docs/design.md section that does not exist, in `source`'s comments and strings."""
+    comments = _comments(source)
+    docs, others = _strings(source)
+    problems: list[str] = []
+
+    def at(line: int, text: str, m: re.Match[str]) -> int:  # the match's own line
+        return line + text.count("\n", 0, m.start())
+
+    for line, text in comments + docs:
+        for m in HASH_NUMBER.finditer(text):
+            problems.append(f"{at(line, text, m)}: an issue number {m.group(0)!r}")
+    for line, text in comments + docs + others:
+        for m in ISSUE_NUMBER.finditer(text):
+            problems.append(f"{at(line, text, m)}: an issue number {m.group(0)!r}")
+        for m in OUTSIDE_DESIGN.finditer(text):
+            problems.append(f"{at(line, text, m)}: cites the outside DESIGN card")
+        for m in DESIGN_CITE.finditer(text):
+            cited = {int(m.group(1)), *map(int, re.findall(r"\d+", m.group(2)))}
+            problems += [
+                f"{at(line, text, m)}: docs/design.md has no §{n}" for n in sorted(cited - sections)
+            ]
+    return sorted(problems, key=lambda p: int(p.split(":")[0]))
+
+
+def test_comments_cite_docs_design_by_its_own_sections_and_no_issue_numbers():
+    # docs/design.md §10 lists how it differs from the founding card; code cites it alone
+    sections = _design_sections()
+    assert len(sections) >= 9 and sections == set(range(1, max(sections) + 1)), sections
+    found = [
+        f"{path.relative_to(ROOT)}:{problem}"
+        for package in CITING
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for problem in citation_problems(path.read_text(encoding="utf-8"), sections)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_citation_scan_sees_what_it_must():
+    sections = {1, 2, 3}
+    bad = [
+        "# see DESIGN §2\nx = 1\n",
+        '"""The engine (DESIGN.md)."""\n',
+        'def f():\n    """Made cheaper for issue 17."""\n',
+        'class C:\n    """Issue #41\'s case."""\n',
+        "x = 1  # (issue 15's goals)\n",
+        "# a change (#23)\n",
+        'HEADING = "The goals of issue 15"\n',
+        "# the layers (docs/design.md §4)\n",
+        "x = 1  # split across lines (docs/design.md\n# §7, Report)\n",
+        "# (docs/design.md §2, §9)\n",
+        "# (docs/design.md §2 and §9)\n",
+    ]
+    for source in bad:
+        assert citation_problems(source, sections), source
+    good = (
+        '"""The engine (docs/design.md §3, Public API; §1, §2)."""\n'
+        "# every rank issues 2 collectives; the issue's goal; pytorch#76282\n"
+        'COLOUR = "#000000"  # (docs/design.md §2 and §3; design.md §1)\n'
+        "def f():\n"
+        '    """A design choice, docs/design.md, "Overlap"."""\n'
+    )
+    assert citation_problems(good, sections) == []
+
+
+# ----- the type check: `make lint` runs mypy (the run itself is CI's `make lint`: ~80 s cold) ---
+
+
+def test_make_lint_type_checks_every_installed_package_and_ci_runs_it():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    mypy = project["tool"]["mypy"]
+    # every top-level package the wheel installs, but benchmarks/ (pyproject.toml says why)
+    installed = {p.split(".")[0] for p in project["tool"]["setuptools"]["packages"]}
+    assert set(mypy["files"]) == installed - {"benchmarks"}
+    assert mypy["check_untyped_defs"] is True
+    recipe = re.search(r"^lint:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe and re.search(r"^\t\$\(BIN\)/mypy\s*$", recipe.group(1), re.MULTILINE)
+    assert re.search(r"^make lint\b", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    assert ".mypy_cache/" in (ROOT / ".gitignore").read_text().splitlines()

@@ -223,7 +223,7 @@ def test_hundreds_of_idle_connections_do_not_lock_out_a_scrape():
 
 
 def test_530_idle_connections_at_the_default_cap_do_not_lock_out_a_scrape():
-    """The issue's case: 530 idle connections used to refuse every scrape (cap 512)."""
+    """The reported case: 530 idle connections used to refuse every scrape (cap 512)."""
     need = 2 * 530 + 100  # both ends live in this process
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:

@@ -1,5 +1,5 @@
-"""Outer optimizers (issue 16): the pure rule against torch.optim.SGD and SlowMo, the options, and
-the equivalences through the engine on real gloo process groups."""
+"""Outer optimizers (docs/design.md §2): the pure rule against torch.optim.SGD and SlowMo, the
+options, and the equivalences through the engine on real gloo process groups."""
 
 from __future__ import annotations
 
@@ -237,8 +237,8 @@ def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_o
     spec, n, dtype
 ):
     """The averager hands the outer step Σ_i Δ_i and 1/N instead of dividing (a pass fewer,
-    issue 17; for sgd and nesterov the negation folds in too): for N a power of two the result
-    is bit-identical to the step on the mean, velocity included, in every dtype it folds
+    docs/design.md §3; for sgd and nesterov the negation folds in too): for N a power of two the
+    result is bit-identical to the step on the mean, velocity included, in every dtype it folds
     (float16 is not folded), signed zeros too."""
     g = torch.Generator().manual_seed(n)
     spec = OuterOptimizer(*spec)
@@ -263,8 +263,8 @@ def test_the_outer_step_on_the_ranks_sum_with_a_power_of_two_scale_is_the_step_o
 
 @pytest.mark.parametrize("spec", SCALED, ids=lambda s: "-".join(map(str, s)))
 def test_the_outer_step_on_a_velocity_decayed_before_the_collective_is_the_same_step(spec):
-    """The averager takes the outer step's μ·v in start(), before the collective (issue 17):
-    outer_step_(decayed=True) on that velocity gives the step bit for bit, velocity included,
+    """The averager takes the outer step's μ·v in start(), before the collective (docs/design.md
+    §3): outer_step_(decayed=True) on that velocity gives the step bit for bit, velocity included,
     over several boundaries (a second decay, or none, would show from the first)."""
     g = torch.Generator().manual_seed(7)
     spec = OuterOptimizer(*spec)
@@ -315,6 +315,183 @@ def _decayed_boundaries_worker(rank, world, spec_args):
 @pytest.mark.dist
 @pytest.mark.parametrize("spec", [("slowmo", 1.0, 0.5, False), ("nesterov", 0.7, 0.9, False)])
 def test_the_averagers_outer_step_over_boundaries_is_the_step_on_the_mean(spec):
-    """The averager takes μ·v before its collective and the rest of the step after it (issue 17):
-    over boundaries whose velocity is no longer zero, that is the outer step on the mean move."""
+    """The averager takes μ·v before its collective and the rest of the step after it
+    (docs/design.md §3): over boundaries whose velocity is no longer zero, that is the outer step on
+    the mean move."""
     assert all(run_dist(_decayed_boundaries_worker, 2, spec))
+
+
+# ----- any torch.optim.Optimizer as the outer step (autok.Sync's outer_optimizer=FACTORY) --------
+
+
+def _diloco(params):
+    """DiLoCo's outer step written as users write it: the optimizer, not autok's name."""
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+
+def _factory_vs_name_worker(rank, world):
+    """The same loop with outer_optimizer="nesterov" (α 0.7, μ 0.9: its defaults) and with a
+    factory of torch.optim.SGD at those settings, on each boundary path, 12 steps at K = 3."""
+    import autok
+    from tests.test_api import _batches, _flat, _model, _train
+
+    out = {}
+    for strategy, boundary in (("cpdp", "two-phase"), ("cpdp", "auto"), ("localsgd", "auto")):
+        for name, outer in (("name", "nesterov"), ("factory", _diloco), ("average", "average")):
+            model = _model()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            sync = autok.Sync(
+                model,
+                opt,
+                strategy=strategy,
+                boundary=boundary,
+                sync_period=3,
+                link="none",
+                outer_optimizer=outer,
+            )
+            log = _train(sync, opt, _batches(rank, 12))
+            assert sum(at for at, _ in log) == 4 and all(ok for at, ok in log if at)
+            sync.close()
+            out[strategy, boundary, name] = _flat(model)
+    return out
+
+
+@pytest.mark.dist
+def test_a_factory_of_torch_sgd_nesterov_is_the_nesterov_name_bit_for_bit():
+    """outer_optimizer=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True) is
+    outer_optimizer="nesterov" bit for bit over four boundaries (world 2; two-phase, fused and
+    localsgd boundaries), and both really step (not the plain average)."""
+    results = run_dist(_factory_vs_name_worker, 2)
+    for res in results:
+        for key in {k[:2] for k in res}:
+            assert torch.equal(res[(*key, "factory")], res[(*key, "name")]), key
+            assert not torch.equal(res[(*key, "name")], res[(*key, "average")]), key
+    assert all(torch.equal(t, results[1][key]) for key, t in results[0].items())  # replicas
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=0.01)  # no name covers it: DiLoCo-style users try it
+
+
+def _adam_worker(rank, world):
+    """An outer Adam: 11 steps at K = 3 (boundaries at 3, 6, 9 and close), against the same run
+    stopped mid-interval after step 7, saved (weights_only), loaded into fresh objects and
+    continued; and the loads that must be refused."""
+    import io
+
+    import autok
+    from tests.test_api import _agree, _batches, _flat, _model, _train
+
+    batches = _batches(rank, 11)
+
+    def fresh(outer=_adam):
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        return model, opt, autok.Sync(model, opt, sync_period=3, link="none", outer_optimizer=outer)
+
+    out = {}
+    model, opt, sync = fresh()
+    out["agree"] = [ok for at, ok in _train(sync, opt, batches) if at]
+    sync.close()
+    out["whole"], out["steps"] = _flat(model), sync.state_dict()["averager"]["outer"]["state"]
+    out["agree"].append(_agree(out["whole"]))
+    model, opt, sync = fresh("average")
+    _train(sync, opt, batches)
+    sync.close()
+    out["average"] = _flat(model)
+
+    model, opt, sync = fresh()
+    _train(sync, opt, batches[:7])  # one step after the boundary at 6: mid-interval
+    buf = io.BytesIO()
+    torch.save({"m": model.state_dict(), "o": opt.state_dict(), "s": sync.state_dict()}, buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    model, opt, sync = fresh()
+    model.load_state_dict(state["m"])
+    opt.load_state_dict(state["o"])
+    sync.load_state_dict(state["s"])
+    _train(sync, opt, batches[7:])
+    sync.close()
+    out["resumed"] = _flat(model)
+
+    refused = {}
+    named = fresh("nesterov")[2]
+    for what, load_into, saved in (
+        ("a name's state", fresh()[2], named.state_dict()),
+        ("into a name", named, state["s"]),
+        ("a bad moment", fresh()[2], _bad_moment(state["s"])),
+    ):
+        try:
+            load_into.load_state_dict(saved)
+        except autok.OptionError as exc:
+            refused[what] = str(exc)
+    out["refused"] = refused
+    return out
+
+
+def _bad_moment(state: dict) -> dict:
+    """`state` with the outer Adam's first moment of parameter 0 cut short."""
+    import copy
+
+    state = copy.deepcopy(state)
+    moments = state["averager"]["outer"]["state"][0]
+    moments["exp_avg"] = moments["exp_avg"].reshape(-1)[:3]
+    return state
+
+
+@pytest.mark.dist
+def test_an_outer_adam_trains_agrees_and_resumes_bit_for_bit():
+    """torch.optim.Adam as the outer optimizer (no name covers it): it steps at every boundary
+    (its step count is the boundaries'), the replicas agree, a resume from state_dict() mid-
+    interval ends bit for bit where the uninterrupted run ends (Adam's moments are in Sync's
+    state), and a state of another outer step is refused naming it."""
+    results = run_dist(_adam_worker, 2)
+    for out in results:
+        assert all(out["agree"]), out["agree"]
+        assert {int(s["step"]) for s in out["steps"].values()} == {4}
+        assert not torch.equal(out["whole"], out["average"])  # Adam's step is no plain average
+        assert torch.equal(out["whole"], out["resumed"])
+        refused = out["refused"]
+        assert refused["a name's state"].startswith(
+            "load_state_dict: saved with outer_optimizer 'nesterov'; this Sync has "
+            "'torch.optim.adam.Adam'"
+        ), refused
+        assert refused["into a name"].startswith(
+            "load_state_dict: saved with outer_optimizer 'torch.optim.adam.Adam'"
+        ), refused
+        assert refused["a bad moment"].startswith(
+            "load_state_dict: averager.outer: state[0]['exp_avg'] is not of parameter 0's shape"
+        ), refused
+    assert torch.equal(results[0]["whole"], results[1]["whole"])
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_a_torch_outer_steps_on_the_pseudo_gradient_as_the_names_do(scale):
+    """TorchOuter's `.grad` is Δ = θ_ref − θ_avg, from scale·delta = θ_avg − θ_ref as the
+    averager hands it: torch.optim.SGD(lr=α, momentum=μ) is the `sgd` name bit for bit over
+    boundaries, and SGD(lr=1) lands on θ_avg (to rounding: θ_ref − Δ is computed)."""
+    from trainer.outer import TorchOuter
+
+    theta0, moves = _averages(6)
+    shapes = [torch.Size([200]), torch.Size([19, 3])]  # 257, as the model's shapes
+    for lr, momentum in ((0.7, 0.9), (1.0, 0.0)):
+        outer = TorchOuter(
+            lambda p, lr=lr, m=momentum: torch.optim.SGD(p, lr=lr, momentum=m),
+            theta0.clone(),
+            shapes,
+        )
+        spec = OuterOptimizer("sgd", lr, momentum)
+        ref = theta0.clone()
+        vel = torch.zeros_like(ref) if spec.needs_velocity else None
+        for move in moves:
+            avg = ref + move
+            if spec.is_plain_average:
+                outer.step_((avg - outer.flat) / scale, scale)
+                assert torch.allclose(outer.flat, avg, rtol=0, atol=1e-6)
+                ref = outer.flat.clone()
+                continue
+            outer_step_(spec, ref, vel, avg, 0.1, delta=(avg - ref) / scale, scale=scale)
+            outer.step_((avg - outer.flat) / scale, scale)
+            assert torch.equal(outer.flat, ref)
+        assert all(p.grad is None for p in outer.params)  # no view of the buffer kept
+        assert not torch.equal(outer.flat, theta0)

@@ -285,7 +285,7 @@ def test_a_straggling_step_counts_its_delay_as_that_ranks_forward_compute(mode):
 
 @pytest.mark.slow
 def test_label_skew_makes_a_large_k_cost_accuracy(tmp_path):
-    """Regime R1 (issue goal): Dirichlet α = 0.1 over 4 workers, no SlowMo, the same seed:
+    """Regime R1 (its goal): Dirichlet α = 0.1 over 4 workers, no SlowMo, the same seed:
     K = 32 (one average per epoch) ends at least 3 points of test accuracy below K = 1 (measured:
     0.872 against 0.603 at seed 0)."""
     import json

@@ -393,7 +393,7 @@ def test_the_named_experiments_expand_to_valid_runs():
 
 def as_task_run(d: Path, metric: str = "perplexity") -> None:
     """Rewrite a fake run's files as a --task run judged by `metric` (lower is better): the
-    summary's metric keys (DESIGN §5) and epochs.csv's test_metric column."""
+    summary's metric keys (docs/design.md §7) and epochs.csv's test_metric column."""
     summary = json.loads((d / "summary.json").read_text())
     best = 10 - 5 * summary.pop("peak_test_accuracy")  # higher accuracy -> lower perplexity
     summary.pop("final_test_accuracy")

@@ -1,5 +1,5 @@
 """`--task MODULE:FUNCTION`: a user's model, data, loss and metric through `autok train`,
-sweeps and the report (DESIGN §5, §7)."""
+sweeps and the report (docs/design.md §7, §3)."""
 
 from __future__ import annotations
 

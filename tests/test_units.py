@@ -146,8 +146,8 @@ def test_agreeing_replicas_read_zero_drift_even_when_pieces_are_subnormal(world,
 @pytest.mark.parametrize("world", [2, 3, 8, 512, 513, 2**15])
 def test_drift_skips_the_split_only_where_the_split_is_exact(world, monkeypatch):
     """drift_sq_from takes the update norm as is where its float32 pieces would restore it
-    exactly (issue 17): across and beyond that range, on random mantissas, it reads what the
-    full split and float32 rounding read, bit for bit."""
+    exactly (a step fewer after the collective's wait): across and beyond that range, on random
+    mantissas, it reads what the full split and float32 rounding read, bit for bit."""
     import random
     import struct
 
@@ -262,8 +262,9 @@ def test_replica_digest_sees_any_one_word_and_ignores_how_the_bytes_are_split():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype, monkeypatch):
     """A small model's boundary takes its norms and digest into kept buffers, read through
-    NumPy (issue 17): bit for bit the digest and squared norm the plain ops give. (A boundary's
-    digest of the parameters as written is checked at world 2: tests/test_engine_dist.py.)"""
+    NumPy (an `.item()` op fewer each): bit for bit the digest and squared norm the plain ops give.
+    (A boundary's digest of the parameters as written is checked at world 2:
+    tests/test_engine_dist.py.)"""
     torch.manual_seed(0)
     params = [torch.randn(s, dtype=dtype) * 3 for s in (7, 1, 300, 40)]
     av = ParameterAverager(params, rank=0, world_size=1, beta=0.5)
@@ -547,9 +548,9 @@ def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():
 
 
 def test_a_hold_sleeps_short_of_its_deadline_then_polls_and_never_returns_early(monkeypatch):
-    """hold_until (the link emulator's wait, issue 17): a sleep wakes late, so it sleeps to
-    HOLD_POLL before the deadline and polls the clock for the rest; it never returns before the
-    deadline, and a deadline already past returns at once without sleeping."""
+    """hold_until (the link emulator's wait, docs/design.md §10.16): a sleep wakes late, so it
+    sleeps to HOLD_POLL before the deadline and polls the clock for the rest; it never returns
+    before the deadline, and a deadline already past returns at once without sleeping."""
     import types
 
     import trainer.link as link
@@ -752,7 +753,7 @@ def test_a_forked_child_releases_futures_on_a_thread_of_its_own():
 
 
 def test_the_fused_boundary_captures_every_kind_of_gradient():
-    """g_i is copied into the buffer in one op where every gradient is a plain tensor (issue 17);
+    """g_i is copied into the buffer in one op where every gradient is a plain tensor;
     a gradient that keeps its graph (backward with create_graph) is taken detached and a
     missing one as zeros, through the same segment."""
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Writing a file whole, and never through a link (docs/design.md §9, safety rules).
+"""Writing a file whole, and never through a link (docs/design.md §7, Report).
 
 A report or plot is written into a directory a user owns, where `report.md` may be a symlink to
 one of their own files: opening it for writing would overwrite that file. Instead the content

@@ -9,7 +9,7 @@ a plain average (see ParameterAverager.start).
 
 (* only when the options ask for it). Rank 0 writes the broadcast segment and the others write
 zeros, so a SUM all-reduce broadcasts it inside the same collective. The scalars carry what the
-profiler and the replica check need, so a boundary costs one latency on a WAN (DESIGN §3).
+profiler and the replica check need, so a boundary costs one latency on a WAN (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from trainer.fragments import WHOLE, fragment_bounds
 from trainer.grad_watch import CHANGED, UNCHECKED
 from trainer.link import LinkClock, allgather_, allreduce_sum_, delayed
 from trainer.options import UNUSED_PARAMETERS_HINT, OptionError
-from trainer.outer import OuterOptimizer, outer_step_
+from trainer.outer import OuterOptimizer, TorchOuter, outer_step_
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
 # GRADS_CHECKED, GRADS_CHANGED: the ranks whose boundary step's gradients were checked, and found
@@ -141,8 +141,8 @@ def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float
     float32s."""
     if world_size <= _EXACT_WORLD and (_EXACT_LO <= update_sq <= _EXACT_HI or update_sq == 0.0):
         # every piece is a normal float32 (or 0), so rounding it to float32 is exact and the
-        # pieces sum back to update_sq: the split below would return it unchanged (issue 17:
-        # that Python runs after the collective's wait, on cold caches)
+        # pieces sum back to update_sq: the split below would return it unchanged (that
+        # Python runs after the collective's wait, on cold caches)
         update_q = update_sq
     else:
         pieces = split_exact(update_sq, world_size)
@@ -227,7 +227,7 @@ def one_copy(words: list[torch.Tensor]) -> bool:
 
 class _Sums:
     """A 0-dim sum read through NumPy on the CPU, not by `item()`: a torch op fewer for each
-    of a small model's boundary sums (issue 17: after the collective's wait every op costs tens
+    of a small model's boundary sums (after the collective's wait every op costs tens
     of µs on a shared VM). `copy`: a buffer for what is summed, if the caller needs one."""
 
     def __init__(self, dtype: torch.dtype, copy: torch.Tensor | None = None) -> None:
@@ -329,7 +329,7 @@ class ParameterAverager:
         fragments: int = 1,
         offload: bool = False,
     ) -> None:
-        """With `fused_sgd`, a cpdp boundary is one collective (DESIGN §1): the boundary step was
+        """With `fused_sgd`, a cpdp boundary is one collective (docs/design.md §2): the step was
         a *local* SGD step with the local gradient g_i; its gradients ride with the parameters,
         and each momentum buffer is corrected by (ḡ − g_i). For an optimizer linear in the
         gradient this gives the parameters of gradient AllReduce + synchronized step +
@@ -350,6 +350,7 @@ class ParameterAverager:
         if outer is None:
             outer = OuterOptimizer("slowmo", 1.0, beta, lr_aware)
         self.outer = outer
+        self._torch_outer: TorchOuter | None = None  # use_outer(): a torch optimizer's step
         self.compress = compress
         # per payload size (fragments differ in size): codec, this rank's bytes, every rank's
         self._codecs: dict[tuple[int, int], tuple[Codec, torch.Tensor, torch.Tensor]] = {}
@@ -411,6 +412,22 @@ class ParameterAverager:
             if group.get("dampening", 0) != 0:
                 raise ValueError("the fused boundary needs SGD without dampening")
 
+    def use_outer(self, outer: TorchOuter) -> None:
+        """Take a torch optimizer as the outer step (autok.Sync's `outer_optimizer=FACTORY`),
+        before any boundary: its flat parameter becomes θ_ref (this θ_ref's values). Its
+        parameters are views of the whole θ_ref, so the step moves the whole model: refused
+        with fragments (a slice's step) and an offloaded θ_ref (staged copies), by the caller."""
+        if self.boundaries or len(self.bounds) > 1 or self._offload:
+            raise ValueError("use_outer: before any boundary, on a whole, non-offloaded θ_ref")
+        flat = outer.flat
+        if flat.shape != self.ref.shape or flat.dtype != self.ref.dtype:
+            raise ValueError(f"use_outer: θ_ref is {self.ref.dtype} x {self.ref.numel()}")
+        flat.copy_(self.ref)
+        self.ref = flat
+        self._ref_views = self._views(self.ref, self.params)
+        self._cuts.clear()  # they hold slices of the old θ_ref
+        self.outer, self._torch_outer, self.velocity = OuterOptimizer("torch"), outer, None
+
     def capture_boundary_grads(self) -> None:
         """Keep g_i as it enters the fused boundary's optimizer step. Called from an optimizer
         step pre-hook: the gradient must be read BEFORE the step, since torch's multi-tensor
@@ -419,7 +436,7 @@ class ParameterAverager:
         grads = [p.grad for p in self.params]
         seg, views = self._grads_segment()
         if all(g is not None and not g.requires_grad for g in grads):
-            torch._foreach_copy_(views, grads)  # one op (issue 17): a cat costs 2 per tensor
+            torch._foreach_copy_(views, grads)  # one op: a cat costs 2 per tensor
         else:  # a missing gradient is a zero; one kept with its graph (create_graph) detached
             pairs = enumerate(zip(grads, self.params, strict=True))
             if unused := [i for i, (g, p) in pairs if g is None and p.requires_grad]:
@@ -505,7 +522,7 @@ class ParameterAverager:
                 velocity,
                 self._scratch[:n],
                 # the scalars as a NumPy array where they can be (host memory, a dtype NumPy
-                # has): written and read without a torch op, two fewer per boundary (issue 17)
+                # has): written and read without a torch op, two fewer per boundary
                 scalars.numpy() if scalars.device.type == "cpu" and buf.dtype in _NUMPY else None,
             )
         return cut
@@ -555,7 +572,7 @@ class ParameterAverager:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, list[torch.Tensor] | None]:
         """The parameters detached, and where every parameter is contiguous (so these are
         views) their digest words and their 1-D views (the pack's): cut once, not at every
-        boundary (for a small model the cutting cost more than the sums; issue 17). Cut again if
+        boundary (for a small model the cutting cost more than the sums). Cut again if
         a parameter's storage has moved, which DDP's own contract forbids once the model is
         wrapped."""
         ptrs = [p.data_ptr() for p in self.params]
@@ -644,7 +661,7 @@ class ParameterAverager:
             momenta = self._momenta(grads)
             _add_to_momentum(momenta, -1.0)
         # The outer step's first op, μ·v, needs nothing the collective brings: taken here, where
-        # the core is warm, not after the wait (issue 17: on a shared VM each op after a long
+        # the core is warm, not after the wait (on a shared VM each op after a long
         # wait costs tens of µs more). Only with delta_form: finish() follows at once. A boundary
         # that raises in between (ReplicaMismatch) leaves μ·v, as it leaves m_i − g_i.
         decayed = delta_form and velocity is not None
@@ -773,7 +790,7 @@ class ParameterAverager:
         self.boundaries += 1
         # The mean Δ's 1/n rides in the outer step's factors where that is exact: with n a power
         # of two every product with it is exact, so the step is bit-identical to one on Σ/n and
-        # the division's pass over the parameters is saved (issue 17). Only a subnormal Σ/n could
+        # the division's pass over the parameters is saved. Only a subnormal Σ/n could
         # round differently (where the add is a fused multiply-add): below 1.2e-38 in float32,
         # the narrowest dtype the averaging works in.
         fold = pending.delta_form and self._foldable
@@ -801,16 +818,20 @@ class ParameterAverager:
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
             theta_now = self._snapshot[:m]
-        theta_new = outer_step_(
-            self.outer,
-            ref,
-            velocity,
-            theta_avg,
-            pending.lr,
-            delta=delta,
-            scale=scale,
-            decayed=pending.decayed,
-        )
+        if self._torch_outer is None:
+            theta_new = outer_step_(
+                self.outer,
+                ref,
+                velocity,
+                theta_avg,
+                pending.lr,
+                delta=delta,
+                scale=scale,
+                decayed=pending.decayed,
+            )
+        else:  # a torch optimizer's step on θ_ref (whole: use_outer), Δ its gradient
+            assert delta is not None  # never a plain average (OuterOptimizer("torch"))
+            theta_new = self._torch_outer.step_(delta, scale)
         pieces = pending.avg_tensors[: pending.n_pieces]
         rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
         rest = m * (2 if pending.n_grads else 1)
@@ -998,6 +1019,8 @@ class ParameterAverager:
             "digest": self.last_digest,
             "fragment": self.last_fragment,  # what the digest describes
             "residual": self._residual,  # error feedback (compression), or None
+            # a torch optimizer's own state (use_outer), under its own key: absent otherwise
+            **({"outer": self._torch_outer.optimizer.state_dict()} if self._torch_outer else {}),
         }
 
     def load_state_dict(self, state: dict, recompute_digest: bool = True) -> None:
@@ -1009,6 +1032,8 @@ class ParameterAverager:
         self.ref.copy_(state["ref"])
         if self.velocity is not None and state["velocity"] is not None:
             self.velocity.copy_(state["velocity"])
+        if self._torch_outer is not None:  # (autok.Sync checked it on a copy first)
+            self._torch_outer.optimizer.load_state_dict(state["outer"])
         self.boundaries = int(state["boundaries"])
         if state.get("residual") is not None:
             self._residual = state["residual"].to(self.ref.device, self.ref.dtype, copy=True)

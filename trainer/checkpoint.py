@@ -1,4 +1,4 @@
-"""Checkpoints that continue a run exactly (DESIGN: nothing already written is lost).
+"""Checkpoints that continue a run exactly, losing nothing already written (docs/design.md §7).
 
 Layout: OUT/checkpoints/epoch-NNNN/{rank0.pt, ..., manifest.json}. Each rank writes its own file
 (optimizer state and `local` buffers differ per rank) to a temp name, fsyncs and renames it; after
@@ -68,9 +68,14 @@ def _disk_full(exc: BaseException) -> OSError | None:
     return None
 
 
+def _numbered(root: Path) -> list[tuple[int, Path]]:
+    """What autok names epoch-NNNN under `root`, each with its number (in glob order)."""
+    return [(n, p) for p in root.glob("epoch-*") if (n := _epoch_of(p)) is not None]
+
+
 def _last_complete(out_dir: Path) -> str:
-    ours = [p for p in ckpt_root(out_dir).glob("epoch-*") if _epoch_of(p) is not None]
-    return max(ours, key=_epoch_of).name if ours else ""
+    ours = _numbered(ckpt_root(out_dir))
+    return max(ours, key=lambda numbered: numbered[0])[1].name if ours else ""
 
 
 @contextlib.contextmanager
@@ -153,8 +158,8 @@ def publish(out_dir: Path, epoch: int, world_size: int) -> Path:
     os.replace(d, final)
     _fsync_dir(ckpt_root(out_dir))
     # Only what autok names epoch-NNNN is pruned, oldest first by number.
-    ours = [p for p in ckpt_root(out_dir).glob("epoch-*") if _epoch_of(p) is not None]
-    for old in sorted(ours, key=_epoch_of)[:-KEEP]:
+    ours = _numbered(ckpt_root(out_dir))
+    for _, old in sorted(ours, key=lambda numbered: numbered[0])[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -277,14 +282,16 @@ class Found:
 def latest_valid(out_dir: Path, world_size: int, layout: Layout | None = None) -> Found:
     """The newest checkpoint `verify` accepts (with `layout`: whose model fits it), and why
     each newer one was refused: an older good one is used (docs/design.md §7, checkpoints/)."""
-    refused = []
+    refused: list[tuple[str, str]] = []
     candidates = [p for p in ckpt_root(out_dir).glob("epoch-*") if p.is_dir()]
     # newest first by the number in the name; names that are not epoch-NNNN sort last
     candidates.sort(key=lambda p: (_epoch_of(p) is not None, _epoch_of(p) or 0), reverse=True)
     for path in candidates:
         why = verify(path, world_size, layout)
         if why is None:
-            return Found(path, _epoch_of(path), tuple(refused))
+            epoch = _epoch_of(path)
+            assert epoch is not None  # verify accepts epoch-NNNN names only
+            return Found(path, epoch, tuple(refused))
         refused.append((path.name, why))
     return Found(None, -1, tuple(refused))
 

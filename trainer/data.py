@@ -197,6 +197,13 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     return _mnist1d_cache(num_samples, seed)
 
 
+def mnist1d_cached(num_samples: int, seed: int) -> bool:
+    """Whether the cache holds the whole data set: then a run reads it, and the mnist1d package
+    (an extra: autok/extras.py) is not needed to make it."""
+    path = _mnist1d_cache(num_samples, seed)
+    return path.is_file() and _read_whole(path, num_samples) is not None
+
+
 def _mnist1d_arrays(num_samples: int, seed: int) -> tuple:
     """(x, y, x_test, y_test), read from the cache, which is made (again) when it is missing,
     truncated or of another size: it is a cache. One read when it is whole."""
@@ -409,9 +416,10 @@ def class_labels(dataset: Any) -> Any:
 
     if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # a Subset
         return class_labels(dataset.dataset)[np.asarray(dataset.indices, dtype=np.int64)]
+    tensors: tuple[Any, ...] = getattr(dataset, "tensors", ())
     if hasattr(dataset, "targets"):
         labels = np.asarray(dataset.targets)
-    elif len(tensors := getattr(dataset, "tensors", ())) >= 2:
+    elif len(tensors) >= 2:
         labels = tensors[-1].detach().cpu().numpy()
     else:
         raise ValueError(

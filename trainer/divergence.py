@@ -20,11 +20,12 @@ def params_finite(tensors) -> bool:
     finite exactly when its elements are (NaN and inf propagate; |x| summed in float64 cannot
     overflow from any float32 or narrower values), and so is the norms' float64 sum (below
     3.4e38 per element, it would take over 1e269 elements to overflow). Three ops whatever the
-    model: one foreach norm, a stack, a sum (issue 17: each op costs 10-45 µs right after a
+    model: one foreach norm, a stack, a sum (each op costs 10-45 µs right after a
     step's backward on a shared 2-core machine, where a step-by-step check once took 183 µs on
     a 4-tensor model against 18 µs alone). No detach: under no_grad the norms record no graph.
     Other dtypes (float64, complex, integer) are checked elementwise."""
-    narrow, other = [], []
+    narrow: list[torch.Tensor] = []
+    other: list[torch.Tensor] = []
     for t in tensors:
         (narrow if t.dtype in _NARROW else other).append(t)
     with torch.no_grad():

@@ -1,7 +1,7 @@
 """DDP's gradient all-reduce, with the timing the profiler needs: through the link emulator (a
 comm hook), or DDP's own C++ all-reduce with nothing to emulate.
 
-Exposed gradient sync (DESIGN §3) is the wait between the end of backward compute and the
+Exposed gradient sync (docs/design.md §4) is the wait between the end of backward compute and the
 completion of the last bucket; `loss.backward()` returns only once DDP has waited for every
 bucket. The end of backward compute is the latest bucket-ready call of the comm hook or, on the
 built-in path, a callback that runs when every node of the backward graph has run, just before
@@ -12,13 +12,13 @@ what the step spent blocked on the network. What the loop does between `backward
 `optimizer.step()` (GradScaler's unscale and its inf check, clipping) is the loop's compute, not
 sync.
 
-Why two paths (issue 17): any Python comm hook costs about 115 µs per synchronized step against
-DDP's built-in C++ one (world 2, cnn1d, `python -m benchmarks.step_parts`): the call into Python
-and its future's callback on the gloo thread; torch's own Python `allreduce_hook` costs the
-same. With no link to emulate, on the CPU, DDP keeps its C++ hook, and one hook on a parameter's
-gradient accumulation, held only while steps synchronize, marks the time. On a GPU the comm hook
-stays: the end of compute there is a CUDA event on the stream that computed the bucket, recorded
-as it becomes ready.
+Why two paths (docs/design.md §4, Per step): any Python comm hook costs about 115 µs per
+synchronized step against DDP's built-in C++ one (world 2, cnn1d,
+`python -m benchmarks.step_parts`): the call into Python and its future's callback on the gloo
+thread; torch's own Python `allreduce_hook` costs the same. With no link to emulate, on the CPU, DDP
+keeps its C++ hook, and one hook on a parameter's gradient accumulation, held only while steps
+synchronize, marks the time. On a GPU the comm hook stays: the end of compute there is a CUDA event
+on the stream that computed the bucket, recorded as it becomes ready.
 
 The built-in path relies on every synchronized backward reaching the first trainable parameter
 DDP manages, which DDP as `Sync` builds it requires (no unused parameters); a user who turns on
@@ -103,7 +103,7 @@ class GradSyncState:
         if self.builtin and self._handle is None:
             # A post-accumulate hook is handed the parameter, which has its Python object
             # already; a tensor hook is handed a new gradient tensor to wrap and its return
-            # value to check, about 10-15 µs more per step here (issue 17).
+            # value to check, about 10-15 µs more per step here.
             self._handle = self.params[0].register_post_accumulate_grad_hook(self._on_grad)
 
     def _on_grad(self, _param: torch.Tensor) -> None:
@@ -241,7 +241,7 @@ def emulated_allreduce_hook(
     # Same arithmetic as DDP's built-in hook (pre-divide, then SUM), so K=1 cpdp == ddp exactly.
     tensor.div_(state.world_size)
     # The process group's own allreduce (SUM): dist.all_reduce's Python wrapper costs about 30 µs
-    # of checks per call on every step (issue 17), which DDP's built-in C++ hook never pays.
+    # of checks per call on every step, which DDP's built-in C++ hook never pays.
     if state.process_group is None:  # looked up once, not on every bucket of every step
         state.process_group = dist.distributed_c10d._get_default_group()
     fut = state.process_group.allreduce([tensor]).get_future()

@@ -22,6 +22,7 @@ own clipping does not use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import attrgetter, is_
 from typing import Any
 
@@ -43,7 +44,7 @@ class GradWatch:
     optimizer step. Armed only for boundary steps (a hook on one parameter while armed): local
     steps pay nothing."""
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
         self.params = [p for p in params if p.requires_grad]
         self._handle: Any = None
         # the gradients at the end of the last backward, and their version counters

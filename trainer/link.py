@@ -1,4 +1,5 @@
-"""WAN link emulator: hold every collective until a modelled network time has passed (DESIGN §4).
+"""WAN link emulator: hold every collective until a modelled network time has passed (docs/design.md
+§5).
 
 A ring AllReduce of S bytes over N ranks takes T(S, N) = 2(N-1) * (rtt/2 + S / (N * bandwidth)).
 Each rank keeps a link clock: a collective issued at time a completes no earlier than
@@ -141,7 +142,8 @@ def exposed_wait(link: str, virtual: bool) -> str:
     """What a run's exposed sync waited on, named from its link (the summary's `link`: a
     profile, a schedule's text, or 'custom') and its clock. With no link emulated there is no
     network to wait on: the time is workers waiting on each other (a slower rank, shared cores),
-    and calling it "the network" misleads (docs/design.md §4: the link is emulated or modelled)."""
+    and calling it "the network" misleads (docs/design.md §5 and §4: the link is emulated or
+    modelled)."""
     if virtual:
         return "the modelled link"
     try:
@@ -234,8 +236,8 @@ class LinkClock:
 
 # A sleep wakes late: about 0.2 ms past its deadline at the median on this project's 2-core VM
 # (the kernel's timer slack and the hypervisor's timer; `python -m benchmarks.link_hold`), 1% of
-# a WAN boundary's T and a fifth of the 5% the link's fidelity goal allows (issue 17 (i)). So a
-# hold sleeps to HOLD_POLL before its deadline and polls the clock for the rest, yielding the
+# a WAN boundary's T and a fifth of the 5% the link's fidelity goal allows (`autok bench --only i`).
+# So a hold sleeps to HOLD_POLL before its deadline and polls the clock for the rest, yielding the
 # core at every turn to whatever else is runnable on it (another rank, the loop's own thread).
 HOLD_POLL = 0.0004
 _yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))  # Unix; elsewhere a 0 sleep
@@ -473,7 +475,9 @@ def delayed(
     import torch
 
     cuda = device is not None and device.type == "cuda"
-    out: torch.futures.Future = torch.futures.Future(devices=[device] if cuda else None)
+    out: torch.futures.Future = torch.futures.Future(
+        devices=[device] if cuda and device is not None else None
+    )
     releaser = _get_releaser()
 
     def _on_done(f: torch.futures.Future) -> None:
@@ -500,6 +504,8 @@ def _release_booked(releaser: _Releaser, booking: Booking, out, value, ready) ->
     if booking.error is not None:  # the device failed before the data existed: that error
         releaser.release_at(0.0, out, booking.error, None)
     else:
+        # settled without an error: a deadline (Booking.then runs only once settled)
+        assert booking.deadline is not None
         releaser.release_at(booking.deadline, out, value, ready)
 
 

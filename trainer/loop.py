@@ -10,6 +10,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from trainer.runlog import LOGGER, RunLog, run_logger
 from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
 from trainer.straggler import Straggler
 from trainer.sync import Sync
-from trainer.tasks import Task, load_task
+from trainer.tasks import Task, load_task, loss_fn_of, metric_of
 
 if TYPE_CHECKING:  # the CLI's config is a SyncOptions with the run's settings; no import cycle
     from autok.config import TrainConfig
@@ -93,6 +94,7 @@ class Trainer:
         )
         # Each rank evaluates a disjoint slice; the metric's sums are added, so it is that of the
         # whole test set (DistributedSampler would pad with duplicates).
+        assert isinstance(test, Sized)  # check_task refused a test_dataset without a length
         self.test_loader = DataLoader(
             Subset(test, range(rank, len(test), world_size)), batch_size=512
         )
@@ -101,6 +103,7 @@ class Trainer:
         self.optimizer = build_optimizer(
             cfg.optimizer, self.model, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov
         )
+        assert cfg.lr_warmup_epochs is not None  # TrainConfig resolves it to --warmup-epochs
         self.scheduler = build_scheduler(
             self.optimizer,
             total_steps=cfg.epochs * self.steps_per_epoch,
@@ -240,7 +243,8 @@ class Trainer:
         return summary
 
     def _train_epoch(self, epoch: int) -> None:
-        loss_fn, classifies = self.task.loss_fn, self.task.classifies
+        loss_fn, classifies = loss_fn_of(self.task), self.task.classifies
+        batch_metric = metric_of(self.task).batch
         sync = self.sync
         self.sampler.set_epoch(epoch)
         sync.model.train()
@@ -250,7 +254,8 @@ class Trainer:
         epoch_start = step_end = self.now()
         # The training loss and metric sums: read per step on the CPU (a read is cheaper than an
         # op there); tensors on an accelerator are summed there and read once, at the epoch's
-        # end, so that the loop adds no host sync per step (issue 17; Sync's close has its one).
+        # end, so that the loop adds no host sync per step (docs/design.md §4; Sync's close has its
+        # one).
         acc = (
             None
             if self.device.type == "cpu"
@@ -279,7 +284,7 @@ class Trainer:
             times.optimizer_seconds += step.optimizer_seconds
             times.sync_seconds += step.sync_seconds
             if classifies:  # another metric is judged on the test set only
-                total, count = self.task.metric.batch(out.detach(), y)
+                total, count = batch_metric(out.detach(), y)
             if acc is None:
                 times.train_loss_sum += loss.item() * len(y)
                 if classifies:
@@ -352,10 +357,11 @@ class Trainer:
             if self.rank == 0:
                 self.log.info(f"autok: not checkpointing epoch {epoch}: non-finite weights")
             return False
-        write_rank_file(self.out_dir, epoch, self.rank, self.state_dict(epoch))
+        out_dir = self._checkpoints_dir()
+        write_rank_file(out_dir, epoch, self.rank, self.state_dict(epoch))
         allreduce_sum_(torch.zeros(1, dtype=torch.float64, device=self.device), self.sync.clock)
         if self.rank == 0:
-            publish(self.out_dir, epoch, self.world_size)
+            publish(out_dir, epoch, self.world_size)
         return True
 
     def restore_latest(self) -> int:
@@ -364,8 +370,9 @@ class Trainer:
         so no rank-local failure can make ranks resume from different epochs."""
         # the model's own layout: a checkpoint whose tensors do not fit it is refused like a
         # corrupted one, and the older good one used
+        out_dir = self._checkpoints_dir()
         found = (
-            latest_valid(self.out_dir, self.world_size, model_layout(self.model))
+            latest_valid(out_dir, self.world_size, model_layout(self.model))
             if self.rank == 0
             else None
         )
@@ -373,14 +380,14 @@ class Trainer:
         choice = choice.to(self.device)
         allreduce_sum_(choice, None)  # rank 0's choice, everywhere
         epoch = int(choice.item()) - 1
-        if self.rank == 0:
+        if found is not None:  # (rank 0)
             for name, why in found.refused:
                 self.log.info(f"autok: checkpoint {name} refused: {why}")
         if epoch < 0:
             return -1
         try:
             state, why = (
-                load_rank_file(ckpt_root(self.out_dir) / f"epoch-{epoch:04d}", self.rank),
+                load_rank_file(ckpt_root(out_dir) / f"epoch-{epoch:04d}", self.rank),
                 "",
             )
         except Exception as exc:  # this rank's file: unreadable here (I/O, memory)
@@ -392,8 +399,15 @@ class Trainer:
                 f"checkpoint epoch-{epoch:04d} could not be loaded on {int(failed.item())} "
                 f"rank(s){': ' + why[:200] if why else ''}"
             )
+        assert state is not None  # this rank's None was counted in `failed` above
         self.load_state(state)
         return epoch
+
+    def _checkpoints_dir(self) -> Path:
+        """OUT: only a run that writes a directory checkpoints (run_epochs checks out_dir)."""
+        if self.out_dir is None:
+            raise RuntimeError("checkpoints need the run's output directory (out_dir)")
+        return self.out_dir
 
     def _roll_back(self, rb: Rollback) -> int:
         """Divergence with --on-divergence rollback: the last good checkpoint, K halved."""
@@ -432,15 +446,16 @@ class Trainer:
         # batch would drain an accelerator's queue at every batch. In float64, added in batch
         # order: on the CPU the same values as summing the batches' numbers on the host.
         acc = torch.zeros(3, dtype=torch.float64, device=self.device)
+        batch_metric, loss_fn = metric_of(self.task).batch, loss_fn_of(self.task)
         for x, y in self.test_loader:
             x, y = x.to(self.device), y.to(self.device)
             out = self.model(x)
-            total, count = self.task.metric.batch(out, y)
+            total, count = batch_metric(out, y)
             metric_sum += _on_device_or_read(acc[0], total)
             metric_count += _on_device_or_read(acc[1], count)
             if not self.task.classifies:  # test_loss is reported beside another metric only
                 # the batch's mean times its size, in float64 (an add with alpha may fuse)
-                acc[2].add_(self.task.loss_fn(out, y).detach().sum().double() * len(y))
+                acc[2].add_(loss_fn(out, y).detach().sum().double() * len(y))
             seen += len(y)
         on_device = acc.tolist()
         metric_sum, metric_count = metric_sum + on_device[0], metric_count + on_device[1]
@@ -465,7 +480,7 @@ class Trainer:
         metric_sum, metric_count, test_loss_sum, test_seen = red[2:6]
         # A metric that counted nothing has no value (not a perfect score).
         test_metric = (
-            self.task.metric.value(metric_sum / metric_count) if metric_count > 0 else math.nan
+            metric_of(self.task).value(metric_sum / metric_count) if metric_count > 0 else math.nan
         )
         t = dict(zip(EpochTimes.names(), [v / n for v in red[6:]], strict=True))
         self.total_compute += t["forward_seconds"] + t["backward_seconds"] + t["optimizer_seconds"]
@@ -486,7 +501,7 @@ class Trainer:
             "train_loss": t["train_loss_sum"] * n / seen,
             **quality,
             "test_metric": test_metric,
-            "metric_name": self.task.metric.name,
+            "metric_name": metric_of(self.task).name,
             "epoch_seconds": t["epoch_seconds"],
             "samples_per_second": seen / t["epoch_seconds"],
             "forward_seconds": t["forward_seconds"],
@@ -502,13 +517,13 @@ class Trainer:
         }
 
     def _summary(self, history: list[float], wall: float) -> dict[str, Any]:
-        """summary.json (DESIGN §5). `history`: the test metric per epoch."""
+        """summary.json (docs/design.md §7). `history`: the test metric per epoch."""
         n = self.world_size
         # One slot per rank: each writes its own digest, the SUM gathers them (exact in float64).
         slots = torch.zeros(n, dtype=torch.float64, device=self.device)
         slots[self.rank] = param_digest(list(self.model.parameters()), 32)
         allreduce_sum_(slots, self.sync.clock)
-        metric = self.task.metric
+        metric = metric_of(self.task)
         scored = [v for v in history if not math.isnan(v)]
         best = math.nan if not scored else max(scored) if metric.higher_is_better else min(scored)
         quality: dict[str, Any] = {
@@ -573,7 +588,9 @@ def train_sampler(cfg: TrainConfig, train: Any, rank: int, world_size: int) -> A
 def rng_state(device: torch.device) -> dict[str, Any]:
     """Every generator's state as tensors, ints and lists: a checkpoint that loads with
     torch.load(weights_only=True), which never runs code from the file."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = np.random.get_state()
+    assert isinstance(state, tuple)  # the global generator is MT19937: its legacy tuple
+    name, keys, pos, has_gauss, cached = state
     return {
         "torch": torch.get_rng_state(),
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
@@ -593,7 +610,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     cuda = rng["cuda"]
     if cuda is None or device.type != "cuda":
         return
-    if isinstance(cuda, list | tuple):  # a checkpoint from before 2026-12-03: every device's
+    if isinstance(cuda, list | tuple):  # an older checkpoint's form: every device's
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index < len(cuda):
             torch.cuda.set_rng_state(cuda[index], device)

@@ -1,5 +1,5 @@
 """The loss sum of one boundary interval: what the loop gave as `s.loss`, step by step, summed
-in float64 with no host sync and as few ops per step as the device allows (issue 17).
+in float64 with no host sync and as few ops per step as the device allows (docs/design.md §4).
 
 - A CPU scalar tensor is kept, detached (a view: no copy), with its version, and read at the
   boundary: on a busy 2-core machine even a CPU `.item()` cost about 10 µs right after a step,

@@ -82,7 +82,7 @@ def _classes() -> dict[str, type]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.features(x).flatten(1))
 
-    classes = {"CNN1D": CNN1D, "SmallCNN": SmallCNN}
+    classes: dict[str, type] = {"CNN1D": CNN1D, "SmallCNN": SmallCNN}
     for name, cls in classes.items():  # pickle finds them as trainer.models.NAME (__getattr__)
         cls.__qualname__ = name
     return classes

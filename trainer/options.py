@@ -2,7 +2,7 @@
 synchronization. The CLI's TrainConfig composes them (it inherits these fields), so each option has
 the name and default of its `autok train` flag, and the same one-line errors.
 
-Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (DESIGN §6).
+Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import typing
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -62,7 +62,7 @@ _AVERAGING = frozenset({"localsgd", "cpdp"})
 # Settings read only under some values of another, the choosing setting: name -> (the chooser,
 # the values under which a run reads it, why the others do not). Given under another value, it
 # is refused, not ignored: a run would report a setting that changed nothing (docs/design.md
-# §1). autok/config.py adds the run's own, as for LIMIT_REASONS; autok/space.py derives the
+# §6). autok/config.py adds the run's own, as for LIMIT_REASONS; autok/space.py derives the
 # sweeps' conditional settings and a resume's dropped ones from this same table.
 READ_ONLY_UNDER: dict[str, tuple[str, frozenset[str], str]] = {
     "sync_optimizer_state": (
@@ -120,7 +120,7 @@ UNUSED_PARAMETERS_HINT = (
 
 def check_ddp_kwargs(
     ddp_kwargs: object, strategy: str = "ddp", accumulation_steps: int = 1
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """`ddp_kwargs` as DDP will get it, or an OptionError naming the key: only the arguments in
     DDP_KWARGS_TAKEN, of their kind; those autok sets, DDP's others and unknown names refused.
     static_graph only where every backward all-reduces (ddp, one pass a step): DDP's static
@@ -442,6 +442,7 @@ class SyncOptions(BaseModel):
         """F and τ (trainer/fragments.py). F > the model's parameter count is refused where the
         model is known: `Sync` and, before anything is written, the CLI's check_task."""
         frags, tau, k = self.fragments, self.fragment_delay, self.sync_period
+        assert k is not None  # the validator resolves K (its strategy's default) before this
         if frags > 1 and self.strategy != "localsgd":
             raise ValueError(
                 f"--fragments: streams the parameter averaging of localsgd only; {self.strategy} "
@@ -537,6 +538,8 @@ class SyncOptions(BaseModel):
         """The resolved outer step of a boundary (trainer/outer.py)."""
         if self.outer_optimizer is None:
             return OuterOptimizer("slowmo", 1.0, self.slowmo_beta or 0.0, self.slowmo_lr_aware)
+        # both resolved to the optimizer's defaults by validation (_check_outer)
+        assert self.outer_lr is not None and self.outer_momentum is not None
         return OuterOptimizer(
             self.outer_optimizer, self.outer_lr, self.outer_momentum, self.slowmo_lr_aware
         )

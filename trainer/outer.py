@@ -18,19 +18,28 @@ inner LR η in force (fairscale's), so a decaying η also shrinks the remembered
 
 Where the update is θ_avg itself (α = 1 and μ = 0, or `average`), θ_avg is copied: computing
 θ_ref − (θ_ref − θ_avg) would round, and the copy is what keeps cpdp with K = 1 equal to ddp bit
-for bit (DESIGN §8).
+for bit (docs/design.md §2 and §8).
+
+Any other torch.optim.Optimizer is the outer step through `TorchOuter` (autok.Sync's
+`outer_optimizer=FACTORY`), as torchft's DiLoCo applies one: θ_ref is its parameters, Δ their
+gradient, one `step()` gives θ_new. The names stay on `outer_step_` (docs/design.md §2, "Outer
+optimizers", says why); `sgd` and `nesterov` are torch.optim.SGD's arithmetic op for op, which
+tests/test_outer.py checks bit for bit against a factory of it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # torch loads on first use: the options (and `autok --help`) read this module
     import torch
 
-OuterKind = Literal["average", "slowmo", "nesterov", "sgd"]
+# "torch": a torch.optim.Optimizer built by the user's factory (TorchOuter), never a flag value
+OuterKind = Literal["average", "slowmo", "nesterov", "sgd", "torch"]
+OuterFactory = Callable[[list["torch.Tensor"]], "torch.optim.Optimizer"]
 OUTER_KINDS: tuple[str, ...] = ("average", "slowmo", "nesterov", "sgd")
 # DiLoCo's outer Nesterov (Douillard et al. 2023); SGD/SlowMo default to plain averaging + β.
 DEFAULT_LR = {"average": 1.0, "slowmo": 1.0, "nesterov": 0.7, "sgd": 1.0}
@@ -48,11 +57,15 @@ class OuterOptimizer:
 
     @property
     def needs_velocity(self) -> bool:
-        return self.kind != "average" and self.momentum > 0.0
+        """A velocity of the averager's own (a torch optimizer keeps its state itself)."""
+        return self.kind not in ("average", "torch") and self.momentum > 0.0
 
     @property
     def is_plain_average(self) -> bool:
-        """θ_new = θ_avg exactly: copied, never computed."""
+        """θ_new = θ_avg exactly: copied, never computed (never for a torch optimizer: its
+        SGD(lr=1) computes θ_ref − Δ, which rounds, and it is the user's arithmetic)."""
+        if self.kind == "torch":
+            return False
         return self.kind == "average" or (self.lr == 1.0 and self.momentum == 0.0)
 
 
@@ -75,33 +88,24 @@ def outer_step_(
     with scale a power of two (the averager passes the ranks' sum of Δ_i and 1/N), so that
     every product with it is exact and the step is bit-identical to one on the mean.
     `decayed`: the velocity already holds μ·v, the first op of every update with a velocity
-    (the averager takes it before the collective, where it waits for nothing; issue 17)."""
+    (the averager takes it before the collective, where it waits for nothing)."""
     if scale != 1.0 and math.frexp(scale)[0] != 0.5:
         raise ValueError(f"outer_step_: scale {scale} is not a power of two")
     if spec.is_plain_average:
+        assert avg is not None  # a plain average copies θ_avg: its callers pass it
         ref.copy_(avg)
         return ref
     if delta is None:
+        assert avg is not None  # without Δ, θ_avg is what the step is taken from
         delta = avg.sub(ref)
     if velocity is not None and not decayed:
         velocity.mul_(spec.momentum)
-    if spec.kind == "slowmo":
-        if spec.lr == 1.0:  # today's SlowMo, exactly its arithmetic
-            from trainer.slowmo import slowmo_update_
+    if spec.kind == "slowmo":  # SlowMo is written once: trainer/slowmo.py, α its slow LR
+        from trainer.slowmo import slowmo_update_
 
-            return slowmo_update_(  # its velocity (if any) decayed just above
-                ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale, True
-            )
-        # θ_ref + α·(u or η·u): the update slowmo_update_ would add, scaled by α
-        if velocity is None:
-            ref.add_(delta, alpha=spec.lr * scale)
-        elif spec.lr_aware:
-            velocity.add_(delta, alpha=1.0 / inner_lr * scale)
-            ref.add_(velocity, alpha=spec.lr * inner_lr)
-        else:
-            velocity.add_(delta, alpha=scale)
-            ref.add_(velocity, alpha=spec.lr)
-        return ref
+        return slowmo_update_(  # its velocity (if any) decayed just above
+            ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale, True, spec.lr
+        )
     # The pseudo-gradient Δ = θ_ref − θ_avg = −scale·delta. Its negation (and the scale) ride in
     # the factors where one add uses it; each product is exact (a sign, a power of two), so
     # this is bit-identical to negating first, a pass fewer.
@@ -118,3 +122,57 @@ def outer_step_(
     step = pseudo.add_(velocity, alpha=spec.momentum)
     ref.add_(step, alpha=-spec.lr)
     return ref
+
+
+class TorchOuter:
+    """A torch.optim.Optimizer as the outer step, as torchft's DiLoCo applies one: its
+    parameters are θ_ref, as views of the averager's flat θ_ref shaped as the model's
+    parameters (so param groups per layer work); at a boundary their `.grad` is the
+    pseudo-gradient Δ = θ_ref − θ_avg and one `step()` leaves θ_new in θ_ref. SGD(lr=1,
+    momentum=0) is then θ_ref − Δ = θ_avg (to rounding). Its state is the optimizer's own
+    (`state_dict()`), saved with the averager's."""
+
+    def __init__(self, factory: OuterFactory, flat: torch.Tensor, shapes: list[torch.Size]):
+        self.flat = flat  # θ_ref, adopted by the averager (ParameterAverager.use_outer)
+        sizes = [math.prod(s) for s in shapes]
+        self.params = [c.view(s) for c, s in zip(flat.split(sizes), shapes, strict=True)]
+        self.sizes = sizes
+        try:
+            opt = factory(list(self.params))  # a copy: the factory may consume the list
+        except (TypeError, ValueError) as exc:  # torch's own refusals (a bad lr) are these
+            raise ValueError(f"the factory raised {type(exc).__name__}: {str(exc)[:100]}") from None
+        if why := _refusal(opt, self.params):
+            raise ValueError(why)
+        self.optimizer = opt
+        self.name = f"{type(opt).__module__}.{type(opt).__qualname__}"
+
+    def step_(self, delta: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """θ_ref ← the optimizer's step on Δ = −scale·`delta` (overwritten: `delta` is
+        θ_avg − θ_ref as outer_step_ takes it, scale a power of two, so the negation and the
+        scale are exact); return θ_ref."""
+        if scale != 1.0 and math.frexp(scale)[0] != 0.5:
+            raise ValueError(f"TorchOuter.step_: scale {scale} is not a power of two")
+        pseudo = delta.neg_() if scale == 1.0 else delta.mul_(-scale)
+        for p, g in zip(self.params, pseudo.split(self.sizes), strict=True):
+            p.grad = g.view_as(p)
+        try:
+            self.optimizer.step()
+        finally:  # no gradient outlives the boundary: they are views of its buffer
+            for p in self.params:
+                p.grad = None
+        return self.flat
+
+
+def _refusal(opt: object, params: list[torch.Tensor]) -> str | None:
+    """Why the factory's result cannot be the outer step, or None."""
+    import torch
+
+    if not isinstance(opt, torch.optim.Optimizer):
+        return f"the factory returned a {type(opt).__name__}, not a torch.optim.Optimizer"
+    held = [id(p) for g in opt.param_groups for p in g["params"]]
+    if len(held) != len(set(held)) or set(held) != {id(p) for p in params}:
+        return (
+            "the optimizer's param groups must hold exactly the parameters the factory was "
+            "given, each once (build it over them: lambda params: torch.optim.SGD(params, ...))"
+        )
+    return None

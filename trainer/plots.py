@@ -12,11 +12,14 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # matplotlib loads only when a plot is drawn
+    from matplotlib.typing import RcKeyType
 
 DPI = 100
 MIN_FONT_PT = 8  # nothing smaller: at 100 dpi a 6 pt label is 8 pixels high
-FONT = {
+FONT: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.labelsize": 9,
@@ -275,7 +278,9 @@ def family_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float]
     reads as one and its order (e.g. K rising) as darkness."""
     from matplotlib import colormaps
 
-    hues = colormaps["tab10"].colors
+    # tab10 is a ListedColormap: colour i is its i-th entry (Colormap, as typed, has no .colors)
+    tab10 = colormaps["tab10"]
+    hues = [tab10(i)[:3] for i in range(tab10.N)]
     families: dict[str, list[str]] = {}
     for label in labels:
         families.setdefault(label.split(" ", 1)[0], []).append(label)
@@ -285,11 +290,16 @@ def family_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float]
         n = len(members)
         for j, label in enumerate(members):
             s = 0.0 if n == 1 else -0.55 + 1.0 * j / (n - 1)  # lighter (<0) .. darker (>0)
-            if s < 0:
-                out[label] = tuple(c + (1 - c) * -s for c in hue)
-            else:
-                out[label] = tuple(c * (1 - s) for c in hue)
+            out[label] = _shade(hue, s)
     return out
+
+
+def _shade(hue: tuple[float, float, float], s: float) -> tuple[float, float, float]:
+    """`hue` towards white by -s (s < 0) or towards black by s."""
+    r, g, b = hue
+    if s < 0:
+        return r + (1 - r) * -s, g + (1 - g) * -s, b + (1 - b) * -s
+    return r * (1 - s), g * (1 - s), b * (1 - s)
 
 
 def family_markers(labels: Sequence[str]) -> dict[str, str]:
@@ -342,7 +352,7 @@ def epoch_starts(boundaries: Sequence[tuple[int, int, int, float, int]]) -> dict
 
 
 def link_changes(schedule: Any, starts: dict[int, int]) -> list[tuple[int, str]]:
-    """(optimizer step, profile) where a `--link-schedule` changes the link (docs/design.md §4):
+    """(optimizer step, profile) where a `--link-schedule` changes the link (docs/design.md §5):
     `@step=N` is step N; `@epoch=N` is epoch N's first step (`starts`, from epoch_starts). None,
     or text that no longer parses, has no changes to mark."""
     from trainer.link import parse_schedule
@@ -392,10 +402,10 @@ def plot_k_and_lr(
     ax_k.stairs(ks, edges, color="tab:blue", lw=1.6, baseline=None, label="K in force")
     # the cap an adaptive policy cannot pass: a K path flat at the top is the cap, not a choice
     # (a fixed K never meets it, and drawing it there would only squash the path)
-    cap = config.get("max_sync_period")
-    capped = type(cap) is int and config.get("policy", "fixed") != "fixed"
-    k_axis(ax_k, [*ks, cap] if capped else ks)
-    if capped:
+    given = config.get("max_sync_period")
+    cap = given if type(given) is int and config.get("policy", "fixed") != "fixed" else None
+    k_axis(ax_k, ks if cap is None else [*ks, cap])
+    if cap is not None:
         cap_label = f"K cap (--max-sync-period {cap})"
         ax_k.axhline(cap, color="tab:red", lw=0.9, ls="--", label=cap_label)
     if len(bs) <= 2000:  # where the syncs were: a rug along the bottom

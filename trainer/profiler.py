@@ -1,4 +1,4 @@
-"""Per-interval and per-epoch time accounting (DESIGN §3).
+"""Per-interval and per-epoch time accounting (docs/design.md §4).
 
 Local to one rank; the boundary collective and the epoch-end reduction make the numbers global.
 """
@@ -17,7 +17,7 @@ def clock(device: torch.device) -> Callable[[], float]:
     """perf_counter that, on a GPU, first waits for queued kernels so spans mean compute: for
     spans read rarely (an epoch's wall time). On the CPU it is perf_counter itself. A step's own
     clock points use DeviceMarks on a GPU instead: a device sync at each would stall the queue
-    five times a step (issue 17)."""
+    five times a step (docs/design.md §4, Per step)."""
     if device.type != "cuda":
         return time.perf_counter
 

@@ -32,8 +32,8 @@ EPOCH_COLUMNS = [
     "lr",
 ]
 
-# A task judged by another metric (e.g. perplexity; DESIGN §5): its loss and metric on the test
-# set replace the accuracies, which mean nothing there.
+# A task judged by another metric (e.g. perplexity; docs/design.md §7): its loss and metric on the
+# test set replace the accuracies, which mean nothing there.
 TASK_EPOCH_COLUMNS = [
     {"train_accuracy": "test_loss", "test_accuracy": "test_metric"}.get(c, c) for c in EPOCH_COLUMNS
 ]
@@ -199,7 +199,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def boundary_record(stats: BoundaryStats, decision: SyncDecision) -> dict[str, Any]:
-    """One line of boundaries.jsonl (DESIGN §5): the fields of §3 and the decision."""
+    """One line of boundaries.jsonl (docs/design.md §7): the fields of §4 and the decision."""
     record = stats.as_dict()
     for key in ("warmup", "samples", "grad_syncs", "param_syncs"):
         record.pop(key)
@@ -346,7 +346,21 @@ def plot_k_and_lr(
     lrs: Any = (),  # the LR of each step from lr_first on (an array of floats)
 ) -> None:
     """k_lr.png: K in force over each interval and the LR at every optimizer step, with the
-    epochs and the warmup marked (drawn by trainer/plots.py, which says what it answers)."""
+    epochs and the warmup marked (drawn by trainer/plots.py, which says what it answers).
+    Without matplotlib (a core install training a --task) the run's files are all there and the
+    plot alone is left out, said in one line: plots are an extra (autok/extras.py; trainer/ does
+    not import autok, docs/design.md §3)."""
+    try:
+        import matplotlib  # noqa: F401  (plots.pyplot imports it next)
+    except ImportError:
+        import logging
+
+        from trainer.runlog import LOGGER
+
+        logging.getLogger(LOGGER).info(
+            f"autok: {out.name} not drawn: matplotlib is missing (pip install 'autok[report]')"
+        )
+        return
     from trainer import plots
 
     plots.plot_k_and_lr(out, path, summary, lr_first, lrs)

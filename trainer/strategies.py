@@ -1,4 +1,4 @@
-"""Sync strategies: what a local step and a boundary step do (DESIGN §1).
+"""Sync strategies: what a local step and a boundary step do (docs/design.md §2).
 
 | strategy | local step                     | boundary step                                     |
 |----------|--------------------------------|---------------------------------------------------|
@@ -18,9 +18,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 class _NoSync:
     """`DDP.no_sync()` as a class: the same flag turned off and restored, without the generator
-    and frames a `@contextmanager` costs on every local step (issue 17). The flag is a plain
-    attribute, so it is written to the instance dict directly: nn.Module.__setattr__ would only
-    check that it is no parameter, buffer or submodule first."""
+    and frames a `@contextmanager` costs on every local step (docs/design.md §4, Per step). The flag
+    is a plain attribute, so it is written to the instance dict directly: nn.Module.__setattr__
+    would only check that it is no parameter, buffer or submodule first."""
 
     __slots__ = ("model", "old")
 
@@ -32,9 +32,8 @@ class _NoSync:
         self.old = attrs["require_backward_grad_sync"]
         attrs["require_backward_grad_sync"] = False
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:  # None: an exception propagates
         self.model.__dict__["require_backward_grad_sync"] = self.old
-        return False
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class SyncStrategy:
         no_sync() suppresses its hooks; local steps keep their gradients local, so the optimizer
         step that follows is a local one. None where the backward all-reduces (a boundary, where
         the strategy syncs gradients in it): nothing to enter, where a null context's two frames
-        were paid at every synchronized step (issue 17)."""
+        were paid at every synchronized step."""
         return None if is_boundary and self.grad_sync_at_boundary else _NoSync(model)
 
 

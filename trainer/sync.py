@@ -1,4 +1,5 @@
-"""`Sync`: CPDP in any training loop (DESIGN §7). The engine; the built-in loop is one client.
+"""`Sync`: CPDP in any training loop (docs/design.md §3, Public API). The engine; the built-in loop
+is one client.
 
     sync = Sync(model, optimizer, strategy="cpdp", sync_period=4, policy="exposed-sync")
     for x, y in loader:
@@ -17,9 +18,9 @@ the update): every rank counts the same steps, so ranks always agree on where bo
 so the loop stays the user's: an optimizer step pre-hook (end of backward: the exposed gradient
 wait is measured there, and a fused boundary captures g_i) and post-hook.
 
-Data flow is one way (DESIGN §2): at a boundary the strategy's collective returns the reduced
-statistics; the controller turns them into a SyncDecision; the engine applies it from the next
-interval and hands stats + decision to the observers (sinks, exporters, user callbacks).
+Data flow is one way (docs/design.md §3): at a boundary the strategy's collective returns the
+reduced statistics; the controller turns them into a SyncDecision; the engine applies it from the
+next interval and hands stats + decision to the observers (sinks, exporters, user callbacks).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,7 @@ from trainer.strategies import STRATEGIES, fused
 # against a 1.4-3 ms step; more on a large model): ddp judges them at every
 # DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a divergence is
 # caught at most that many steps late (64 steps, about 0.1-0.2 s of the cnn1d; at 16 the check
-# cost 5-8 µs a step, issue 17). Its other checks (drift, update) are zero by construction.
+# cost 5-8 µs a step, docs/design.md §3). Its other checks (drift, update) are zero by construction.
 DDP_PARAM_CHECK_EVERY = 64
 
 
@@ -105,6 +106,10 @@ def fused_boundary_is_exact(strategy: str, optimizer: torch.optim.Optimizer) -> 
 
 class Sync:
     """The engine in a user's loop. Needs an initialized process group."""
+
+    # ddp's fast close's K = 1 sums, folded into k_path when it is read (set by its setter)
+    _k1_seconds: float
+    _k1_boundaries: int
 
     def __init__(
         self,
@@ -192,7 +197,8 @@ class Sync:
         self.accumulation_steps = opts.accumulation_steps
         if self.accumulation_steps > 1:
             self.model._after_forward = torch.compiler.disable(self._after_micro_forward)
-            self.step = self._micro_step
+            # rebound per instance, not branched on: a step of one pass pays nothing for it
+            self.step = self._micro_step  # type: ignore[method-assign]
         self.grad_state = GradSyncState(self.world_size, self.clock)
         # DDP's built-in path times a backward by the first parameter's gradient, which an unused
         # parameter, or a static graph's delayed reduction, may never give: the comm hook, which
@@ -218,7 +224,7 @@ class Sync:
                 compress=opts.compress,
                 averaged_extras=extras.averaged,
                 broadcast_extras=extras.broadcast,
-                fused_sgd=optimizer if self._fused or self._probing else None,
+                fused_sgd=self._fused_sgd(optimizer),
                 fragments=opts.fragments,
                 offload=opts.outer_state_device == "cpu",
             )
@@ -229,6 +235,7 @@ class Sync:
             # group's schedule, whatever the order or relative LRs of the groups
             # (docs/design.md, "The LR a boundary records").
             peak_lr = float(optimizer.param_groups[0]["lr"])
+        assert opts.sync_period is not None  # SyncOptions resolves K (its strategy's default)
         self.controller = build_controller(
             opts.policy, opts.sync_period, opts.policy_options(peak_lr)
         )
@@ -269,6 +276,19 @@ class Sync:
             optimizer.register_step_post_hook(self._after_optimizer_step),
         )
 
+    def _fused_sgd(self, optimizer: torch.optim.Optimizer) -> torch.optim.SGD | None:
+        """The optimizer a fused boundary corrects (or auto probes for one): SGD, as the
+        exactness check (fused_boundary_is_exact) required of either."""
+        if not (self._fused or self._probing):
+            return None
+        assert isinstance(optimizer, torch.optim.SGD)
+        return optimizer
+
+    def _the_averager(self) -> ParameterAverager:
+        """The averager, on the paths only a parameter-averaging strategy takes."""
+        assert self.averager is not None
+        return self.averager
+
     def _virtual_clock(self, model: nn.Module, plan: LinkSchedule) -> VirtualClock:
         """--clock virtual's clock; --model-bytes scales every collective's bytes by the model's
         own parameter bytes (a small model booked as the large one it stands for)."""
@@ -283,6 +303,7 @@ class Sync:
         gradient wait or None on a local step), booked on the virtual clock in place of what
         was measured: only counts (the bytes and buckets backward all-reduced) are read."""
         v = self.virtual
+        assert v is not None  # called under --clock virtual only (_close_step)
         self.link_name = v.move_to(self.global_step, self.epoch).name
         forward, backward, wait = v.step(self.global_step, gs.nbytes, gs.buckets)
         return forward, backward + wait, 0.0, wait if gs.buckets else None
@@ -383,7 +404,8 @@ class Sync:
         backward all-reduces), the earlier ones under no_sync() (_MicroStep.__enter__)."""
         self._after_forward(args)
         state = self._in_step
-        if state is not None and state._t2 is None and torch.is_grad_enabled():
+        # (installed with accumulation only: every step is a _MicroStep, _CLOSED none)
+        if isinstance(state, _MicroStep) and state._t2 is None and torch.is_grad_enabled():
             state._passes += 1
             if state._passes == state._micro - 1 and state._held is not None:
                 self.model.__dict__["require_backward_grad_sync"] = state._held
@@ -402,7 +424,7 @@ class Sync:
         if self._watch is not None and state.is_boundary:
             self._watch.check()  # the gradients, changed since backward ended?
             if self._fused:
-                self.averager.capture_boundary_grads()  # g_i as it enters the step
+                self._the_averager().capture_boundary_grads()  # g_i as it enters the step
 
     def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
@@ -437,8 +459,9 @@ class Sync:
             self.grad_syncs += 1
         synced = wait  # this step's exposed sync: the gradient wait, and any averaging below
         compute = forward + backward + optimizer
-        # StepTimes' values, built only if `last_step` is read (issue 17: per step); set before
-        # any boundary closes below, whose observers may read it, and again with its time
+        # StepTimes' values, built only if `last_step` is read (each object a step makes is paid at
+        # every step); set before any boundary closes below, whose observers may read it, and again
+        # with its time
         self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
         if self.averager is None and self._close_ddp_lazily(
@@ -552,12 +575,12 @@ class Sync:
 
     def _ddp_boundary(self, interval: Interval, k: int, lr: float, forced: bool) -> None:
         """ddp's record, every step: written out rather than through the general path, whose
-        dictionaries and checks ddp would pay at every step (issue 17). ddp's replicas never drift,
-        and no averaging collective carries reduced scalars, so the record holds this rank's own
-        timing and loss. The guard judges the parameters, which the averaged gradients keep
-        identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced boundary;
-        its other checks (drift, update, a rank-local loss) cannot fire on ddp. Where nobody
-        reads the record now, its loss is read only if the record is (`last_boundary`)."""
+        dictionaries and checks ddp would pay at every step (docs/design.md §4, Per step). ddp's
+        replicas never drift, and no averaging collective carries reduced scalars, so the record
+        holds this rank's own timing and loss. The guard judges the parameters, which the averaged
+        gradients keep identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced
+        boundary; its other checks (drift, update, a rank-local loss) cannot fire on ddp. Where
+        nobody reads the record now, its loss is read only if the record is (`last_boundary`)."""
         if self.observers:
             self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
         kept = (
@@ -622,10 +645,10 @@ class Sync:
     ) -> bool:
         """ddp's step (a boundary of one step) where nobody reads its record now and the guard
         has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
-        (issue 17): the record kept as one tuple of its values, the K path's sums kept as two
-        numbers (`k_path` folds them in), the loss held as LossSum holds a CPU scalar but no
-        LossSum made per step; LossSum's test of what it holds is inlined (each call is paid at
-        every step; tests/test_hot_path.py counts the bytecodes). False, with nothing changed,
+        (docs/design.md §4, Per step): the record kept as one tuple of its values, the K path's sums
+        kept as two numbers (`k_path` folds them in), the loss held as LossSum holds a CPU scalar
+        but no LossSum made per step; LossSum's test of what it holds is inlined (each call is paid
+        at every step; tests/test_hot_path.py counts the bytecodes). False, with nothing changed,
         where the general path must run: observers, no decision yet, a boundary the guard
         judges, an interval of more than this step, or a loss LossSum would not hold as it is.
         A boundary at an interval's first step has K = 1 in force (ddp's options allow no other
@@ -686,9 +709,11 @@ class Sync:
     def _finish_boundary(self, settle: bool = False) -> float:
         """Complete the launched averaging; return the seconds this rank spent waiting for it
         and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
-        flight, self._pending = self._pending, None
+        flight, self._pending, averager = self._pending, None, self.averager
+        # its callers check that an averaging, which only an averager launches, is in flight
+        assert flight is not None and averager is not None
         pending = flight.pending
-        rec = self.averager.finish(pending, settle=settle)
+        rec = averager.finish(pending, settle=settle)
         if self._probing and rec.grads_checked:
             self._choose_boundary(rec)
         finish_seconds = rec.wall_seconds - pending.seconds
@@ -758,7 +783,7 @@ class Sync:
     def k_path(self) -> dict[int, dict[str, float]]:
         """K -> the seconds, boundaries and steps spent at it, in the order K was first used.
         Read it again for later steps: ddp's fast close adds to it when it is read."""
-        if n := self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart (issue 17)
+        if n := self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart
             _add_to_path(self._k_path, 1, self._k1_seconds, n, n)  # each of one step
             self._k1_seconds, self._k1_boundaries = 0.0, 0
         return self._k_path
@@ -851,7 +876,7 @@ class Sync:
             # buffer, and is applied after a resume at the step it would have been.
             flight = self._pending
             in_flight = {
-                "averager": self.averager.pending_state(flight.pending),
+                "averager": self._the_averager().pending_state(flight.pending),
                 "common": flight.common,
                 "grad_bytes": flight.grad_bytes,
                 "sync_period": flight.sync_period,
@@ -917,7 +942,7 @@ class Sync:
         self._pending = None
         if in_flight is not None:
             self._pending = _InFlight(
-                self.averager.restore_pending(in_flight["averager"]),
+                self._the_averager().restore_pending(in_flight["averager"]),
                 dict(in_flight["common"]),
                 in_flight["grad_bytes"],
                 in_flight["sync_period"],
@@ -1087,7 +1112,8 @@ def _no_report(args: tuple) -> None:
 class _TimedDDP(DistributedDataParallel):
     """`sync.model`: DDP that reports the end of each forward to the engine. A forward hook on
     the module would do the same, but any module hook sends every call through nn.Module's slow
-    path (about 5 µs a step on the cnn1d in a one-process test; issue 17); this is one frame."""
+    path (about 5 µs a step on the cnn1d in a one-process test; docs/design.md §4, Per step); this
+    is one frame."""
 
     _after_forward: Any = None
 
@@ -1116,7 +1142,7 @@ class _InFlight:
 
 class _Step(StepHandle):
     """`with sync.step() as s`: the handle the loop body gets, and the step's state (its clock
-    points), one object per step (issue 17: each object a step makes is paid at every step).
+    points), one object per step (each object a step makes is paid at every step).
     A class rather than a generator context manager, which costs a generator and its frames on
     every step. The state's fields are private (the body sets `loss` alone) and read their
     class defaults until the step sets them; one object serves one step."""
@@ -1151,7 +1177,7 @@ class _Step(StepHandle):
             self._ctx = ctx
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         sync = self._sync
         sync._in_step = None
         if self._ctx is not None:
@@ -1190,7 +1216,7 @@ class _MicroStep(_Step):
             attrs["require_backward_grad_sync"] = False
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         sync = self._sync
         if self._held is not None:  # fewer passes than announced: DDP's flag back as it was
             sync.model.__dict__["require_backward_grad_sync"] = self._held

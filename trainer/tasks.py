@@ -1,7 +1,7 @@
-"""Tasks: what the built-in loop trains (DESIGN §7). A task is a model, its data and how to judge
-it; `--task MODULE:FUNCTION` names a function `FUNCTION(cfg) -> Task`. The built-in data sets
-and models are the task `trainer.tasks:classification`, registered the same way, so the CLI's
-own runs go through the path a user's task takes.
+"""Tasks: what the built-in loop trains (docs/design.md §3, Public API). A task is a model, its data
+and how to judge it; `--task MODULE:FUNCTION` names a function `FUNCTION(cfg) -> Task`. The built-in
+data sets and models are the task `trainer.tasks:classification`, registered the same way, so the
+CLI's own runs go through the path a user's task takes.
 
 A metric is judged from sums, not means: each rank evaluates a disjoint slice of the test set,
 the (sum, count) pairs are added across ranks, and `value(sum / count)` is the metric of the
@@ -105,7 +105,18 @@ class Task:
     @property
     def classifies(self) -> bool:
         """Accuracy-judged: the run's files keep their classification columns."""
-        return self.metric.name == "accuracy" and self.metric.higher_is_better
+        metric = metric_of(self)
+        return metric.name == "accuracy" and metric.higher_is_better
+
+
+# The fields stay Optional because None is the constructor's "the default" (docs/design.md §7);
+# these read them as __post_init__ resolved them, typed without the None.
+def loss_fn_of(task: Task) -> Callable[[Any, Any], torch.Tensor]:
+    return task.loss_fn if task.loss_fn is not None else _cross_entropy
+
+
+def metric_of(task: Task) -> Metric:
+    return task.metric if task.metric is not None else ACCURACY
 
 
 def classification(cfg: Any) -> Task:
@@ -236,7 +247,7 @@ def _probe(task: Task) -> str | None:
                     stage = "the model"
                     out = task.model(x)
                     stage = "loss_fn"
-                    loss = task.loss_fn(out, y)
+                    loss = loss_fn_of(task)(out, y)
                 if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
                     return "a loss_fn that does not return a scalar tensor"
                 if training and not loss.requires_grad:  # backward() would fail after launch
@@ -246,7 +257,8 @@ def _probe(task: Task) -> str | None:
                     )
                 with torch.no_grad():  # on what the loop gives it: a training output detached
                     stage = "the metric"
-                    total, count = task.metric.batch(out.detach() if training else out, y)
+                    batch_metric = metric_of(task).batch
+                    total, count = batch_metric(out.detach() if training else out, y)
                     float(total), float(count)
             except Exception as exc:
                 return f"a task whose {name} fails in {stage} on 2 samples: {_brief(exc)}"
