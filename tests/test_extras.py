@@ -143,8 +143,15 @@ def test_sync_and_a_task_train_on_two_gloo_workers_without_any_extra(tmp_path):
         ),
         (
             ("tensorboard",),
-            ["train", "--task", "tests.task_fixtures:regression", "--tensorboard", "{tmp}/tb",
-             "--out", "{tmp}/run"],
+            [
+                "train",
+                "--task",
+                "tests.task_fixtures:regression",
+                "--tensorboard",
+                "{tmp}/tb",
+                "--out",
+                "{tmp}/run",
+            ],
             "--tensorboard needs tensorboard: pip install 'autok[tensorboard]'",
         ),
         (
