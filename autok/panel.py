@@ -613,11 +613,13 @@ def _grid(plt, n: int):
     return fig, flat[:n]
 
 
-def _colors(methods: list[Method]) -> dict[str, tuple]:
+def _colors(regimes: list[Regime]) -> dict[str, tuple]:
+    """One colour per method name across every regime's panel, so a colour means one method."""
     from matplotlib import colormaps
 
-    fixed = [m.name for m in methods if m.fixed]
-    other = [m.name for m in methods if not m.fixed]
+    methods = [m for g in regimes for m in g.methods]
+    fixed = list(dict.fromkeys(m.name for m in methods if m.fixed))
+    other = list(dict.fromkeys(m.name for m in methods if not m.fixed))
     blues = colormaps["Blues"]
     out = {n: blues(0.35 + 0.6 * i / max(1, len(fixed) - 1)) for i, n in enumerate(fixed)}
     tab = colormaps["tab10"]
@@ -631,8 +633,8 @@ def plot_quality(regimes: list[Regime], out: Path) -> Path:
     (darker = larger K), adaptive policies in colour; the target dashed."""
     plt = pyplot()
     fig, axes = _grid(plt, len(regimes))
+    colors = _colors(regimes)
     for ax, g in zip(axes, regimes, strict=True):
-        colors = _colors(g.methods)
         scale = 100.0 if g.judge.accuracy else 1.0
         for m in g.methods:
             clocks = [epoch_clock(r) for r in m.runs]
@@ -655,13 +657,21 @@ def plot_quality(regimes: list[Regime], out: Path) -> Path:
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
         ax.set_ylabel(g.judge.name, fontsize=8)
-        if g.judge.accuracy:
-            ax.set_ylim(max(0.0, scale * g.target - 15), None)
+        finals = [scale * statistics.fmean(m.final) for m in g.methods]
+        if g.judge.accuracy:  # the target and every method's end in view
+            ax.set_ylim(max(0.0, min(scale * g.target - 15, min(finals) - 5)), None)
         else:
-            ax.set_ylim(None, g.target * 1.25)
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.supxlabel("wall-clock (s); dotted: the regime's target", fontsize=9)
-    fig.suptitle("Quality against wall-clock, per regime (mean over seeds)")
+            ax.set_ylim(None, max(g.target * 1.25, max(finals) * 1.05))
+        ax.legend(fontsize=6, ncol=2)
+    virtual = any(
+        r.summary.get("virtual_seconds") is not None
+        for g in regimes
+        for m in g.methods
+        for r in m.runs
+    )
+    clock = "the virtual clock (modelled s)" if virtual else "wall-clock (s)"
+    fig.supxlabel(f"training time on {clock}; dotted: the regime's target", fontsize=9)
+    fig.suptitle("Quality against training time, per regime (mean over seeds)")
     return save(fig, out)
 
 
@@ -671,8 +681,8 @@ def plot_k_paths(regimes: list[Regime], out: Path) -> Path:
     records), with each change of the emulated link marked and named."""
     plt = pyplot()
     fig, axes = _grid(plt, len(regimes))
+    colors = _colors(regimes)
     for ax, g in zip(axes, regimes, strict=True):
-        colors = _colors(g.methods)
         marked = False
         for m in g.methods:
             if m.fixed:
@@ -702,7 +712,7 @@ def plot_k_paths(regimes: list[Regime], out: Path) -> Path:
         ax.set_yscale("log", base=2)
         ax.set_title(g.name, fontsize=10, pad=12)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.supxlabel("training time (s) of the first seed; dotted: the link changes", fontsize=9)
     fig.supylabel("K in force")
     fig.suptitle("K paths of the adaptive policies")

@@ -1212,6 +1212,8 @@ def one_run(d: Path) -> str | None:
     the run's own files (docs/design.md §7) and what `autok report` is for."""
     if not (d / "summary.json").is_file() or (d / "experiment.json").exists():
         return None
+    if (d / ".autok-experiment.json").exists():  # an experiment's own directory: a panel's
+        return None  # summary.json is its judgement, not a run's (autok/experiment.py, STATE)
     summary = read_summary(d / "summary.json")  # malformed: a ReportError naming the field
     from trainer.sinks import summary_table
 

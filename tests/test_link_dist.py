@@ -40,12 +40,14 @@ def test_ddp_on_wan_exposes_the_modelled_ring_allreduce_per_step():
     records, summary, nbytes, profile = run_dist(_exposed_worker, 2, "ddp", 1, "wan")[0]
     modelled = profile.allreduce_seconds(nbytes, 2)  # one bucket per step for this model
     assert modelled == pytest.approx(2 * (8.3e-3 + nbytes / (2 * 1.25e8)))
-    per_step = statistics.median(r.exposed_sync_seconds for r in records)
-    # The hold and the wait for the slower peer overlap, so a step exposes the larger of the
-    # two; on a loaded machine the peer's lag grows with its compute (see the no-link test).
-    compute = statistics.median(r.compute_seconds for r in records)
-    upper = max(1.3 * modelled + 2e-3, 2 * compute)
-    assert 0.95 * modelled <= per_step <= upper, (per_step, modelled, compute)
+    exposed = [r.exposed_sync_seconds for r in records]
+    # Every step holds the modelled time at least, so the median does too. The hold and the
+    # wait for the slower peer overlap, so a step exposes the larger of the two; the peer's lag
+    # grows without bound on a loaded machine (a CI run under load: median 24.4 ms against
+    # 17.0 ms modelled), so the upper bound is read on the least disturbed step: a second hold,
+    # or a hold of the wrong size, would show on every step, that one included.
+    assert statistics.median(exposed) >= 0.95 * modelled, (exposed, modelled)
+    assert min(exposed) <= 1.3 * modelled + 2e-3, (exposed, modelled)
 
 
 def test_no_link_exposes_almost_nothing():

@@ -236,6 +236,13 @@ def test_an_experiment_writes_its_plan_before_the_main_seeds_and_runs_the_pilots
     assert f"**Result: {verdict}** the prediction" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["baseline"] == {"r": "best-fixed"}
+    # reported again: the panel's own summary.json at the top is no run's
+    rep = subprocess.run(
+        [sys.executable, "-m", "autok.cli", "report", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text()) == summary
     assert set(summary["regimes"]["r"]) == {"best-fixed", "es"}  # the pilot is not compared
 
 
@@ -253,3 +260,11 @@ def test_a_run_killed_before_its_first_epoch_row_is_reported_as_stopped(tmp_path
     )
     (stopped,) = collect_stopped(tmp_path)
     assert stopped.epochs_done == 0 and stopped.why == "training diverged: nan"
+
+
+def test_an_experiment_directory_with_its_panels_summary_is_not_taken_for_one_run(tmp_path):
+    from autok.report import one_run
+
+    (tmp_path / "summary.json").write_text(json.dumps({"default_policy": "exposed-sync"}))
+    (tmp_path / ".autok-experiment.json").write_text("{}")
+    assert one_run(tmp_path) is None
