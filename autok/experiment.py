@@ -628,7 +628,10 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
     """Before anything starts: no run's directory is reached through a symbolic link, and every
     run that would start over holds only files autok can prove it wrote there."""
     secret = read_secret(out)
-    plan = pilot.read_plan(out) if any(r.from_pilot for r in runs) else {}
+    try:
+        plan = pilot.read_plan(out) if any(r.from_pilot for r in runs) else {}
+    except ValueError as exc:
+        raise ConfigError(f"--out: {exc}; choose a new --out (it is kept)") from None
     for run in runs:
         variant = run.label.partition(" ")[2]
         if run.from_pilot and variant in plan:  # as it ran: with the pilot's choice
@@ -800,7 +803,11 @@ def run_experiment(
         first = [r for r in group if r.stage == "pilot"]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, first))
-        entry = make_plan(out, variant, first, plan_spec, predictions) if first else ""
+        entry = (
+            make_plan(out, variant, first, plan_spec, predictions)
+            if first
+            else "the pilot ran nothing in this regime"
+        )
         mains = [r for r in group if r.stage == "main" and r.mean_k_of is None]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(partial(main_run, group=group, entry=entry), mains))

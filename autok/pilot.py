@@ -182,12 +182,26 @@ def choose(pilot: dict[str, list[RunResult]], s: PilotSpec) -> dict[str, Any]:
 
 
 def read_plan(out: Path) -> dict[str, Any]:
+    """OUT/plan.json: regime -> its plan; {} before any pilot ran. A file that is not such a plan
+    is a ValueError naming it (the experiment refuses it in one line before anything runs)."""
     path = out / PLAN
     if not path.is_file():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    ok = isinstance(data, dict) and all(
+        isinstance(e, dict)
+        and isinstance(e.get("best_fixed"), str)
+        and isinstance(e.get("target"), (int, float))
+        and isinstance(e.get("arms"), dict)
+        and e["best_fixed"] in e["arms"]
+        and all(isinstance(a, dict) for a in e["arms"].values())
+        for e in data.values()
+    )
+    if not ok:
+        raise ValueError(f"{path}: not a plan (regime -> target, best_fixed, arms)")
     return data
 
 

@@ -158,6 +158,14 @@ GOOD_EXP = (
 )
 
 
+PILOT_EXP = (
+    "name: tiny\nseeds: [1]\npilot: {seeds: [7], runs: [k1], target: {of: k1, at: 0.5}}\n"
+    "quick:\n  base: {dataset: mnist1d, workers: 2, epochs: 1, link: none, mnist1d_samples: 500}\n"
+    "runs:\n  - {name: k1, strategy: cpdp, sync_period: 1}\n"
+    "  - {name: best, strategy: cpdp, sync_period: pilot}\n"
+)
+
+
 def link(name: str, target: str):
     """`name` a symbolic link to the directory `target` (made if missing)."""
 
@@ -1178,6 +1186,17 @@ EXPERIMENT = [
             ("exp-run-dir-is-a-link", "out/a/seed-42", [link("out/a/seed-42", "elsewhere")]),
         ]
     ],
+    # A panel's pilot (autok/pilot.py): its seeds apart from the main ones, its plan a plan.
+    R(EXP, "pilot.seeds", experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
+      id="exp-pilot-seed-is-a-main-seed"),  # fmt: skip
+    R([*EXP, "--seeds", "7"], "--seeds", experiment(PILOT_EXP), id="exp-seeds-are-pilot-seeds"),
+    R(EXP, "pilot.runs", experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
+      id="exp-pilot-runs-a-policy"),  # fmt: skip
+    R(EXP, ("--out", "plan.json", "not a plan"),
+      both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
+      id="exp-plan-json-not-a-plan"),  # fmt: skip
+    R(EXP, ("--out", "plan.json", "not readable JSON"),
+      both(experiment(PILOT_EXP), file("out/plan.json", "{")), id="exp-plan-json-not-json"),
 ]
 
 REPORT = [

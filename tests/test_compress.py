@@ -37,6 +37,20 @@ def test_quantization_error_is_within_half_a_step_of_each_chunk(kind, rel):
     assert ((dec - x).abs() <= amax * rel * 1.001).all(), ((dec - x).abs() / amax).max()
 
 
+def test_fp16_keeps_its_relative_precision_for_values_far_below_the_chunks_largest():
+    """Scaled to ±1, a value under 2^-14 of its chunk's largest would be an fp16 subnormal (1e-6
+    of it: a relative error up to 3%); scaled to ±2^15 it is normal down to 2^-29 of it."""
+    x = torch.zeros(CHUNK)
+    x[0] = 1.0
+    x[1:] = torch.logspace(-8, -1, CHUNK - 1) * torch.tensor([1.0, -1.0]).repeat(CHUNK)[1:CHUNK]
+    dec, _ = _roundtrip(Codec("fp16", CHUNK, 0), x, torch.empty(0))
+    rel = ((dec - x).abs() / x.abs()).max()
+    assert rel <= 2**-11 * 1.001, rel  # half an fp16 ulp, relative, for every value
+    tiny = Codec("fp16", CHUNK, 0)  # a chunk whose scale would underflow: scale 1, no inf/nan
+    dec, _ = _roundtrip(tiny, torch.full((CHUNK,), 1e-42), torch.empty(0))
+    assert torch.isfinite(dec).all()
+
+
 @pytest.mark.parametrize("kind", ["int8", "fp16"])
 def test_error_feedback_loses_nothing_and_its_error_stays_bounded(kind):
     """Σ sent = Σ Δ − e_T after T boundaries, and e_T is within half a step of the last chunk

@@ -3,7 +3,8 @@
 The averaging collective carries the pseudo-gradient Δᵢ = θᵢ − θ_ref rather than θᵢ: its values
 are small (the distance moved in K steps), so a per-chunk scale keeps their precision. Each chunk
 of CHUNK values is sent as (value / scale) in int8 (scale = max|x| / 127) or in fp16 (scale =
-max|x|, so no chunk can overflow fp16's range), with its scale as one float32.
+max|x| / 2^15: no chunk can overflow fp16's range, and values down to 2^-29 of the chunk's
+largest stay normal, with fp16's full relative precision), with its scale as one float32.
 
 **Error feedback.** Each rank keeps what quantization dropped, e = x − decode(encode(x)), and adds
 it to its next Δᵢ, so nothing is lost for good: after any number of boundaries the sum of what
@@ -41,7 +42,10 @@ if TYPE_CHECKING:
 
 Compress = Literal["none", "fp16", "int8"]
 CHUNK = 2048  # values per scale: 4 bytes of scale per 2 KiB of int8 (0.05%)
-_QMAX = {"int8": 127.0, "fp16": 1.0}
+# fp16 chunks are scaled to ±2^15, not ±1: its normal range starts at 2^-14, so values under
+# 2^-14·max|x| of a chunk scaled to ±1 would be subnormal, with fewer significant bits the
+# smaller they are; at ±2^15 only those under 2^-29·max|x| are (and 2^15 < 65504 cannot overflow)
+_QMAX = {"int8": 127.0, "fp16": 32768.0}
 
 
 class Codec:
@@ -102,9 +106,10 @@ class Codec:
         chunks = padded.view(self.chunks, CHUNK)
         amax = chunks.abs().amax(dim=1)
         qmax = _QMAX[self.kind]
-        # an all-zero chunk keeps scale 1 (no division by zero); a non-finite one stays
-        # non-finite, so the divergence guard sees it
-        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        # an all-zero chunk (or one whose scale underflows) keeps scale 1: no division by zero;
+        # a non-finite one stays non-finite, so the divergence guard sees it
+        scale = amax / qmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(amax))
         scales.copy_(scale)
         scaled = chunks.div_(scale[:, None]).view(-1)[: self.n_comp]
         if self.kind == "int8":
