@@ -60,8 +60,9 @@ def test_the_pilot_fixes_the_target_on_ddps_rising_curve_and_picks_the_fastest_f
 
 
 def test_a_plan_once_written_is_kept(tmp_path):
-    pilot.write_entry(tmp_path, "regime=r", {"target": 0.7, "best_fixed": "k4"})
-    pilot.write_entry(tmp_path, "regime=r", {"target": 0.1, "best_fixed": "k1"})
+    arms = {"k1": {"sync_period": 1}, "k4": {"sync_period": 4}}
+    pilot.write_entry(tmp_path, "regime=r", {"target": 0.7, "best_fixed": "k4", "arms": arms})
+    pilot.write_entry(tmp_path, "regime=r", {"target": 0.1, "best_fixed": "k1", "arms": arms})
     assert pilot.read_plan(tmp_path)["regime=r"]["best_fixed"] == "k4"
 
 
