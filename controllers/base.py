@@ -61,6 +61,11 @@ class SyncDecision:
 
 @runtime_checkable
 class Controller(Protocol):
+    @property
+    def sync_period(self) -> int:
+        """The K in force: the engine reads it before the first boundary."""
+        ...
+
     def observe(self, stats: BoundaryStats) -> SyncDecision: ...
 
     def state_dict(self) -> dict[str, Any]: ...
