@@ -444,6 +444,29 @@ def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
         assert "not an option of autok.Sync" in msg, msg
 
 
+def _delayed_state_worker(rank, world, beta2):
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, beta2))
+    try:
+        autok.Sync(
+            model, opt, strategy="cpdp", sync_period=2, overlap_boundary=True,
+            sync_optimizer_state=True,
+        )  # fmt: skip
+    except autok.OptionError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_delayed_state_average_is_refused_where_adams_second_moment_can_turn_negative():
+    """v_i + (v̄ − v_i,sent) after one step of v ← β2·v + (1 − β2)·g² is at worst
+    v_i·(1/N − (1 − β2)): negative on N > 1/(1 − β2) ranks (1.67 for β2 = 0.4; 1000 for
+    Adam's default 0.999, which 2 ranks keep)."""
+    said = run_dist(_delayed_state_worker, 2, 0.4)
+    assert all(s is not None and s.startswith("--sync-optimizer-state: ") for s in said), said
+    assert "\n" not in said[0] and "2 ranks" in said[0]
+    assert run_dist(_delayed_state_worker, 2, 0.999) == [None, None]
+
+
 def _service_args_worker(rank, world, tmp):
     """Sync's own arguments, refused (OptionError) before DDP is built, on every rank: where
     one rank alone finds the fault (rank 0 makes out_dir; each rank binds its own port), the

@@ -45,7 +45,7 @@ from trainer.grad_hook import GradSyncState, install_grad_sync
 from trainer.grad_watch import UNCHECKED, GradWatch
 from trainer.link import LinkClock, LinkSchedule
 from trainer.loss_sum import LossSum, read_held
-from trainer.optim import state_tensors
+from trainer.optim import delayed_state_problem, state_tensors
 from trainer.options import (
     UNUSED_PARAMETERS_HINT,
     OptionError,
@@ -153,6 +153,9 @@ class Sync:
             )
         self.options: SyncOptions = opts
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        delayed = opts.sync_optimizer_state and opts.overlap_boundary  # a late state average
+        if delayed and (why := delayed_state_problem(optimizer, self.world_size)):
+            raise OptionError(why)
         self.device = device or next(model.parameters()).device
         self.optimizer = optimizer
         self.module = model
