@@ -100,7 +100,7 @@ def test_the_readme_is_the_newcomers_page():
         "",
         "```",
         "make train   # creates .venv on first use, installs autok, runs the default job",
-        "make test    # same set-up, runs the test suite (about 26 minutes on 2 cores)",
+        "make test    # same set-up, runs the test suite (about 23 minutes on 2 cores)",
     ]
 
 
