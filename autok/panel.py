@@ -373,7 +373,12 @@ def render_regime(g: Regime) -> str:
         "",
         f"With {n} seeds and the best fixed K's spread, a Welch test at p < 0.05 resolves "
         f"differences of about {res_final:.2f} {unit} in final quality and "
-        f"{res_time:.1f} s in time to target; smaller ones are noise here. Time to target is "
+        + (
+            "— (the best fixed K missed the target in some seed)"
+            if math.isnan(res_time)
+            else f"{res_time:.1f} s"
+        )
+        + " in time to target; smaller ones are noise here. Time to target is "
         f"interpolated between the run's {min(len(r.epochs) for m in g.methods for r in m.runs)} "
         "evaluations; the paired comparison below (or summary.json) is the judgement.",
         "",
@@ -503,7 +508,8 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
             parts.append(render_regime(g))
             continue
         entries = (summary or {}).get("regimes", {}).get(g.name, {})
-        parts += [render_plan(g), render_regime(g), render_resolution(g, entries)]
+        heading, _, table = render_regime(g).partition("\n")  # the regime's name comes first
+        parts += [heading + "\n", render_plan(g), table, render_resolution(g, entries)]
     if summary is not None:
         parts += ["## The goals", "", render_goals(goals(summary, regimes))]
     return "\n".join(parts)

@@ -232,6 +232,7 @@ def test_an_experiment_writes_its_plan_before_the_main_seeds_and_runs_the_pilots
     assert rep.returncode == 0, rep.stderr[-2000:]
     text = (out / "report.md").read_text()
     assert "**Prediction** (stated before the run): the largest K wins" in text
+    assert text.index("### r") < text.index("**Prediction**")  # under its regime's heading
     assert "**Pilot** (seeds 7, run before the main seeds)" in text
     verdict = "confirms" if plan["best_fixed"] == "k4" else "refutes"
     assert f"**Result: {verdict}** the prediction" in text
