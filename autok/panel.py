@@ -580,9 +580,8 @@ def report(root: Path, runs: list[RunResult], stopped: list[str]) -> str:
 def outcome(r: RunResult, judge: Judge, target: float) -> panel_stats.Outcome:
     """The run's interpolated crossing of the target (autok/panel_stats.py), and its end."""
     clock = epoch_clock(r)
-    values = [judge.value(row) for row in r.epochs]
-    t = panel_stats.crossing_time(clock, values, target, higher_is_better=judge.accuracy)
-    return panel_stats.Outcome(t, clock[-1] if clock else training_seconds(r.summary))
+    end = clock[-1] if clock else training_seconds(r.summary)
+    return panel_stats.Outcome(time_to_target(r, judge, target), end)
 
 
 def summary_data(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> dict:

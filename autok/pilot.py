@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autok import panel_stats
-from autok.report import RunResult, epoch_clock
+from autok.panel import Judge, outcome
+from autok.report import RunResult
 from trainer.atomic_write import write_text  # never through a link (docs/design.md §7)
 
 PLAN = "plan.json"
@@ -115,39 +115,29 @@ def _predictions_problem(preds: Any) -> str | None:
 # ----- the choice -------------------------------------------------------------------------------
 
 
-def _higher_is_better(r: RunResult) -> bool:
-    return r.summary["metric"]["name"] == "accuracy"
-
-
-def _value(row: dict[str, str], accuracy: bool) -> float:
-    return float(row["test_accuracy"] if accuracy else row["test_loss"])
-
-
-def crossing(r: RunResult, target: float) -> panel_stats.Outcome:
-    accuracy = _higher_is_better(r)
-    clock = epoch_clock(r)
-    values = [_value(row, accuracy) for row in r.epochs]
-    t = panel_stats.crossing_time(clock, values, target, higher_is_better=accuracy)
-    return panel_stats.Outcome(t, clock[-1] if clock else math.nan)
+def _judge(r: RunResult) -> Judge:
+    """How the panel scores the run: accuracy, or a task's validation loss (autok/panel.py)."""
+    return Judge(accuracy=r.summary["metric"]["name"] == "accuracy")
 
 
 def target_of(runs: Sequence[RunResult], at: float) -> tuple[float, bool, int]:
     """(target, whether the arm's mean curve still rises after it, the evaluation's index): the
     mean over seeds of the quality at that fraction of the evaluations."""
-    accuracy = _higher_is_better(runs[0])
+    judge = _judge(runs[0])
     n = min(len(r.epochs) for r in runs)
     i = max(0, math.ceil(at * n) - 1)
-    target = statistics.fmean(_value(r.epochs[i], accuracy) for r in runs)
-    final = statistics.fmean(_value(r.epochs[n - 1], accuracy) for r in runs)
-    return target, (final > target if accuracy else final < target), i
+    target = statistics.fmean(judge.value(r.epochs[i]) for r in runs)
+    final = statistics.fmean(judge.value(r.epochs[n - 1]) for r in runs)
+    return target, judge.better(final, target), i
 
 
 def choose(pilot: dict[str, list[RunResult]], s: PilotSpec) -> dict[str, Any]:
     """The plan of one regime from its pilot runs (method -> runs, in `s.runs` order)."""
     target, rising, index = target_of(pilot[s.target_of], s.target_at)
+    judge = _judge(pilot[s.target_of][0])
     arms: dict[str, dict[str, Any]] = {}
     for name in s.runs:
-        outs = [crossing(r, target) for r in pilot[name]]
+        outs = [outcome(r, judge, target) for r in pilot[name]]
         logs = [math.log(o.censored_time) for o in outs]
         arms[name] = {
             "sync_period": pilot[name][0].config.get("sync_period"),
@@ -155,13 +145,11 @@ def choose(pilot: dict[str, list[RunResult]], s: PilotSpec) -> dict[str, Any]:
             "reached": sum(o.time is not None for o in outs),
             "geo_mean_time": math.exp(statistics.fmean(logs)),
             "sd_log": statistics.stdev(logs) if len(logs) > 1 else None,
-            "final": statistics.fmean(
-                _value(r.epochs[-1], _higher_is_better(r)) for r in pilot[name]
-            ),
+            "final": statistics.fmean(judge.value(r.epochs[-1]) for r in pilot[name]),
         }
     n = len(s.seeds)
     whole = [a for a in s.runs if arms[a]["reached"] == n]
-    accuracy = _higher_is_better(pilot[s.target_of][0])
+    accuracy = judge.accuracy
     best = (
         min(whole, key=lambda a: arms[a]["geo_mean_time"])  # ties: the first, the smaller K
         if whole
