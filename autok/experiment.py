@@ -157,18 +157,17 @@ def count_runs(exp: dict[str, Any], form: str, seeds: list[int] | None = None) -
     plan = pilot.spec(exp)
     total = 0
     for run in exp["runs"]:
-        only = run.get("only", {})
-        combos = math.prod(
-            sum(_name(v) in only.get(k, [_name(v)]) for v in vary[k]) for k in vary if k not in run
-        )
+        combos = math.prod(sum(_runs_at(run, k, v) for v in vary[k]) for k in vary if k not in run)
         on_pilot = plan.seeds if plan is not None and run["name"] in plan.runs else None
         total += combos * len(on_pilot or seeds or exp.get("seeds", [42]))
     return total
 
 
-def _name(v: Any) -> Any:
-    """A varied value as labels and `only` name it: a bundle by its name."""
-    return v["name"] if isinstance(v, dict) else v
+def _runs_at(run: dict[str, Any], key: str, value: Any) -> bool:
+    """Whether `run` runs where `key` takes `value`: its `only` may name the values (a bundle by
+    its name) at which the run means something."""
+    name = value["name"] if isinstance(value, dict) else value
+    return name in run.get("only", {}).get(key, [name])
 
 
 def estimate(exp: dict[str, Any], form: str) -> str:
@@ -259,11 +258,8 @@ def expand(
     tasks_checked: set[str] = set()
     for run in exp["runs"]:
         keys = [k for k in vary if k not in run]
-        only = run.get("only", {})
         for combo in itertools.product(*(vary[k] for k in keys)):
-            if any(
-                _name(v) not in only.get(k, [_name(v)]) for k, v in zip(keys, combo, strict=True)
-            ):
+            if not all(_runs_at(run, k, v) for k, v in zip(keys, combo, strict=True)):
                 continue  # `only`: a run that means something in some regimes only
             chosen = dict(zip(keys, combo, strict=True))
             bundled: dict[str, Any] = {}
