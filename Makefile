@@ -24,9 +24,16 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
-# ruff, then mypy over the installed packages ([tool.mypy] in pyproject.toml: what it checks)
+# ruff, then mypy over the installed packages ([tool.mypy] in pyproject.toml: what it checks).
+# mypy cannot follow setuptools' package-dir mapping (trainer/ installs as autok.trainer), so it
+# reads a tree of links laid out as the wheel installs the packages.
+TYPECHECK := .typecheck/autok
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	rm -rf .typecheck && mkdir -p $(TYPECHECK)
+	ln -s $(CURDIR)/autok/*.py $(TYPECHECK)/
+	ln -s $(CURDIR)/trainer $(TYPECHECK)/trainer
+	ln -s $(CURDIR)/controllers $(TYPECHECK)/controllers
 	$(BIN)/mypy
 
 bench: $(STAMP)

@@ -23,7 +23,8 @@ Every option is the `autok train` flag of the same name and default (`sync_perio
 `ddp_kwargs` goes on to DDP (find_unused_parameters, static_graph, gradient_as_bucket_view,
 bucket_cap_mb); what autok sets itself (device_ids, process_group, ...) is refused.
 `outer_optimizer` also takes a factory, `params -> torch.optim.Optimizer` (the API only): the
-outer step is then that optimizer's step on the pseudo-gradient (trainer/outer.py, TorchOuter).
+outer step is then that optimizer's step on the pseudo-gradient (trainer/engine/outer.py,
+TorchOuter).
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ import torch
 from torch import nn
 
 from autok.config import SyncSettings
-from trainer.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
-from trainer.outer import OuterFactory, TorchOuter
-from trainer.sinks import BoundaryLog
-from trainer.state_check import BadState
-from trainer.sync import StepHandle, StepTimes
-from trainer.sync import Sync as _Engine
-from trainer.tasks import ACCURACY, PERPLEXITY, Metric, Task
+from autok.trainer.engine.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
+from autok.trainer.engine.outer import OuterFactory, TorchOuter
+from autok.trainer.engine.state_check import BadState
+from autok.trainer.engine.sync import StepHandle, StepTimes
+from autok.trainer.engine.sync import Sync as _Engine
+from autok.trainer.loop.sinks import BoundaryLog
+from autok.trainer.loop.tasks import ACCURACY, PERPLEXITY, Metric, Task
 
 __all__ = [
     "ACCURACY",
@@ -57,7 +58,7 @@ __all__ = [
 
 
 class Sync(_Engine):
-    """The engine (trainer/sync.py) with the service around it: `out_dir` gets rank 0's
+    """The engine (trainer/engine/sync.py) with the service around it: `out_dir` gets rank 0's
     boundaries.jsonl, `metrics_port` starts the Prometheus exporter (as `autok train` does)."""
 
     def __init__(

@@ -36,12 +36,12 @@ from autok.config import (
 )
 from autok.extras import require, require_run, require_storage
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
-from trainer.clock import CLOCKS
-from trainer.link import PROFILES
+from autok.trainer.engine.clock import CLOCKS
+from autok.trainer.engine.link import PROFILES
 
 if TYPE_CHECKING:
     from autok.runlock import RunLock
-    from trainer.tasks import Metric
+    from autok.trainer.loop.tasks import Metric
 
 EXIT_USAGE = 2
 # What a run leaves in its --out: a fresh run refuses a directory holding any of them (another
@@ -426,7 +426,8 @@ def build_parser() -> Parser:
     run.add_argument(
         "--data-dir", type=path_arg, default=None, help="data for the --full form (CIFAR-100 files)"
     )
-    # every run on one clock (trainer/clock.py): virtual runs rank by modelled time, not noise
+    # every run on one clock (trainer/engine/clock.py): virtual runs rank by modelled time, not
+    # noise
     run.add_argument("--clock", choices=CLOCKS, default=None, help=HELP["clock"])
     run.add_argument("--compute-ms", type=float, default=None, help=HELP["compute_ms"])
     run.add_argument("--model-bytes", type=int, default=None, help=HELP["model_bytes"])
@@ -472,7 +473,7 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--resume: {run / 'config.json'} is not a JSON object")
     given = given_values(ns)
     check_resume_task(run, saved.get("task"), given.get("task"))
-    from trainer.sinks import check_outputs
+    from autok.trainer.loop.sinks import check_outputs
 
     if why := check_outputs(run):
         raise ConfigError(f"--resume: {why}; move the file away to resume without it")
@@ -650,7 +651,7 @@ def resolved_config(cfg: TrainConfig, out: Path) -> dict[str, Any]:
 
 
 def write_config(cfg: TrainConfig, out: Path) -> None:
-    from trainer.sinks import write_json_atomic
+    from autok.trainer.loop.sinks import write_json_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", resolved_config(cfg, out))
@@ -691,8 +692,8 @@ def check_resumable(out: Path, cfg: TrainConfig) -> None:
     """Before anything is launched or written: the run has a checkpoint this world can continue
     from. A resume that cannot continue is refused; it never starts over on top of the run."""
     from autok.procs import under_torchrun
-    from trainer.checkpoint import CheckpointError, model_layout, resume_point
-    from trainer.tasks import TaskError, load_task
+    from autok.trainer.loop.checkpoint import CheckpointError, model_layout, resume_point
+    from autok.trainer.loop.tasks import TaskError, load_task
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.workers
     try:  # the model the workers will build: a checkpoint whose tensors do not fit it is refused
@@ -792,7 +793,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def launch_run(cfg: TrainConfig, out: Path, resume: bool = False) -> int:
     """Train; Ctrl-C (exit 130) says how the run continues: from its last complete checkpoint,
-    which an interrupted write never touches (trainer/checkpoint.py)."""
+    which an interrupted write never touches (trainer/loop/checkpoint.py)."""
     import signal
     import threading
 
@@ -1077,6 +1078,19 @@ def error_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def _checkout_with_benchmarks() -> Path | None:
+    """The autok checkout that holds the working directory, if any: `pip install autok` does not
+    install benchmarks/, so `autok bench` runs the checkout's own (docs/design.md §3)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        project = folder / "pyproject.toml"
+        bench = folder / "benchmarks" / "bench_cli.py"
+        if bench.is_file() and project.is_file() and re.search(
+            r'^name = "autok"$', project.read_text(encoding="utf-8"), re.M
+        ):
+            return folder
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     command = "autok"
@@ -1087,6 +1101,15 @@ def main(argv: list[str] | None = None) -> int:
     # reports the time a user waits, start-up included, beside the training time.
     os.environ["AUTOK_STARTED"] = repr(process_started())
     if argv[:1] == ["bench"]:  # its flags are the benchmark's own
+        checkout = _checkout_with_benchmarks()
+        if checkout is None:
+            print(
+                "autok bench: the benchmarks ship with the repository, not the package; run "
+                "`autok bench` from a checkout of autok (the folder that holds benchmarks/)",
+                file=sys.stderr,
+            )
+            return 2
+        sys.path.insert(0, str(checkout))
         from benchmarks.bench_cli import main as bench  # torch only after the flags parse
 
         try:

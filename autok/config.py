@@ -11,12 +11,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autok.controllers import PolicyOptions
 from autok.metrics_http import MetricsHost
-from controllers import PolicyOptions
-from trainer.data import DATASETS, check_data_dir, class_labels
-from trainer.link import LinkSchedule
-from trainer.models import DEFAULT_MODEL, MODELS, incompatibility
-from trainer.options import (
+from autok.trainer.engine.link import LinkSchedule
+from autok.trainer.engine.options import (
     COUNT_MAX,
     LIMIT_REASONS,
     READ_ONLY_UNDER,
@@ -27,7 +25,9 @@ from trainer.options import (
     describe,
     flag,
 )
-from trainer.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task, metric_of
+from autok.trainer.loop.data import DATASETS, check_data_dir, class_labels
+from autok.trainer.loop.models import DEFAULT_MODEL, MODELS, incompatibility
+from autok.trainer.loop.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task, metric_of
 
 __all__ = [
     "STRATEGIES",
@@ -45,7 +45,7 @@ class ConfigError(OptionError):
 
 
 # Bounds of the run's own settings whose extremes crash, hang or exhaust the machine mid-run
-# (the engine's are in trainer/options.py): the reason is printed with the refusal.
+# (the engine's are in trainer/engine/options.py): the reason is printed with the refusal.
 MAX_LOCAL_WORKERS = 256
 MAX_LOCAL_PROCESSES = 1024  # workers and their DataLoader processes together
 LIMIT_REASONS.update(
@@ -97,7 +97,7 @@ TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
 # and refused from a --config file (docs/design.md §2).
 LIBRARY_ONLY = ("accumulation_steps",)
 # The run's settings read only under some values of another (the engine's are in
-# trainer/options.py): refused elsewhere, drawn and dropped by sweeps and resumes alike.
+# trainer/engine/options.py): refused elsewhere, drawn and dropped by sweeps and resumes alike.
 READ_ONLY_UNDER.update(
     {
         "max_rollbacks": (

@@ -431,7 +431,7 @@ def _train_holding(run: Run, out: Path, secret: bytes, held: list[RunLock]) -> t
     return how, time.time() - t0
 
 
-# How `autok train` ends a run that diverged: trainer/divergence.py's Diverged, named by the
+# How `autok train` ends a run that diverged: trainer/engine/divergence.py's Diverged, named by the
 # CLI's one error line (autok/cli.py, error_line); a result, not a failure (docs/design.md §7).
 DIVERGED = re.compile(r"autok: training failed: (?:[\w.]+\.)?Diverged: (.+)")
 TAIL_LINES = 20  # a log's last lines searched for that line (shutdown warnings may follow it)
@@ -567,9 +567,9 @@ def _workers(run: Run) -> int:
 
 
 def has_checkpoint(run_dir: Path, workers: int) -> bool:
-    """A checkpoint `--resume` will accept (the same rules: see trainer/checkpoint.py); a run
+    """A checkpoint `--resume` will accept (the same rules: see trainer/loop/checkpoint.py); a run
     with none is started again instead of being refused on every rerun."""
-    from trainer.checkpoint import latest_valid
+    from autok.trainer.loop.checkpoint import latest_valid
 
     return latest_valid(run_dir, workers).path is not None
 

@@ -84,7 +84,7 @@ def _cached(feature: str, mnist1d_samples: int) -> bool:
     package, so it is not refused for lacking it."""
     if feature != "--dataset mnist1d":
         return False
-    from trainer.data import DATA_SEED, mnist1d_cached
+    from autok.trainer.loop.data import DATA_SEED, mnist1d_cached
 
     return mnist1d_cached(mnist1d_samples, DATA_SEED)
 

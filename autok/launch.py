@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from autok.config import SyncSettings, TrainConfig
 from autok.procs import die_with_parent, start_worker_server, under_torchrun, worker_start_method
-from trainer.data import DATA_SEED, prepare_mnist1d
+from autok.trainer.loop.data import DATA_SEED, prepare_mnist1d
 
 
 def usable_cpus() -> int:
@@ -60,8 +60,8 @@ def worker(
     resume: bool = False,
     init_method: str | None = None,
 ) -> dict | None:
-    from trainer.loop import Trainer, print_summary
-    from trainer.runlog import LOGGER, close_run_logger
+    from autok.trainer.loop.run import Trainer, print_summary
+    from autok.trainer.loop.runlog import LOGGER, close_run_logger
 
     cfg = TrainConfig.model_validate_json(cfg_json)
     backend = pick_backend(cfg)

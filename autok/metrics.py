@@ -28,9 +28,9 @@ from prometheus_client.core import (
 )
 
 from autok.config import ConfigError
+from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.metrics_http import MetricsHTTPServer, bind_family, port_taken
-from controllers.base import BoundaryStats, SyncDecision
-from trainer.link import PROFILES, LinkProfile
+from autok.trainer.engine.link import PROFILES, LinkProfile
 
 if TYPE_CHECKING:
     from autok.config import TrainConfig

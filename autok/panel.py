@@ -29,9 +29,12 @@ from pathlib import Path
 
 from autok import panel_stats
 from autok.report import RunResult, epoch_clock, mean_std, relative_dir, resolvable, welch_p
-from trainer.atomic_write import replacing, write_text  # never through a link (docs/design.md §7)
-from trainer.clock import training_seconds
-from trainer.plots import pyplot, save
+from autok.trainer.engine.clock import training_seconds
+from autok.trainer.loop.atomic_write import (  # never through a link (docs/design.md §7)
+    replacing,
+    write_text,
+)
+from autok.trainer.loop.plots import pyplot, save
 
 DEFAULT_POLICY = "exposed-sync"
 RANDOM = "random"

@@ -65,7 +65,15 @@ def plot_front(rows: list[dict], front: list[int], out: Path, metric: str = "acc
     from matplotlib.cm import ScalarMappable
     from matplotlib.lines import Line2D
 
-    from trainer.plots import k_cmap, k_colorbar, k_norm, label_points, pyplot, save, staircase
+    from autok.trainer.loop.plots import (
+        k_cmap,
+        k_colorbar,
+        k_norm,
+        label_points,
+        pyplot,
+        save,
+        staircase,
+    )
 
     plt = pyplot()
     scale, unit = (100.0, " (%)") if metric == "accuracy" else (1.0, "")

@@ -31,7 +31,7 @@ from typing import Any
 
 from autok.panel import Judge, outcome
 from autok.report import RunResult
-from trainer.atomic_write import write_text  # never through a link (docs/design.md §7)
+from autok.trainer.loop.atomic_write import write_text  # never through a link (docs/design.md §7)
 
 PLAN = "plan.json"
 FROM_PILOT = "pilot"  # `sync_period: pilot`: the regime's best fixed K, from its pilot

@@ -96,7 +96,7 @@ WORKER_MODULES = (
     "torch",
     "torch.distributed",
     "autok.launch",
-    "trainer.loop",
+    "autok.trainer.loop.run",
     "autok.forkserver_exit",
 )
 

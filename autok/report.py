@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from autok.trainer.engine.clock import training_seconds
+from autok.trainer.engine.link import exposed_wait
+
 # every file the report writes replaces its name whole, never through a link (docs/design.md §7)
-from trainer.atomic_write import replacing, write_text
-from trainer.clock import training_seconds
-from trainer.link import exposed_wait
-from trainer.plots import (
+from autok.trainer.loop.atomic_write import replacing, write_text
+from autok.trainer.loop.plots import (
     MARKERS,
     family_colors,
     family_markers,
@@ -669,7 +670,7 @@ def _digits(q: Quality) -> int:
 
 
 def exposed_waits(runs: list[RunResult]) -> str:
-    """What the runs' exposed sync waited on (trainer/link.py exposed_wait): the network, the
+    """What the runs' exposed sync waited on (trainer/engine/link.py exposed_wait): the network, the
     modelled link, or peers when no link was emulated; several joined by "or"."""
     seen = {
         exposed_wait(
@@ -809,7 +810,7 @@ def lr_facets(groups: dict[str, list[RunResult]]) -> list[tuple[float | None, li
 
 def epoch_clock(r: RunResult) -> list[float]:
     """Seconds at each epoch's end on the clock of the table and the frontier (summary.json's
-    wall_seconds, or virtual_seconds under --clock virtual: trainer/clock.py): each epoch's
+    wall_seconds, or virtual_seconds under --clock virtual: trainer/engine/clock.py): each epoch's
     training time (epoch_seconds) plus an equal share of the rest (evaluation, checkpoints),
     so the last epoch ends at the run's training time."""
     secs = [float(e["epoch_seconds"]) for e in r.epochs]
@@ -1067,9 +1068,9 @@ def _metric_vs_time(groups: dict[str, list[RunResult]], q: Quality, out: Path) -
 
 def _lr_schedule(r: RunResult) -> tuple[list[int], list[float]] | None:
     """The run's LR at every optimizer step, from its config (the schedule is deterministic:
-    trainer/optim.py's lr_factor) and its steps per epoch (every epoch ends with a boundary);
+    trainer/engine/optim.py's lr_factor) and its steps per epoch (every epoch ends with a boundary);
     None when the config does not say."""
-    from trainer.optim import lr_factor
+    from autok.trainer.engine.optim import lr_factor
 
     c, recs = r.config, boundary_records(r)
     epochs, lr = c.get("epochs"), c.get("lr")
@@ -1215,7 +1216,7 @@ def one_run(d: Path) -> str | None:
     if (d / ".autok-experiment.json").exists():  # an experiment's own directory: a panel's
         return None  # summary.json is its judgement, not a run's (autok/experiment.py, STATE)
     summary = read_summary(d / "summary.json")  # malformed: a ReportError naming the field
-    from trainer.sinks import summary_table
+    from autok.trainer.loop.sinks import summary_table
 
     try:
         table = summary_table(summary) + "\n"

@@ -18,14 +18,14 @@ from autok.config import (
     load_config,
     read_yaml,
 )
+from autok.controllers import CAPS, POLICY_OPTIONS, READS
+from autok.controllers import REGISTRY as POLICIES
 from autok.resources import default_space
-from controllers import CAPS, POLICY_OPTIONS, READS
-from controllers import REGISTRY as POLICIES
-from trainer.data import DATASETS
-from trainer.link import PROFILES
-from trainer.models import MODELS
-from trainer.options import default_slowmo_beta
-from trainer.outer import DEFAULT_MOMENTUM
+from autok.trainer.engine.link import PROFILES
+from autok.trainer.engine.options import default_slowmo_beta
+from autok.trainer.engine.outer import DEFAULT_MOMENTUM
+from autok.trainer.loop.data import DATASETS
+from autok.trainer.loop.models import MODELS
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ CONDITIONAL: dict[str, tuple[str, frozenset]] = {
     },
     "momentum": ("optimizer", frozenset({"sgd"})),
     "nesterov": ("optimizer", frozenset({"sgd"})),
-    # the strategy's, the data set's, the divergence reaction's (trainer/options.py)
+    # the strategy's, the data set's, the divergence reaction's (trainer/engine/options.py)
     **{name: (chooser, readers) for name, (chooser, readers, _) in READ_ONLY_UNDER.items()},
 }
 _CHOOSERS = frozenset(chooser for chooser, _ in CONDITIONAL.values())
@@ -135,7 +135,8 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
 
 
 def _slowmo_momentum(settings: dict[str, Any]) -> Any:
-    """The outer momentum a run with `settings` resolves (trainer/options.py `_check_outer`)."""
+    """The outer momentum a run with `settings` resolves (trainer/engine/options.py
+    `_check_outer`)."""
     kind = settings.get("outer_optimizer")
     if kind is not None:
         given = settings.get("outer_momentum")

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from autok.procs import start_logged
-from trainer.clock import training_seconds
+from autok.trainer.engine.clock import training_seconds
 
 COMPLETE, FAIL, PRUNED = "COMPLETE", "FAIL", "PRUNED"
 INTERRUPTED = "interrupted (Ctrl-C): --resume continues the sweep"

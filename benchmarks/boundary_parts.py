@@ -28,8 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.engine import mlp_3m
-from trainer.averaging import (
+from autok.trainer.engine.averaging import (
     N_SCALARS,
     IntervalTotals,
     ParameterAverager,
@@ -37,9 +36,10 @@ from trainer.averaging import (
     replica_digest,
     sq_norm,
 )
-from trainer.divergence import params_finite
-from trainer.models import build_model
-from trainer.outer import OuterOptimizer
+from autok.trainer.engine.divergence import params_finite
+from autok.trainer.engine.outer import OuterOptimizer
+from autok.trainer.loop.models import build_model
+from benchmarks.engine import mlp_3m
 
 
 def _us(fn, reps: int = 15) -> float:

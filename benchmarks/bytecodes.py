@@ -20,8 +20,8 @@ from pathlib import Path
 from types import FrameType
 
 import autok
-import controllers
-import trainer
+import autok.controllers as controllers
+import autok.trainer as trainer
 
 # autok's own source directories, as code objects name their files
 OWN = tuple(str(Path(m.__file__).parent) + "/" for m in (autok, trainer, controllers))

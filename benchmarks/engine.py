@@ -61,12 +61,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
 from autok.launch import prepare_data, run_workers
+from autok.trainer.engine.optim import build_scheduler
+from autok.trainer.loop.data import build_splits
+from autok.trainer.loop.models import build_model
 from benchmarks import bytecodes
 from benchmarks.bench_cli import PARTS, all_cpus, parse, parse_cpus  # noqa: F401 - re-exported
 from benchmarks.stats import MIN_ROUNDS, fmt, paired_round, ratios, spread, summarize
-from trainer.data import build_splits
-from trainer.models import build_model
-from trainer.optim import build_scheduler
 
 RESULTS = Path(__file__).parent / "results"
 # (a), (g): per round, what _interleaved_steps keeps of paired_round's figures
@@ -147,7 +147,7 @@ def _plain_ddp(rank: int, world: int, cfg_json: str) -> dict:
 
 
 def _autok(rank: int, world: int, cfg_json: str) -> dict:
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = TrainConfig.model_validate_json(cfg_json)
     rows = []
@@ -594,7 +594,7 @@ def _median_exposed(records: list, warmup: int) -> float:
 
 
 def _records(rank: int, world: int, cfg_json: str) -> dict:
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = TrainConfig.model_validate_json(cfg_json)
     records, rows = [], []
@@ -975,7 +975,7 @@ def render(res: dict) -> str:
 
 def _records_held(rank: int, world: int, cfg_json: str) -> dict:
     """_records, also timing each averaging collective as the link holds it (issue to release)."""
-    import trainer.averaging as averaging
+    import autok.trainer.engine.averaging as averaging
 
     held, plain = [], averaging.allreduce_sum_
 
@@ -994,7 +994,7 @@ def link_fidelity(rounds: int = MIN_ROUNDS, cpus: tuple[int, ...] | None = None)
     before it: pack, the held collective, unpack) over T(S, N) of the link model for that
     boundary's bytes S; beside it, the emulator alone: the median time a collective is held
     (issue to release) over T."""
-    from trainer.link import PROFILES
+    from autok.trainer.engine.link import PROFILES
 
     base = dict(strategy="cpdp", sync_period=4, link="wan", epochs=3, warmup_epochs=1)
     per: dict[int, list[float]] = {2: [], 4: []}

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from autok.trainer.engine.averaging import IntervalTotals
 from benchmarks.boundary_parts import _fused_boundary
 from benchmarks.engine import mlp_3m
 from benchmarks.stats import MIN_ROUNDS, fmt, ratios, summarize
-from trainer.averaging import IntervalTotals
 
 FLOOR_STREAMS = 17
 OUT = Path(__file__).parent / "results" / "fused_passes.md"

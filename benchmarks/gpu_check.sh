@@ -5,7 +5,7 @@
 # PASS/FAIL/SKIP, the job and what was checked. Exit status: the number of failed checks.
 # What it exercises that CPU tests cannot: collectives on the rank's device under NCCL, the link
 # emulator's CUDA-aware futures in DDP's comm hook, CUDA-event timing of a step's parts and of
-# backward vs the wait (trainer.profiler.DeviceMarks), and the loop's sums kept on the device.
+# backward vs the wait (autok.trainer.engine.profiler.DeviceMarks), and the loop's sums kept on the device.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/autok ] || make -s .venv/.installed-stamp >/dev/null || { echo "FAIL setup: make"; exit 1; }
@@ -27,7 +27,7 @@ check() {  # check NAME WORKERS LINK ARGS...: train, then verify replicas and ti
     if line=$($py - "$dir" "$workers" "$link" <<'PY'
 import csv, json, sys
 from pathlib import Path
-from trainer.link import PROFILES
+from autok.trainer.engine.link import PROFILES
 d, n, link = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 s = json.loads((d / "summary.json").read_text())
 rows = list(csv.DictReader((d / "epochs.csv").open()))
@@ -40,7 +40,7 @@ for r in rows:
     if min(f, b, sy) < 0 or f + b + sy > e * 1.02 or b <= 0:
         bad.append(f"epoch {r['epoch']}: forward {f:.3f} + backward {b:.3f} + sync {sy:.3f} "
                    f"vs epoch {e:.3f}")
-    # summed on the device and read at the epoch's end (trainer/loop.py)
+    # summed on the device and read at the epoch's end (trainer/loop/run.py)
     loss, acc = float(r["train_loss"]), float(r["train_accuracy"])
     if not (0 < loss < 100 and 0 < acc <= 1):
         bad.append(f"epoch {r['epoch']}: train loss {loss} or accuracy {acc} out of range")
@@ -70,8 +70,8 @@ import time
 
 import torch
 
-from trainer.grad_hook import GradSyncState
-from trainer.link import delayed
+from autok.trainer.engine.grad_hook import GradSyncState
+from autok.trainer.engine.link import delayed
 
 dev = torch.device("cuda", 0)
 bad = []
@@ -101,7 +101,7 @@ wait = state.exposed_wait(t1, t2)
 if wait is None or not 0.005 < wait <= t2 - t1:
     bad.append(f"exposed wait {wait} not within (5 ms, {t2 - t1:.3f} s]")
 # 3. a bucket's link booking starts when the device reaches its gradients, not when queued
-from trainer.link import PROFILES, LinkClock
+from autok.trainer.engine.link import PROFILES, LinkClock
 
 clock = LinkClock(PROFILES["wan"], world_size=2, seed=0)
 torch.cuda._sleep(int(50e6))  # the gradients' kernels, still running when the hook asks

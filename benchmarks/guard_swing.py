@@ -22,13 +22,13 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
+from autok.controllers.base import BoundaryStats
 from autok.launch import prepare_data, run_workers
+from autok.trainer.engine.divergence import DivergenceGuard
+from autok.trainer.engine.optim import build_scheduler
+from autok.trainer.loop.data import build_splits
+from autok.trainer.loop.models import build_model
 from benchmarks.engine import _times_only
-from controllers.base import BoundaryStats
-from trainer.data import build_splits
-from trainer.divergence import DivergenceGuard
-from trainer.models import build_model
-from trainer.optim import build_scheduler
 
 EPOCHS = 128  # (g)'s: 16 epochs per round, 7 rounds and a first, untimed block
 FACTORS = (2.0, 4.0, 5.0, 8.0, 16.0)

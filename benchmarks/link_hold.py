@@ -3,7 +3,8 @@ process, pinned to one core.
 
     python -m benchmarks.link_hold
 
-1. `time.sleep` to a deadline against `trainer.link.hold_until` (a sleep, then HOLD_POLL seconds
+1. `time.sleep` to a deadline against `autok.trainer.engine.link.hold_until` (a sleep, then
+HOLD_POLL seconds
    polling the clock): the median, 90th percentile and maximum lateness, in µs, over 200 holds
    of 17 ms (about T(S, N) of the cnn1d's fused boundary on `wan` at world 2).
 2. The same few torch ops a boundary runs after its collective (a squared norm, two adds, a
@@ -28,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from trainer.link import hold_until
+from autok.trainer.engine.link import hold_until
 
 
 def _late(hold, n: int = 200, seconds: float = 0.017) -> list[float]:

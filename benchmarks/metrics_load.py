@@ -171,9 +171,9 @@ def _reference_server(exp):
 
 def _serve_main(kind, ready, done, queue) -> None:
     """A rank 0 exporter with a realistic body; reports the CPU this process spent serving."""
+    from autok.controllers.base import BoundaryStats, SyncDecision
     from autok.metrics import MetricsExporter
-    from controllers.base import BoundaryStats, SyncDecision
-    from trainer.link import PROFILES
+    from autok.trainer.engine.link import PROFILES
 
     exp = MetricsExporter(
         0, run_id="bench", strategy="cpdp", policy="exposed-sync", link=PROFILES["wan"]

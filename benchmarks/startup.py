@@ -105,7 +105,7 @@ def _patch_loop(m):
     _wrap(m.Trainer, "run", "run", "run_end")
 
 
-_PATCH = {"autok.launch": _patch_launch, "trainer.loop": _patch_loop}
+_PATCH = {"autok.launch": _patch_launch, "autok.trainer.loop.run": _patch_loop}
 
 
 class _AfterImport:
@@ -190,7 +190,10 @@ def phases(events: list[dict], t0: float, t1: float, summary: dict) -> dict[str,
 def check_variant(root: Path, trace_dir: Path, work: Path) -> None:
     """The variant's modules really come from `root` (not the editable install's checkout)."""
     env = {**os.environ, "PYTHONPATH": f"{trace_dir}{os.pathsep}{root}"}
-    probe = "import autok.launch, trainer.loop; print(autok.launch.__file__, trainer.loop.__file__)"
+    probe = (
+        "import autok.launch, autok.trainer.loop.run as run; "
+        "print(autok.launch.__file__, run.__file__)"
+    )
     files = subprocess.run(
         [sys.executable, "-c", probe], env=env, cwd=work, capture_output=True, text=True, check=True
     ).stdout.split()

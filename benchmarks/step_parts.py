@@ -12,7 +12,7 @@ over the plain step in µs, with the spread (min-max) of the per-round excess.
 - `comm hook`: autok's Python DDP comm hook (the path with an emulated link), against DDP's
   built-in C++ one;
 - `end-of-compute hook`: the built-in path's timing: one hook on a parameter's gradient
-  accumulation that queues an autograd callback (trainer/grad_hook.py, GradSyncState.arm);
+  accumulation that queues an autograd callback (trainer/engine/grad_hook.py, GradSyncState.arm);
 - `end-of-compute tensor hook`: the same callback from a tensor hook on that parameter, as the
   built-in path had it before (torch hands a tensor hook a new gradient tensor to wrap);
 - `module forward hook`: a forward hook on the model, as `sync.model` used to time forwards;
@@ -35,10 +35,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from autok.config import TrainConfig
 from autok.launch import prepare_data
+from autok.trainer.engine.grad_hook import GradSyncState, emulated_allreduce_hook
+from autok.trainer.loop.data import build_splits
+from autok.trainer.loop.models import build_model
 from benchmarks.engine import RESULTS, _workers
-from trainer.data import build_splits
-from trainer.grad_hook import GradSyncState, emulated_allreduce_hook
-from trainer.models import build_model
 
 VARIANTS = (
     "plain",

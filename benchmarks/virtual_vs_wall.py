@@ -1,5 +1,5 @@
 """The virtual clock against the wall clock: the same small WAN job run both ways (docs/design.md
-§4; trainer/clock.py).
+§4; trainer/engine/clock.py).
 
     python -m benchmarks.virtual_vs_wall [--epochs 3] [--out DIR]
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from controllers.adacomm import AdaCommController
-from controllers.base import BoundaryStats, Controller, SyncDecision
-from controllers.composite import CompositeController
-from controllers.exposed_sync import ExposedSyncController
-from controllers.fixed import FixedController
-from controllers.guard import Guard
-from controllers.inverse_lr import InverseLRController
-from controllers.post_local import PostLocalController
-from controllers.qsr import QSRController, default_alpha
-from controllers.random_k import RandomController
+from autok.controllers.adacomm import AdaCommController
+from autok.controllers.base import BoundaryStats, Controller, SyncDecision
+from autok.controllers.composite import CompositeController
+from autok.controllers.exposed_sync import ExposedSyncController
+from autok.controllers.fixed import FixedController
+from autok.controllers.guard import Guard
+from autok.controllers.inverse_lr import InverseLRController
+from autok.controllers.post_local import PostLocalController
+from autok.controllers.qsr import QSRController, default_alpha
+from autok.controllers.random_k import RandomController
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
 
 
 # The PolicyOptions each policy reads (peak_lr and seed are the run's, set for every policy).
-# An option the chosen policy does not read is refused when given (trainer/options.py), not
+# An option the chosen policy does not read is refused when given (trainer/engine/options.py), not
 # silently ignored; tests/test_controllers.py checks these sets against the factories above.
 _SHARE_READS = frozenset(
     {

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, SyncDecision
 
 STATE_VERSION = 2  # 2: K_0 is the large start and η_0 is kept; 1 (no key): no LR factor
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
-from controllers.exposed_sync import ExposedSyncController
-from controllers.qsr import QSRController
+from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.exposed_sync import ExposedSyncController
+from autok.controllers.qsr import QSRController
 
 
 def next_sync_period(qsr_k: int, share_k: int, ceiling: int | None, max_k: int) -> int:

@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
-from controllers.guard import Guard
+from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.guard import Guard
 
 
 def share_at(share: float, factor: float) -> float:

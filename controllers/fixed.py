@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, SyncDecision
 
 
 def next_sync_period(current: int) -> int:

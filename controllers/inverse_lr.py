@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controllers.base import BoundaryStats, SyncDecision
-from controllers.qsr import LRDrivenPeriod, lr_power_period
+from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.qsr import LRDrivenPeriod, lr_power_period
 
 
 def next_sync_period(lr: float, *, base: int, peak_lr: float, max_k: int) -> int:

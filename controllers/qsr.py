@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, SyncDecision
 
 
 def next_sync_period(lr: float, *, base: int, alpha: float, max_k: int) -> int:

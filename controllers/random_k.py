@@ -20,7 +20,7 @@ import math
 import random
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, SyncDecision
 
 
 def draw(rng: random.Random, mean: float, max_k: int) -> int:

@@ -77,7 +77,7 @@ def _basic_worker(rank, world):
     sync = autok.Sync(model, opt, strategy="cpdp", sync_period=3, link="none")
     res["sgd"] = _train(sync, opt, _batches(rank, 12))
     # auto: two-phase at the first boundary step, whose loop is seen to leave the gradients
-    # alone (trainer/grad_watch.py), fused after it
+    # alone (trainer/engine/grad_watch.py), fused after it
     res["fused"] = sync.strategy.fused_gradients
     # a fused boundary is one gradient sync and one parameter sync in ONE collective
     res["fused_counts"] = (sync.grad_syncs, sync.param_syncs, sync.collectives)
@@ -348,11 +348,11 @@ def _builtin_equivalence_worker(rank, world):
     same data, model and optimizer gives its parameters bit for bit."""
     from torch.utils.data import DataLoader, DistributedSampler
 
+    from autok.trainer.engine.optim import build_optimizer, build_scheduler
+    from autok.trainer.loop.data import build_splits
+    from autok.trainer.loop.models import build_model
+    from autok.trainer.loop.run import Trainer, seed_everything
     from tests.helpers import tiny_cfg
-    from trainer.data import build_splits
-    from trainer.loop import Trainer, seed_everything
-    from trainer.models import build_model
-    from trainer.optim import build_optimizer, build_scheduler
 
     cfg = tiny_cfg(strategy="cpdp", sync_period=3, workers=world, epochs=2, slowmo_beta=0.3)
     tr = Trainer(cfg, rank, world, None)
@@ -413,7 +413,8 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"peak_lr": -1.0}, "peak_lr"),
         ({"peak_lr": True}, "peak_lr"),
         ({"peak_lr": 1e200, "policy": "qsr"}, "peak_lr"),  # its α² overflowed at a boundary
-        # outer_optimizer as a factory (trainer/outer.py, TorchOuter): what it returns, and what
+        # outer_optimizer as a factory (trainer/engine/outer.py, TorchOuter): what it returns, and
+        # what
         # only the named outer steps read
         ({"outer_optimizer": lambda params: None}, "outer_optimizer"),  # not an optimizer
         ({"outer_optimizer": lambda p: torch.optim.SGD(p[:1], lr=0.1)}, "outer_optimizer"),
@@ -597,7 +598,7 @@ def test_the_own_loop_example_runs_under_torchrun_and_resumes_bit_for_bit(tmp_pa
 
 
 def _sync_now_bytes_worker(rank, world):
-    from trainer.averaging import N_SCALARS
+    from autok.trainer.engine.averaging import N_SCALARS
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -697,9 +698,9 @@ def _loss_kinds_worker(rank, world):
     held tensors read every 3: the boundary's train loss is the mean over ranks and steps of
     what each step gave, and a state saved mid-interval holds the sum. An observer reading
     `last_step` at the boundary reads the boundary's step, which counts the averaging."""
-    import trainer.loss_sum
+    import autok.trainer.engine.loss_sum
 
-    trainer.loss_sum.LOSSES_HELD = 3  # read the held loss tensors inside the interval
+    autok.trainer.engine.loss_sum.LOSSES_HELD = 3  # read the held loss tensors inside the interval
     seen = []
 
     class Record:
@@ -869,7 +870,7 @@ def test_ddps_state_holds_the_k_path_its_fast_close_kept_apart():
 def _ddp_holds_worker(rank, world):
     """Which losses ddp's fast close holds unread (Sync._close_ddp_lazily) and which LossSum.add
     holds: the two spell the same test, inlined for the hot path."""
-    from trainer.loss_sum import LossSum
+    from autok.trainer.engine.loss_sum import LossSum
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -1006,7 +1007,7 @@ def _device_marks_worker(rank, world):
     """A user's loop under Sync with DeviceMarks' events (what a GPU uses), whose clock moves
     only by the device work the loop declares: forward 1 s (plus 0.125 s of set-up before it,
     which the step counts as forward), backward 2 s, the optimizer 0.5 s, 0.25 s after it."""
-    from trainer.profiler import DeviceMarks
+    from autok.trainer.engine.profiler import DeviceMarks
 
     device = _DeviceClock()
 
@@ -1058,7 +1059,8 @@ def _device_marks_worker(rank, world):
 
 
 def test_on_a_device_clock_a_step_is_timed_by_its_events_read_once_at_its_close():
-    """On a GPU, Sync times a step by events at its points (trainer.profiler.DeviceMarks) and
+    """On a GPU, Sync times a step by events at its points
+    (autok.trainer.engine.profiler.DeviceMarks) and
     waits for the device once, at the close. With a stand-in device clock the spans are exact:
     a skipped optimizer step ends backward at the close, and each boundary's compute is the
     sum of its four steps, on both ranks."""

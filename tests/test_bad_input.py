@@ -133,7 +133,7 @@ def run_dir(epochs_csv: str | None = None, jsonl: str | None = None, config: str
 
     def setup(tmp: Path) -> None:
         from autok.cli import write_config
-        from trainer.sinks import EPOCH_COLUMNS
+        from autok.trainer.loop.sinks import EPOCH_COLUMNS
 
         run = tmp / "run"
         write_config(TrainConfig(workers=2, epochs=3, mnist1d_samples=500, link="none"), run)
@@ -276,7 +276,7 @@ REGIMES = [
        "--out", "{out}"], "--straggler-prob", id="prob-not-random"),
     R(["train", "--straggler", "random", "--straggler-ms", "5", "--straggler-prob", "0",
        "--out", "{out}"], "--straggler-prob", id="prob-0"),
-    # the clock (trainer/clock.py): what the wall clock does not read, what virtual needs
+    # the clock (trainer/engine/clock.py): what the wall clock does not read, what virtual needs
     R(["train", "--compute-ms", "5", "--out", "{out}"],
       "--compute-ms: --clock wall does not read it", id="compute-ms-wall"),
     R(["train", "--model-bytes", "1000", "--out", "{out}"],
@@ -457,7 +457,7 @@ TRAIN = [
         "--outer-optimizer",
         id="ddp+outer",
     ),
-    # flags the run never reads (trainer/options.py READ_ONLY_UNDER): one line, the flag, why
+    # flags the run never reads (trainer/engine/options.py READ_ONLY_UNDER): one line, the flag, why
     *[
         R(
             ["train", "--strategy", "ddp", *given, "--out", "{out}"],
@@ -1459,7 +1459,7 @@ def test_a_bad_storage_leaves_no_sweep_directory(sandbox, capsys, monkeypatch):
 def test_rewind_drops_a_torn_last_row_and_refuses_garbage(tmp_path):
     """--resume and restarts rewind epochs.csv/boundaries.jsonl: a row a crash cut short (no
     newline) is dropped; a row that is not autok's is refused with its file, line and field."""
-    from trainer.sinks import EPOCH_COLUMNS, check_outputs, rewind_outputs
+    from autok.trainer.loop.sinks import EPOCH_COLUMNS, check_outputs, rewind_outputs
 
     header = ",".join(EPOCH_COLUMNS) + "\r\n"
     row = lambda e: f"{e}," + ",".join(["0.5"] * (len(EPOCH_COLUMNS) - 1)) + "\r\n"  # noqa: E731

@@ -280,8 +280,8 @@ def test_the_timing_parts_guard_judges_finiteness_but_not_the_loss():
     parameters still must."""
     from types import SimpleNamespace
 
+    from autok.trainer.engine.divergence import DivergenceGuard
     from tests.test_controllers import stats
-    from trainer.divergence import DivergenceGuard
 
     def judged(guard, losses):
         return [guard.check(stats(8, loss=x, i=i)) for i, x in enumerate(losses)]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from autok.trainer.loop.checkpoint import latest_valid
 from tests.helpers import tiny_cfg
 from tests.test_cli import TINY, autok
-from trainer.checkpoint import latest_valid
 
 pytestmark = pytest.mark.dist
 
@@ -223,7 +223,7 @@ STALL_SECONDS = 120.0  # rank 1's stall; rank 0 ends it early once it has failed
 
 
 def _stall_worker(rank, world, flag):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(workers=world, collective_timeout=3)
     stalled_at = []
@@ -284,7 +284,7 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_the_last_one(tmp_path
     """torch.save reported a full disk as `RuntimeError: [enforce fail at inline_container.cc]
     . unexpected pos`: the error says the disk is full, where, and that the last complete
     checkpoint (untouched: files go under temporary names) is still the one a resume uses."""
-    import trainer.checkpoint as ckpt
+    import autok.trainer.loop.checkpoint as ckpt
 
     state = {k: {"w": torch.zeros(10_000)} for k in ckpt.STATE_KEYS} | {"epoch": 0}
     for epoch in (0, 1):
@@ -330,7 +330,7 @@ def _start_train(argv: list[str], pause: Path, ignoring: bool) -> subprocess.Pop
         "from autok.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    from trainer.checkpoint import PAUSE_ENV
+    from autok.trainer.loop.checkpoint import PAUSE_ENV
 
     return subprocess.Popen(
         [sys.executable, "-c", code, *argv],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.sinks import EPOCH_COLUMNS, SUMMARY_KEYS
+from autok.trainer.loop.sinks import EPOCH_COLUMNS, SUMMARY_KEYS
 
 TINY = [
     "--workers",
@@ -85,7 +85,7 @@ def test_the_summary_reports_start_up_and_collectives_beside_training_time(run_d
     rows = list(csv.DictReader((run_dir / "epochs.csv").open()))
     # cpdp with SGD: fused boundaries, one collective for a gradient and a parameter sync, after
     # the first (auto: two-phase, its bucket and its average, until a boundary step has shown
-    # that the loop leaves the gradients as backward gave them; trainer/grad_watch.py)
+    # that the loop leaves the gradients as backward gave them; trainer/engine/grad_watch.py)
     assert summary["param_syncs"] == summary["grad_syncs"]
     assert summary["collectives"] == summary["param_syncs"] + 1
     assert sum(int(r["collectives"]) for r in rows) == summary["collectives"]

@@ -1,4 +1,5 @@
-"""The virtual clock (`--clock virtual`, trainer/clock.py; docs/design.md §4): its model as pure
+"""The virtual clock (`--clock virtual`, trainer/engine/clock.py; docs/design.md §4): its model as
+pure
 arithmetic first, then `autok train` as a user runs it: the same seed gives the same records and
 virtual time, and a WAN run does not sleep through the link's time."""
 
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.clock import VirtualClock
-from trainer.link import PROFILES, static_schedule
-from trainer.straggler import Straggler
+from autok.trainer.engine.clock import VirtualClock
+from autok.trainer.engine.link import PROFILES, static_schedule
+from autok.trainer.engine.straggler import Straggler
 
 WAN = PROFILES["wan"]
 

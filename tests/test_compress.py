@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autok.trainer.engine.compress import CHUNK, Codec
+from autok.trainer.engine.link import PROFILES
 from tests.dist import run_dist
-from trainer.compress import CHUNK, Codec
-from trainer.link import PROFILES
 
 
 def _roundtrip(codec: Codec, x: torch.Tensor, raw: torch.Tensor, residual=None):

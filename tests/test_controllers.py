@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from controllers import READS, REGISTRY, RUN_OPTIONS, PolicyOptions, build_controller
-from controllers.adacomm import AdaCommController
-from controllers.adacomm import next_sync_period as adacomm_k
-from controllers.base import BoundaryStats
-from controllers.exposed_sync import ExposedSyncController, share_at
-from controllers.exposed_sync import next_sync_period as share_rule
-from controllers.qsr import QSRController, default_alpha
-from controllers.qsr import next_sync_period as qsr_k
+from autok.controllers import READS, REGISTRY, RUN_OPTIONS, PolicyOptions, build_controller
+from autok.controllers.adacomm import AdaCommController
+from autok.controllers.adacomm import next_sync_period as adacomm_k
+from autok.controllers.base import BoundaryStats
+from autok.controllers.exposed_sync import ExposedSyncController, share_at
+from autok.controllers.exposed_sync import next_sync_period as share_rule
+from autok.controllers.qsr import QSRController, default_alpha
+from autok.controllers.qsr import next_sync_period as qsr_k
 from tests.optim_helpers import cosine_lr
 
 
@@ -337,7 +337,7 @@ class _Reads:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_each_policy_reads_exactly_the_options_it_declares(name):
-    # READS decides which options a run refuses as unread (trainer/options.py): a policy that
+    # READS decides which options a run refuses as unread (trainer/engine/options.py): a policy that
     # read an option outside its set would have it refused; one inside it that it never read
     # would be accepted and ignored.
     for qsr in (None, 2.0):  # qsr's alpha default reads peak_lr: both branches

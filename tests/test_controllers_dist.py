@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from autok.trainer.loop.run import Trainer
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
-from trainer.loop import Trainer
 
 pytestmark = pytest.mark.dist
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager, ReplicaMismatch
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
 from tests.test_engine_dist import _final_params_worker, _flat
-from trainer.averaging import IntervalTotals, ParameterAverager, ReplicaMismatch
 
 pytestmark = pytest.mark.dist
 
@@ -25,7 +25,7 @@ FOREACH_GRID = [
 
 def _fused_vs_two_phase_worker(rank, world):
     """Every combination in one process group: fused and two-phase runs of the same job."""
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     out = {}
     for foreach, nesterov, wd in FOREACH_GRID:
@@ -82,7 +82,7 @@ class _NanOnce:
 def _ddp_nan_worker(rank, world, out_dir):
     from pathlib import Path
 
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(
         strategy="ddp",
@@ -139,13 +139,13 @@ def test_overlap_with_broadcast_buffers_keeps_rank0s_values_plus_the_local_step(
 def _resume_differing_worker(rank, world, out_dir):
     from pathlib import Path
 
-    import trainer.loop
-    from trainer.loop import Trainer
+    import autok.trainer.loop.run
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(strategy="cpdp", sync_period=3, workers=world, epochs=2, stop_after_epochs=1)
     assert Trainer(cfg, rank, world, Path(out_dir)).run() is None  # checkpoint after epoch 0
     dist.barrier()
-    real = trainer.loop.load_rank_file
+    real = autok.trainer.loop.run.load_rank_file
 
     def differing(path, r):  # rank 1 resumes from weights that are not rank 0's
         state = real(path, r)
@@ -154,7 +154,7 @@ def _resume_differing_worker(rank, world, out_dir):
             state["model"][first] = state["model"][first] + 1e-3
         return state
 
-    trainer.loop.load_rank_file = differing
+    autok.trainer.loop.run.load_rank_file = differing
     cfg = tiny_cfg(strategy="cpdp", sync_period=3, workers=world, epochs=2)
     tr = Trainer(cfg, rank, world, Path(out_dir), resume=True)
     try:

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer import data
-from trainer.data import build_splits, check_data_dir
-from trainer.models import build_model
+from autok.trainer.loop import data
+from autok.trainer.loop.data import build_splits, check_data_dir
+from autok.trainer.loop.models import build_model
 
 
 def write_cifar100(root, n_train=40, n_test=20, seed=0):
@@ -73,7 +73,8 @@ def write_imagefolder(root, classes=("cat", "dog", "eel"), per_class=4):
 
 
 def md5_of_cifar100(root) -> dict[str, str]:
-    """The md5 of each file of a CIFAR-100 tree, in the form of trainer.data.CIFAR100_MD5."""
+    """The md5 of each file of a CIFAR-100 tree, in the form of
+    autok.trainer.loop.data.CIFAR100_MD5."""
     base = root / "cifar-100-python"
     return {n: hashlib.md5((base / n).read_bytes()).hexdigest() for n in data.CIFAR100_MD5}
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager, ReplicaMismatch
+from autok.trainer.loop.run import Trainer
 from tests.dist import run_dist
 from tests.helpers import expected_boundaries, tiny_cfg
-from trainer.averaging import IntervalTotals, ParameterAverager, ReplicaMismatch
-from trainer.loop import Trainer
 
 pytestmark = pytest.mark.dist
 
@@ -290,8 +290,8 @@ def test_narrow_parameters_average_in_float32_and_their_replica_check_holds(dtyp
 def _narrow_sync_worker(rank, world):
     """A bfloat16 model under autok.Sync: cpdp K=4, the fused boundary with SlowMo."""
     import autok
-    from trainer.averaging import param_digest
-    from trainer.models import build_model
+    from autok.trainer.engine.averaging import param_digest
+    from autok.trainer.loop.models import build_model
 
     torch.manual_seed(0)
     model = build_model("cnn1d", (40,), 10).to(torch.bfloat16)
@@ -523,9 +523,9 @@ def _count_worker(rank, world, strategy, boundary, link):
     """Counts the real collectives per boundary (wrapping, not replacing, all_reduce) and what
     the engine counts (`collectives`). With no link DDP all-reduces the gradients in C++, out of
     Python's sight; with an emulated one through autok's comm hook, which the wrapper sees."""
-    import trainer.averaging
-    import trainer.grad_hook
-    import trainer.link
+    import autok.trainer.engine.averaging
+    import autok.trainer.engine.grad_hook
+    import autok.trainer.engine.link
 
     calls = {"n": 0}
     real = dist.all_reduce
@@ -534,7 +534,8 @@ def _count_worker(rank, world, strategy, boundary, link):
         calls["n"] += 1
         return real(*a, **kw)
 
-    for mod in (trainer.averaging, trainer.grad_hook, trainer.link):
+    engine = autok.trainer.engine
+    for mod in (engine.averaging, engine.grad_hook, engine.link):
         mod.dist.all_reduce = counting  # the same module object: one patch covers all
     cfg = tiny_cfg(
         strategy=strategy,
@@ -645,8 +646,8 @@ def _bench_passes_worker(rank, world):
     """Two fused boundaries of a small MLP (SlowMo β = 0.3, SGD momentum): the real averager's,
     and benchmarks.fused_passes's passes on copies of what the second one started from, with
     the same collective between their start and finish."""
+    from autok.trainer.engine.outer import OuterOptimizer
     from benchmarks.fused_passes import finish_passes, start_passes
-    from trainer.outer import OuterOptimizer
 
     def flat(ts) -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in ts])
@@ -691,7 +692,7 @@ def test_the_fused_passes_bench_times_the_boundarys_own_arithmetic():
     """benchmarks/fused_passes.py times its own functions as the fused boundary's host passes:
     they must compute what ParameterAverager's start and finish compute, bit for bit for the
     state (θ, θ_ref, momentum, velocity), to rounding for the norms, and the digest's sum."""
-    from trainer.averaging import _MIX
+    from autok.trainer.engine.averaging import _MIX
 
     results = run_dist(_bench_passes_worker, 2)
     for r in results:

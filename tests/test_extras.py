@@ -176,9 +176,9 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, line):
 
 
 def test_a_cached_mnist1d_needs_no_package(tmp_path, monkeypatch):
-    """mnist1d is made once and cached (trainer/data.py): a run whose data set is cached whole
+    """mnist1d is made once and cached (trainer/loop/data.py): a run whose data set is cached whole
     never imports the package, so it is not refused; another size still needs it."""
-    from trainer.data import DATA_SEED, prepare_mnist1d
+    from autok.trainer.loop.data import DATA_SEED, prepare_mnist1d
 
     env = _without(tmp_path, ("mnist1d",))
     monkeypatch.setenv("AUTOK_CACHE", env["AUTOK_CACHE"])

@@ -12,9 +12,8 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.dist import run_dist
-from trainer.averaging import N_SCALARS
-from trainer.fragments import (
+from autok.trainer.engine.averaging import N_SCALARS
+from autok.trainer.engine.fragments import (
     FRAGMENTS_MAX,
     WHOLE,
     fragment_at,
@@ -23,7 +22,8 @@ from trainer.fragments import (
     fragment_offsets,
     walk,
 )
-from trainer.options import OptionError, sync_options
+from autok.trainer.engine.options import OptionError, sync_options
+from tests.dist import run_dist
 
 # ----- the split and the schedule ---------------------------------------------------------------
 
@@ -79,7 +79,7 @@ def test_a_new_k_applies_from_the_next_gap_and_each_fragment_still_syncs_once_pe
 
 def test_every_built_in_model_has_more_parameters_than_fragments_max():
     """So the CLI need not build a built-in model to refuse F above its parameter count."""
-    from trainer.models import build_model
+    from autok.trainer.loop.models import build_model
 
     smallest = [("cnn1d", (1, 40)), ("mlp", (1, 40)), ("cnn", (1, 8, 8)), ("mlp", (3, 8, 8))]
     for name, shape in smallest:
@@ -399,8 +399,8 @@ def test_resume_mid_epoch_with_fragments_and_delay_is_bit_for_bit(names):
 def _loop_worker(rank, world):
     """The built-in loop: warmup syncs the whole model (K = 1 < F), then fragments in turn with
     the K capped at the epoch's steps; every epoch ends with a whole-model boundary."""
+    from autok.trainer.loop.run import Trainer
     from tests.helpers import tiny_cfg
-    from trainer.loop import Trainer
 
     cfg = tiny_cfg(
         strategy="localsgd",

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import autok
+from autok.trainer.engine.sync import DDP_PARAM_CHECK_EVERY
+from autok.trainer.loop.models import build_model
 from benchmarks.bytecodes import count
 from tests.dist import run_dist
-from trainer.models import build_model
-from trainer.sync import DDP_PARAM_CHECK_EVERY
 
 pytestmark = pytest.mark.dist
 
@@ -49,7 +49,8 @@ def _counts(strategy: str, rank: int) -> list[tuple[int, bool]]:
     # 20 steps in all: no ddp boundary the guard judges (every DDP_PARAM_CHECK_EVERY-th, 64),
     # and cpdp at K = 4 from the start (no warmup at K = 1). Uncounted: cpdp's first boundary
     # (auto: two-phase, until a boundary step shows the gradients untouched after backward;
-    # trainer/grad_watch.py) and the local step after it, which drops the gradient hook it armed
+    # trainer/engine/grad_watch.py) and the local step after it, which drops the gradient hook it
+    # armed
     for _ in range(8):
         step()
     assert sync.k_in_force == k and DDP_PARAM_CHECK_EVERY > 20

@@ -9,8 +9,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import autok
+from autok.trainer.engine.averaging import N_SCALARS
 from tests.dist import run_dist
-from trainer.averaging import N_SCALARS
 
 pytestmark = pytest.mark.dist
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import autok.report
-import trainer.plots
+import autok.trainer.loop.plots
 from autok.report import StoppedRun, collect, exposed_waits, render, table_rows
+from autok.trainer.engine.link import exposed_wait
+from autok.trainer.loop.runlog import epoch_line
+from autok.trainer.loop.sinks import summary_table
 from tests.test_report import fake_run
-from trainer.link import exposed_wait
-from trainer.runlog import epoch_line
-from trainer.sinks import summary_table
 
 PEERS = "peers (no link emulated)"
 
@@ -34,7 +34,7 @@ def figures(monkeypatch):
         kept[path.name] = fig
         return path
 
-    monkeypatch.setattr(trainer.plots, "save", keep)
+    monkeypatch.setattr(autok.trainer.loop.plots, "save", keep)
     monkeypatch.setattr(autok.report, "save", keep)
     yield kept
     for fig in kept.values():
@@ -130,7 +130,8 @@ def _k_lr(tmp_path: Path, config: dict) -> list[tuple[int, int, int, float, int]
 def test_k_lr_marks_link_changes_and_the_k_cap(tmp_path, figures):
     config = {"link_schedule": "lan,wan@epoch=2", "max_sync_period": 16, "policy": "exposed-sync"}
     bs = _k_lr(tmp_path, config)
-    trainer.plots.plot_k_and_lr(tmp_path / "k_lr.png", bs, {"link": config["link_schedule"]})
+    plots = autok.trainer.loop.plots
+    plots.plot_k_and_lr(tmp_path / "k_lr.png", bs, {"link": config["link_schedule"]})
     fig = figures["k_lr.png"]
     ax_k, ax_lr = fig.axes[:2]
     for ax in (ax_k, ax_lr):
@@ -147,7 +148,7 @@ def test_k_lr_marks_link_changes_and_the_k_cap(tmp_path, figures):
 
 def test_k_lr_draws_no_cap_for_a_fixed_k_and_no_change_without_a_schedule(tmp_path, figures):
     bs = _k_lr(tmp_path, {"max_sync_period": 64, "policy": "fixed"})
-    trainer.plots.plot_k_and_lr(tmp_path / "k_lr.png", bs, {"link": "wan"})
+    autok.trainer.loop.plots.plot_k_and_lr(tmp_path / "k_lr.png", bs, {"link": "wan"})
     labels = [ln.get_label() for ax in figures["k_lr.png"].axes for ln in ax.get_lines()]
     assert not any(lb.startswith("K cap") or lb == "link change" for lb in labels)
 

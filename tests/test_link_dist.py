@@ -6,10 +6,10 @@ import statistics
 
 import pytest
 
+from autok.trainer.engine.link import PROFILES
+from autok.trainer.loop.run import Trainer
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
-from trainer.link import PROFILES
-from trainer.loop import Trainer
 
 pytestmark = pytest.mark.dist
 

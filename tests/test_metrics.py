@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.metrics import CHANGES_KEPT, TARGET_SHARE_POLICIES, MetricsExporter, reason_kind
 from autok.metrics_http import port_taken
-from controllers.base import BoundaryStats, SyncDecision
+from autok.trainer.engine.link import PROFILES
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
-from trainer.link import PROFILES
 
 LABELS = {"run_id", "strategy", "policy"}
 
@@ -229,7 +229,7 @@ def test_target_share_is_served_for_the_policies_that_steer_by_it():
 
 
 def test_target_share_policies_are_those_whose_controller_holds_the_target():
-    from controllers import REGISTRY, PolicyOptions, build_controller
+    from autok.controllers import REGISTRY, PolicyOptions, build_controller
 
     def holds(obj, value, depth=2) -> bool:
         fields = getattr(obj, "__dict__", {})
@@ -260,7 +260,7 @@ def test_reason_kind_is_low_cardinality():
 
 
 def _run_with_exporter(rank, world, out_dir):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(
         workers=world,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autok.trainer.engine.options import OptionError, SyncOptions, sync_options
+from autok.trainer.engine.outer import OuterOptimizer, outer_step_
+from autok.trainer.engine.slowmo import slowmo_update_
 from tests.dist import run_dist
-from trainer.options import OptionError, SyncOptions, sync_options
-from trainer.outer import OuterOptimizer, outer_step_
-from trainer.slowmo import slowmo_update_
 
 
 def _averages(steps: int, n: int = 257, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -290,7 +290,7 @@ def _decayed_boundaries_worker(rank, world, spec_args):
     applied by hand to the mean of the ranks' moves (torch.equal: bit for bit)."""
     import torch.distributed as dist
 
-    from trainer.averaging import IntervalTotals, ParameterAverager
+    from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager
 
     spec = OuterOptimizer(*spec_args)
     torch.manual_seed(0)
@@ -470,7 +470,7 @@ def test_a_torch_outer_steps_on_the_pseudo_gradient_as_the_names_do(scale):
     """TorchOuter's `.grad` is Δ = θ_ref − θ_avg, from scale·delta = θ_avg − θ_ref as the
     averager hands it: torch.optim.SGD(lr=α, momentum=μ) is the `sgd` name bit for bit over
     boundaries, and SGD(lr=1) lands on θ_avg (to rounding: θ_ref − Δ is computed)."""
-    from trainer.outer import TorchOuter
+    from autok.trainer.engine.outer import TorchOuter
 
     theta0, moves = _averages(6)
     shapes = [torch.Size([200]), torch.Size([19, 3])]  # 257, as the model's shapes

@@ -172,16 +172,18 @@ def test_pyproject_ships_every_package_and_every_data_file():
     """A new subpackage or data file that the wheel would leave out fails here, not for a user."""
     tool = _pyproject()["tool"]["setuptools"]
     packages, mapped, data = tool["packages"], tool["package-dir"], tool["package-data"]
-    on_disk = {
-        ".".join(p.parent.relative_to(ROOT).parts)
-        for top in ("autok", "trainer", "controllers", "benchmarks")
-        for p in (ROOT / top).rglob("__init__.py")
-    }
+    inits = ROOT.glob("autok/**/__init__.py")
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in inits}
     assert on_disk <= set(packages), on_disk - set(packages)
+    # every installed name lives under autok; benchmarks/ is not installed (`autok bench` runs
+    # from a checkout)
+    assert {p.split(".")[0] for p in packages} == {"autok"}
     assert mapped == {
         "autok.experiments": "experiments",
         "autok.dashboards": "dashboards",
         "autok.examples": "examples",
+        "autok.trainer": "trainer",
+        "autok.controllers": "controllers",
     }
     shipped_code = {  # a mapped folder's subpackages ship under its package's name
         f"{package}.{'.'.join(p.parent.relative_to(ROOT / folder).parts)}".rstrip(".")
@@ -197,8 +199,10 @@ def test_pyproject_ships_every_package_and_every_data_file():
             if p.is_file() and p.name != "__init__.py" and "__pycache__" not in p.parts
         }
         assert files, folder
-        # the package's own modules ship as code (e.g. dashboards/build.py), the rest as data
-        missing = files - _shipped(ROOT / folder, [*data.get(package, []), "*.py"])
+        # the package's own modules ship as code (e.g. dashboards/build.py), as do those of its
+        # subpackages (each listed above); the rest as data
+        code = {p for p in files if p.suffix == ".py" and (p.parent / "__init__.py").is_file()}
+        missing = files - code - _shipped(ROOT / folder, data.get(package, []))
         assert not missing, f"not in package-data[{package!r}]: {sorted(map(str, missing))}"
 
 
@@ -209,7 +213,7 @@ def test_the_tasks_the_shipped_experiments_name_import_from_any_directory(tmp_pa
     code = (
         "import json\n"
         "from autok.experiment import available, expand, load_experiment\n"
-        "from trainer.tasks import resolve\n"
+        "from autok.trainer.loop.tasks import resolve\n"
         "def tasks(node):\n"
         "    if isinstance(node, dict):\n"
         "        yield from ([node['task']] if isinstance(node.get('task'), str) else [])\n"
@@ -372,10 +376,15 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_experiments_and_sweeps(tmp_path)
         "autok/dashboards/provisioning/dashboards/autok.yml",
         "autok/resources.py",
         "autok/examples/tiny_gpt/__init__.py",  # the task controller-panel names
-        "trainer/sync.py",
-        "controllers/__init__.py",
+        "autok/trainer/engine/sync.py",
+        "autok/trainer/loop/run.py",
+        "autok/controllers/__init__.py",
     ):
         assert needed in names, needed
+    # nothing beside autok on the user's import path: a user's own `trainer` module stays theirs
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {
+        "autok"
+    }
     python = fresh_venv(tmp_path / "venv", wheel)
     bindir = python.parent
     elsewhere = tmp_path / "elsewhere"  # not the checkout: nothing is found by relative path
@@ -391,7 +400,8 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_experiments_and_sweeps(tmp_path)
     probe = run(
         str(python),
         "-c",
-        "import json, autok, autok.resources as r, trainer, importlib.metadata as m;"
+        "import json, autok, autok.resources as r, autok.trainer as trainer;"
+        "import importlib.metadata as m;"
         "print(json.dumps([autok.__file__, trainer.__file__, str(r.default_space()),"
         " str(r.dashboards_dir() / 'autok.json'), m.version('autok')]))",
     )
@@ -402,6 +412,10 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_experiments_and_sweeps(tmp_path)
         assert Path(path).resolve().is_relative_to(venv), path  # the wheel's, not the checkout's
     assert Path(space).is_file() and json.loads(Path(dashboard).read_text())
 
+    res = run(str(python), "-c", "import trainer")
+    assert res.returncode == 1 and "No module named 'trainer'" in res.stderr
+    res = run(str(bindir / "autok"), "bench")  # the benchmarks ship with the repository only
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "from a checkout" in res.stderr
     res = run(str(bindir / "autok"), "--version")
     assert res.returncode == 0 and res.stdout.strip() == f"autok {version}", res
     res = run(str(bindir / "autok"), "experiment", "list")

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from autok.controllers import PolicyOptions, build_controller
+from autok.controllers.exposed_sync import ExposedSyncController, direct_sync_period
+from autok.controllers.random_k import RandomController, draw
 from autok.experiment import Run, expand, mean_k_used, with_matched_mean
-from controllers import PolicyOptions, build_controller
-from controllers.exposed_sync import ExposedSyncController, direct_sync_period
-from controllers.random_k import RandomController, draw
+from autok.trainer.engine.link import PROFILES, LinkClock, parse_schedule
+from autok.trainer.engine.options import OptionError, sync_options
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
 from tests.test_controllers import drive
-from trainer.link import PROFILES, LinkClock, parse_schedule
-from trainer.options import OptionError, sync_options
 
 # ----- the link schedule ------------------------------------------------------------------------
 
@@ -199,7 +199,7 @@ def test_the_matched_mean_is_the_k_the_source_used_after_warmup(tmp_path):
 
 
 def _schedule_worker(rank, world):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(
         strategy="cpdp",

@@ -258,7 +258,7 @@ def test_a_run_killed_before_its_first_epoch_row_is_reported_as_stopped(tmp_path
     (d / "experiment.json").write_text(json.dumps({"label": "diverges", "seed": 1}))
     (d / "epochs.csv").write_text("")
     (d / "console.log").write_text(
-        "autok: training failed: trainer.divergence.Diverged: training diverged: nan\n"
+        "autok: training failed: autok.trainer.engine.divergence.Diverged: training diverged: nan\n"
     )
     (stopped,) = collect_stopped(tmp_path)
     assert stopped.epochs_done == 0 and stopped.why == "training diverged: nan"

@@ -231,8 +231,8 @@ def walk(node, path=""):
 def served_metric_names() -> set[str]:
     """Every sample name the exporter serves, with every option on."""
     from autok.metrics import MetricsExporter
+    from autok.trainer.engine.link import PROFILES
     from tests.test_metrics import families, scrape, stats
-    from trainer.link import PROFILES
 
     exp = MetricsExporter(
         0, run_id="r", strategy="cpdp", policy="exposed-sync", link=PROFILES["wan"],

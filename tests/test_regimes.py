@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
+from autok.trainer.engine.optim import lr_factor
+from autok.trainer.engine.straggler import Straggler, straggler_rank
+from autok.trainer.loop.data import ShardSampler, class_labels, dirichlet_partition
 from tests.dist import run_dist
 from tests.helpers import tiny_cfg
-from trainer.data import ShardSampler, class_labels, dirichlet_partition
-from trainer.optim import lr_factor
-from trainer.straggler import Straggler, straggler_rank
 
 
 def _labels(n: int = 4000, classes: int = 10, seed: int = 7) -> np.ndarray:
@@ -136,7 +136,7 @@ def test_a_shard_sampler_keeps_its_samples_and_reorders_them_each_epoch_as_seede
 
 
 def test_iid_keeps_distributed_samplers_order_bit_for_bit():
-    from trainer.loop import train_sampler
+    from autok.trainer.loop.run import train_sampler
 
     ds = TensorDataset(torch.zeros(103, 2), torch.arange(103) % 10)
     cfg = tiny_cfg(seed=11)
@@ -150,7 +150,7 @@ def test_iid_keeps_distributed_samplers_order_bit_for_bit():
 
 
 def _partition_worker(rank, world):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(partition="dirichlet", partition_alpha=0.1, workers=world, epochs=2)
     tr = Trainer(cfg, rank, world, None)
@@ -195,7 +195,7 @@ def test_step_schedule_multiplies_by_gamma_at_each_milestone_after_warmup():
 
 
 def _lr_worker(rank, world):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(
         lr_schedule="step", lr_milestones="0.5,0.75", lr_gamma=0.2, epochs=4, workers=world
@@ -248,7 +248,7 @@ def test_random_stragglers_are_a_seeded_draw_the_same_in_every_view():
 
 
 def _straggler_worker(rank, world, mode):
-    from trainer.loop import Trainer
+    from autok.trainer.loop.run import Trainer
 
     cfg = tiny_cfg(straggler=mode, straggler_ms=25.0, workers=world, epochs=1, mnist1d_samples=300)
 

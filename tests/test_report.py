@@ -143,7 +143,8 @@ def test_report_renders_tables_csv_and_plots(synthetic):
     (stopped / "experiment.json").write_text(json.dumps({"label": "cpdp-k2 beta=0.9", "seed": 1}))
     (stopped / "epochs.csv").write_text("epoch,test_accuracy\n0,0.25\n1,0.31\n2,0.02\n")
     (stopped / "train.log").write_text(
-        "W1130 noise\nautok: training failed: trainer.divergence.Diverged: training diverged: "
+        "W1130 noise\nautok: training failed: autok.trainer.engine.divergence.Diverged: "
+        "training diverged: "
         "loss 8.3 is more than 4x its running minimum 2.0 (boundary 94); lower --lr\n"
     )
     text = report(root)
@@ -307,7 +308,8 @@ def test_a_diverged_run_is_told_from_a_failed_one_by_the_line_autok_train_ends_w
     from autok.experiment import failure
 
     diverged = (
-        "autok: training failed: trainer.divergence.Diverged: training diverged: non-finite "
+        "autok: training failed: autok.trainer.engine.divergence.Diverged: "
+        "training diverged: non-finite "
         "values at boundary 0 (loss 8.7e+18, drift nan, update inf); lower --lr or --slowmo-beta"
     )
     why = "training diverged: non-finite values at boundary 0 (loss 8.7e+18, drift nan, update"
@@ -522,10 +524,10 @@ def drawn(monkeypatch):
     label of a log2 (K) axis a whole number. Yields {file name: figure's texts}."""
     import matplotlib.text
 
-    import trainer.plots
+    import autok.trainer.loop.plots
 
     seen: dict[str, list[str]] = {}
-    real_save = trainer.plots.save
+    real_save = autok.trainer.loop.plots.save
 
     def checking_save(fig, path):
         fig.canvas.draw()  # tick labels exist once drawn
@@ -544,7 +546,7 @@ def drawn(monkeypatch):
         seen[path.name] = [t.get_text() for t in texts]
         return real_save(fig, path)
 
-    monkeypatch.setattr(trainer.plots, "save", checking_save)
+    monkeypatch.setattr(autok.trainer.loop.plots, "save", checking_save)
     import autok.report
 
     monkeypatch.setattr(autok.report, "save", checking_save)
@@ -592,7 +594,7 @@ def test_the_time_plots_share_the_tables_clock(tmp_path):
 
 
 def test_k_ticks_are_whole_powers_of_two():
-    from trainer.plots import k_ticks
+    from autok.trainer.loop.plots import k_ticks
 
     assert k_ticks([1, 4]) == [1, 2, 4]
     assert k_ticks([1]) == [1, 2]
@@ -603,7 +605,7 @@ def test_k_ticks_are_whole_powers_of_two():
 
 
 def test_labels_are_placed_without_overlaps():
-    from trainer.plots import _overlap, clusters, place_labels
+    from autok.trainer.loop.plots import _overlap, clusters, place_labels
 
     # a dense 4 x 3 grid of markers 22 pt apart, labels "10".."21"
     points = [(100.0 + 22 * (i % 4), 100.0 + 22 * (i // 4)) for i in range(12)]
@@ -627,10 +629,10 @@ class _Trainer:
 
 
 def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, drawn):
-    from controllers.base import BoundaryStats
-    from trainer.optim import lr_factor
-    from trainer.plots import epoch_starts, lr_per_step
-    from trainer.sinks import FileSink
+    from autok.controllers.base import BoundaryStats
+    from autok.trainer.engine.optim import lr_factor
+    from autok.trainer.loop.plots import epoch_starts, lr_per_step
+    from autok.trainer.loop.sinks import FileSink
 
     (tmp_path / "config.json").write_text(json.dumps({"warmup_epochs": 1, "lr_warmup_epochs": 1}))
     sink, tr = FileSink(tmp_path), _Trainer()
@@ -669,7 +671,7 @@ def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, d
 
 
 def _decision():
-    from controllers.base import SyncDecision
+    from autok.controllers.base import SyncDecision
 
     return SyncDecision(next_sync_period=4, reason="test")
 
@@ -762,7 +764,7 @@ def test_only_the_tail_of_a_regular_log_is_read(tmp_path):
 def test_a_value_that_does_not_exist_is_null_in_strict_json_and_read_back_as_nan(tmp_path):
     """A metric that counted nothing has no value: summary.json says null (json.dump would
     write NaN, which is no JSON), and the report reads it as a run without that value."""
-    from trainer.sinks import write_json_atomic
+    from autok.trainer.loop.sinks import write_json_atomic
 
     fake_run(tmp_path, "ddp", 1, 0.9, 10.0)
     d = tmp_path / "ddp" / "seed-1"
@@ -785,7 +787,7 @@ def test_a_value_that_does_not_exist_is_null_in_strict_json_and_read_back_as_nan
 
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
-    from trainer.atomic_write import replacing, write_text
+    from autok.trainer.loop.atomic_write import replacing, write_text
 
     path = tmp_path / "report.md"
     write_text(path, "old\n")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from autok.cli import main
+from autok.trainer.loop.checkpoint import latest_valid, sha256, verify
 from tests.test_cli import TINY, autok
-from trainer.checkpoint import latest_valid, sha256, verify
 
 pytestmark = pytest.mark.dist
 
@@ -199,8 +199,8 @@ def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
     whose base was above its cap chooses the K path it chose before (both ways of driving the
     controller fed the same boundaries, with a falling LR and a rising share)."""
     from autok.config import TrainConfig
+    from autok.controllers import PolicyOptions, build_controller
     from autok.space import as_ran
-    from controllers import PolicyOptions, build_controller
     from tests.test_controllers import stats
 
     fresh = TrainConfig().model_dump(mode="json")
@@ -305,7 +305,7 @@ def test_a_crafted_pickle_does_not_run_when_verified(stopped_run, tmp_path):
 
 def test_pruning_removes_only_what_autok_named(stopped_run, tmp_path):
     """A user's directory that merely starts with epoch- is never deleted by a checkpoint."""
-    from trainer.checkpoint import publish, staging_dir
+    from autok.trainer.loop.checkpoint import publish, staging_dir
 
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)

@@ -28,7 +28,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 def _what_a_worker_had(rank: int, world_size: int) -> dict:
     parent = os.getppid()
     return {
-        "preloaded": "trainer.loop" in sys.modules,  # nothing here imported it
+        "preloaded": "autok.trainer.loop.run" in sys.modules,  # nothing here imported it
         "parent": parent,
         "parent_cmd": Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode(),
     }
@@ -41,7 +41,7 @@ def test_workers_are_forked_from_a_server_that_imported_the_worker_modules():
         assert worker["preloaded"], "the worker imported its modules itself: not forked"
         assert worker["parent"] != os.getpid()
         assert "multiprocessing.forkserver" in worker["parent_cmd"]
-        assert "trainer.loop" in worker["parent_cmd"]  # the server's preload list
+        assert "autok.trainer.loop.run" in worker["parent_cmd"]  # the server's preload list
     assert got[0]["parent"] == got[1]["parent"]  # one server for both
 
 

@@ -79,7 +79,7 @@ def test_pareto_front_is_exactly_the_non_dominated_set(points):
     )
 )
 def test_the_pareto_staircase_is_the_best_quality_within_each_time_budget(points):
-    from trainer.plots import staircase
+    from autok.trainer.loop.plots import staircase
 
     front = pareto_front(points)
     xs, ys = staircase([(points[i][1], points[i][0]) for i in front], right=11.0)
@@ -97,7 +97,7 @@ def test_pareto_png_draws_the_staircase_and_names_the_front(tmp_path, monkeypatc
     import matplotlib.colors
     import matplotlib.text
 
-    import trainer.plots
+    import autok.trainer.loop.plots
     from autok.pareto import plot_front
 
     def row(n, k, lr, acc, wall):
@@ -114,9 +114,9 @@ def test_pareto_png_draws_the_staircase_and_names_the_front(tmp_path, monkeypatc
     def keep(fig, path):
         fig.canvas.draw()
         drawn["fig"] = fig
-        return trainer.plots.DPI
+        return autok.trainer.loop.plots.DPI
 
-    monkeypatch.setattr(trainer.plots, "save", keep)
+    monkeypatch.setattr(autok.trainer.loop.plots, "save", keep)
     plot_front(rows, front, tmp_path / "pareto.png")
     fig = drawn["fig"]
     texts = {t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_visible()}

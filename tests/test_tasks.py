@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from autok.config import TrainConfig
+from autok.trainer.loop.sinks import TASK_EPOCH_COLUMNS
+from autok.trainer.loop.tasks import ACCURACY, PERPLEXITY, Task, TaskError, load_task
 from tests import task_fixtures
 from tests.task_fixtures import regression_data, regression_model
 from tests.test_cli import autok
-from trainer.sinks import TASK_EPOCH_COLUMNS
-from trainer.tasks import ACCURACY, PERPLEXITY, Task, TaskError, load_task
 
 TASK = "tests.task_fixtures:regression"
 TINY = ["--workers", "2", "--link", "none", "--no-progress", "--optimizer", "sgd"]
@@ -196,7 +196,7 @@ def test_the_probe_leaves_no_trace_in_the_model():
     from torch import nn
     from torch.utils.data import TensorDataset
 
-    from trainer.tasks import _probe
+    from autok.trainer.loop.tasks import _probe
 
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     data = TensorDataset(torch.randn(6, 3) * 5 + 3, torch.tensor([0, 1, 0, 1, 0, 1]))
@@ -234,3 +234,9 @@ def test_a_lower_is_better_metric_is_minimized_ranked_and_pruned_that_way():
     assert best_row(acc, rows)["number"] == 2  # the same numbers as accuracies: the highest
     front = pareto_front([(oriented(low, r["peak_test_metric"]), r["wall_seconds"]) for r in rows])
     assert sorted(front) == [0, 1, 2]  # (9.5, 40 s) is dominated by (9.0, 30 s)
+
+
+def test_a_run_saved_before_the_loop_moved_under_autok_still_names_the_builtin_task():
+    from autok.trainer.loop.tasks import BUILTIN_TASK, resolve
+
+    assert resolve("trainer.tasks:classification") is resolve(BUILTIN_TASK)

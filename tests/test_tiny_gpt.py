@@ -62,7 +62,7 @@ def test_longer_input_than_the_context_is_refused():
 
 
 def test_task_through_the_task_loader():
-    from trainer.tasks import load_task  # the path `autok train --task` takes
+    from autok.trainer.loop.tasks import load_task  # the path `autok train --task` takes
 
     task = load_task(types.SimpleNamespace(task="examples.tiny_gpt:task", seed=0))
     assert isinstance(task, autok.Task)

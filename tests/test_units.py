@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from trainer.averaging import (
+from autok.trainer.engine.averaging import (
     ParameterAverager,
     digest_bits,
     digest_of_words,
@@ -20,10 +20,10 @@ from trainer.averaging import (
     split_exact,
     sq_norm,
 )
-from trainer.link import PROFILES, LinkClock, LinkProfile, resolve_profile
-from trainer.optim import lr_factor
-from trainer.options import OptionError
-from trainer.slowmo import slowmo_update_
+from autok.trainer.engine.link import PROFILES, LinkClock, LinkProfile, resolve_profile
+from autok.trainer.engine.optim import lr_factor
+from autok.trainer.engine.options import OptionError
+from autok.trainer.engine.slowmo import slowmo_update_
 
 
 def test_slowmo_matches_hand_computation():
@@ -151,7 +151,7 @@ def test_drift_skips_the_split_only_where_the_split_is_exact(world, monkeypatch)
     import random
     import struct
 
-    import trainer.averaging as averaging
+    import autok.trainer.engine.averaging as averaging
 
     rng = random.Random(world)
 
@@ -283,7 +283,7 @@ def test_the_boundarys_kept_sums_read_what_the_plain_sums_read(dtype, monkeypatc
         for scratch in (torch.empty(n, dtype=work), torch.empty(n + 3, dtype=work)):
             assert sq_norm(x, scratch, av._sums) == float((x * x).sum())
     # a copy above the cap is not kept (a many-tensor model's): taken per boundary, as before
-    import trainer.averaging as averaging
+    import autok.trainer.engine.averaging as averaging
 
     monkeypatch.setattr(averaging, "_KEPT_COPY_MAX", 100)
     large = ParameterAverager(params, rank=0, world_size=1, beta=0.5)
@@ -314,10 +314,10 @@ def test_captured_gradients_survive_the_averaging_buffer_growing():
 
 
 def test_the_loss_sum_holds_cpu_scalars_and_reads_everything_else_at_once(monkeypatch):
-    import trainer.loss_sum
-    from trainer.loss_sum import LossSum
+    import autok.trainer.engine.loss_sum
+    from autok.trainer.engine.loss_sum import LossSum
 
-    monkeypatch.setattr(trainer.loss_sum, "LOSSES_HELD", 3)
+    monkeypatch.setattr(autok.trainer.engine.loss_sum, "LOSSES_HELD", 3)
     acc = LossSum()
     a, b = torch.tensor(1.5), torch.tensor(0.25, dtype=torch.bfloat16)
     acc.add(a)
@@ -341,7 +341,7 @@ def test_the_loss_sum_holds_cpu_scalars_and_reads_everything_else_at_once(monkey
 def test_a_loss_sum_saved_mid_interval_resumes_bit_for_bit():
     """The held values are saved one by one: the resumed sum adds them as the uninterrupted
     one does. (Saving their sum instead differed in 68 of 200 such trials.)"""
-    from trainer.loss_sum import LossSum
+    from autok.trainer.engine.loss_sum import LossSum
 
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
@@ -376,7 +376,7 @@ class _OnADevice(torch.Tensor):
 def test_a_device_loss_sum_saved_mid_interval_resumes_bit_for_bit():
     """On an accelerator the sum so far is one float64 on the device; a resumed sum must add
     it first, as the uninterrupted one does: (a + b) + c + d, not (a + b) + (c + d)."""
-    from trainer.loss_sum import LossSum
+    from autok.trainer.engine.loss_sum import LossSum
 
     values = [1e30, 1.0, -1e30, 1.0]  # (a + b) + (c + d) is 0; ((a + b) + c) + d is 1
 
@@ -399,8 +399,8 @@ def test_a_device_loss_sum_saved_mid_interval_resumes_bit_for_bit():
 
 def _guard_on(losses, guard=None):
     """Feed window-sized runs of a loss to the guard; the boundary it trips at, or None."""
-    from controllers.base import BoundaryStats
-    from trainer.divergence import DivergenceGuard
+    from autok.controllers.base import BoundaryStats
+    from autok.trainer.engine.divergence import DivergenceGuard
 
     guard = guard or DivergenceGuard(factor=4.0)
     fields = dict.fromkeys(f.name for f in dataclasses.fields(BoundaryStats))
@@ -438,7 +438,7 @@ def test_a_larger_divergence_factor_never_stops_a_run_sooner():
     larger F judges diverged is never before a smaller F's. Its bars relative to the start
     were 1/F and 1/F² and fell as F rose: F = 16 stopped `autok bench` (g)'s swing from 0.0079
     to 0.184 at the boundary F = 4 did."""
-    from trainer.divergence import DivergenceGuard
+    from autok.trainer.engine.divergence import DivergenceGuard
 
     swing = [2.243] * 4 + [0.0079] * 8 + [0.184] * 8  # the shape of (g)'s up to boundary 687
     assert _guard_on(swing)[0] == 15  # the default stops it: 23x its minimum, 8% of its start
@@ -459,7 +459,7 @@ def test_a_larger_divergence_factor_never_stops_a_run_sooner():
 
 
 def test_the_guards_first_window_is_saved_and_a_state_from_before_it_loads():
-    from trainer.divergence import DivergenceGuard
+    from autok.trainer.engine.divergence import DivergenceGuard
 
     guard = DivergenceGuard()
     assert _guard_on([2.3] * 4 + [0.01] * 4, guard) is None
@@ -477,7 +477,7 @@ def test_the_guards_first_window_is_saved_and_a_state_from_before_it_loads():
 def test_params_finite_finds_any_nan_or_inf_in_any_dtype_and_never_overflows():
     """One float64 L1 norm per tensor: NaN and ±inf anywhere in any floating dtype are found,
     and the largest finite values (which a float32 norm or sum would overflow) still pass."""
-    from trainer.divergence import params_finite
+    from autok.trainer.engine.divergence import params_finite
 
     dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     tensors = [torch.randn(7, 3).to(d) for d in dtypes]
@@ -514,7 +514,7 @@ def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwa
     """On a GPU the host only queues work, so its times bound nothing: the wait is the span on
     the device from the last bucket's event to the event that ends backward, uncut by the
     host's (shorter) span; the caller caps it at backward's span on the device."""
-    from trainer.grad_hook import GradSyncState
+    from autok.trainer.engine.grad_hook import GradSyncState
 
     state = GradSyncState(world_size=2, clock=None)
     state.last_ready, state.last_ready_event = 1.0, _At(10.0)
@@ -537,7 +537,7 @@ def test_on_a_device_the_gradient_wait_runs_from_the_last_bucket_event_to_backwa
 
 
 def test_the_loops_device_sums_add_tensors_there_and_read_numbers_on_the_host():
-    from trainer.loop import _on_device_or_read
+    from autok.trainer.loop.run import _on_device_or_read
 
     slot = torch.zeros((), dtype=torch.float64)
     # tensors on the slot's device are summed there; numbers come back for the host's sum
@@ -553,7 +553,7 @@ def test_a_hold_sleeps_short_of_its_deadline_then_polls_and_never_returns_early(
     before the deadline, and a deadline already past returns at once without sleeping."""
     import types
 
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     asked: list[float] = []
 
@@ -578,7 +578,7 @@ def test_a_hold_sleeps_short_of_its_deadline_then_polls_and_never_returns_early(
 
 
 def test_the_releaser_completes_each_future_at_or_after_its_deadline_in_order():
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     releaser = link._get_releaser()
     done: list[tuple[int, float]] = []
@@ -615,7 +615,7 @@ def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued
     """On a GPU a comm hook runs when backward has queued a bucket's kernels; the modelled
     transfer starts once the device reaches them (LinkClock.reserve_when), on one thread in the
     order asked, and the future resolves no earlier than that booking's deadline."""
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     clock = LinkClock(PROFILES["wan"], world_size=2, seed=0)
     nbytes = 1 << 20
@@ -666,7 +666,7 @@ def test_a_device_bucket_books_the_link_when_its_gradients_exist_not_when_queued
 def test_the_booking_thread_outlives_a_job_that_raises(capsys):
     """A job that raised on the booking thread must not end it: every later booking would wait
     for ever. The error is printed, and the next job runs."""
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     in_order = link._InOrder()
     ran = threading.Event()
@@ -682,7 +682,7 @@ def test_the_booking_thread_outlives_a_job_that_raises(capsys):
 
 _EXIT_SCRIPT = """
 import sys, threading, time, torch
-import trainer.link as link
+import autok.trainer.engine.link as link
 # One of the link's threads is inside torch (Future.set_result, running a callback) when the
 # main thread ends, and takes the GIL back every 10 ms for 0.5 s: without the join at exit, one of
 # those takes falls inside the interpreter's finalization.
@@ -730,7 +730,7 @@ def test_the_link_threads_are_stopped_before_the_interpreter_finalizes(thread):
 def _release_in_a_forked_child() -> None:
     import os
 
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     src, done = torch.futures.Future(), threading.Event()
     link.delayed(src, time.perf_counter()).add_done_callback(lambda f: done.set())
@@ -743,7 +743,7 @@ def test_a_forked_child_releases_futures_on_a_thread_of_its_own():
     must start its own, or every delayed future in it would wait for ever."""
     import multiprocessing
 
-    import trainer.link as link
+    import autok.trainer.engine.link as link
 
     link._get_releaser()  # the parent's thread runs
     child = multiprocessing.get_context("fork").Process(target=_release_in_a_forked_child)

@@ -55,7 +55,8 @@ class SyncStrategy:
 
 def fused(strategy: SyncStrategy) -> SyncStrategy:
     """The fused cpdp boundary: a local step in the boundary's backward, gradients averaged
-    with the parameters afterwards (trainer/averaging.py derives why that is exact for SGD)."""
+    with the parameters afterwards (trainer/engine/averaging.py derives why that is exact for
+    SGD)."""
     return SyncStrategy(
         strategy.name, grad_sync_at_boundary=False, averages_parameters=True, fused_gradients=True
     )

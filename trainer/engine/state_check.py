@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from controllers.base import BoundaryStats
-from trainer.fragments import WHOLE
-from trainer.options import K_MAX
-from trainer.profiler import Interval
+from autok.controllers.base import BoundaryStats
+from autok.trainer.engine.fragments import WHOLE
+from autok.trainer.engine.options import K_MAX
+from autok.trainer.engine.profiler import Interval
 
 INT_MAX = 2**62  # counters: beyond any run, and within a C long
 LIST_MAX = 1 << 20  # the longest list a state holds (a loss per step of an interval at K_MAX)

@@ -2,12 +2,13 @@
 never measured, and nothing sleeps.
 
 `wall` is the engine as it is: times are read from the host (and device events) and the link
-emulator holds collectives (trainer/link.py). Under `virtual` the link is physically ideal (no
+emulator holds collectives (trainer/engine/link.py). Under `virtual` the link is physically ideal
+(no
 hold) and this clock books what the link model says instead; the records, controllers, sinks
 and reports read the booked figures, so a run is a pure function of its seed and settings.
 
 The model, per rank r, in seconds on a virtual time line t[r] that every rank keeps for every
-rank (the straggler schedule is a seeded function of the step, trainer/straggler.py, so each
+rank (the straggler schedule is a seeded function of the step, trainer/engine/straggler.py, so each
 rank knows every rank's compute without a collective):
 
 - compute of an optimizer step: c_r = compute_ms (+ r's injected straggler delay), split as
@@ -18,7 +19,7 @@ rank knows every rank's compute without a collective):
   i's ring starts once every rank has it and the link is free, and takes T(S/B, N) (latency
   counted per collective). DDP overlaps the buckets with backward; what is left after the
   slowest rank's backward is every rank's exposed wait (a fast rank also waits for the slow).
-- any other collective (an averaging, trainer/averaging.py): it starts once every rank has
+- any other collective (an averaging, trainer/engine/averaging.py): it starts once every rank has
   issued it and the link is free, and costs T(S, N) (an all-gather's model where compressed);
   a rank that waits for it is exposed for the rest (`wait`); a delayed average (τ > 0)
   overlaps the steps taken before its wait.
@@ -34,8 +35,8 @@ import math
 import random
 from typing import Any
 
-from trainer.link import LinkProfile, LinkSchedule
-from trainer.straggler import Straggler, straggler_rank
+from autok.trainer.engine.link import LinkProfile, LinkSchedule
+from autok.trainer.engine.straggler import Straggler, straggler_rank
 
 CLOCKS = ("wall", "virtual")
 FORWARD_SHARE = 1.0 / 3.0  # of a step's compute; the rest is backward (overlapped by buckets)

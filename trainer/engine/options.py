@@ -1,4 +1,4 @@
-"""The engine's typed options: every setting of `Sync` (trainer/sync.py) that concerns
+"""The engine's typed options: every setting of `Sync` (trainer/engine/sync.py) that concerns
 synchronization. The CLI's TrainConfig composes them (it inherits these fields), so each option has
 the name and default of its `autok train` flag, and the same one-line errors.
 
@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controllers import CAPS, POLICY_OPTIONS, PolicyOptions
-from controllers import READS as POLICY_READS
-from controllers import REGISTRY as POLICIES
-from trainer.fragments import FRAGMENTS_MAX
-from trainer.link import (
+from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions
+from autok.controllers import READS as POLICY_READS
+from autok.controllers import REGISTRY as POLICIES
+from autok.trainer.engine.fragments import FRAGMENTS_MAX
+from autok.trainer.engine.link import (
     PROFILES,
     LinkProfile,
     LinkSchedule,
@@ -26,7 +26,7 @@ from trainer.link import (
     resolve_profile,
     static_schedule,
 )
-from trainer.outer import DEFAULT_LR, DEFAULT_MOMENTUM, OuterOptimizer
+from autok.trainer.engine.outer import DEFAULT_LR, DEFAULT_MOMENTUM, OuterOptimizer
 
 STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
@@ -230,7 +230,8 @@ class SyncOptions(BaseModel):
         None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
     )
     slowmo_lr_aware: bool = False
-    # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/outer.py); unset: SlowMo
+    # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/engine/outer.py); unset:
+    # SlowMo
     # with --slowmo-beta (that spelling stays; giving both is refused)
     outer_optimizer: Literal["average", "slowmo", "nesterov", "sgd"] | None = None
     outer_lr: float | None = Field(
@@ -239,13 +240,14 @@ class SyncOptions(BaseModel):
     outer_momentum: float | None = Field(
         None, ge=0.0, lt=1.0, description="outer momentum; default 0.9 on nesterov, 0 otherwise"
     )
-    # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized (trainer/compress.py)
+    # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized
+    # (trainer/engine/compress.py)
     compress: Literal["none", "fp16", "int8"] = "none"
     sync_optimizer_state: bool = False
     buffer_policy: Literal["average", "broadcast", "local"] = "average"
     boundary: Literal["auto", "fused", "two-phase"] = "auto"
     overlap_boundary: bool = False
-    # Where θ_ref and the outer velocity live between boundaries (trainer/averaging.py):
+    # Where θ_ref and the outer velocity live between boundaries (trainer/engine/averaging.py):
     # "cpu" keeps the model's device at most 2x the parameters (docs/design.md §4)
     outer_state_device: Literal["model", "cpu"] = Field(
         "model",
@@ -254,11 +256,13 @@ class SyncOptions(BaseModel):
         "the parameters)",
     )
     # --- the step: forward/backward passes per optimizer step, only the last all-reduces
-    # (trainer/sync.py). Library only: `autok train`'s loop takes one per step (autok/config.py)
+    # (trainer/engine/sync.py). Library only: `autok train`'s loop takes one per step
+    # (autok/config.py)
     accumulation_steps: int = Field(
         1, ge=1, le=ACCUMULATION_MAX, description="micro-batches per optimizer step"
     )
-    # --- streaming fragment sync (trainer/fragments.py): each boundary moves 1/F of the model
+    # --- streaming fragment sync (trainer/engine/fragments.py): each boundary moves 1/F of the
+    # model
     fragments: int = Field(
         1, ge=1, le=FRAGMENTS_MAX, description="F: contiguous parameter fragments, synced in turn"
     )
@@ -286,7 +290,7 @@ class SyncOptions(BaseModel):
     link_bandwidth_gbps: float | None = Field(None, ge=1e-6)
     link_jitter_ms: float | None = Field(None, ge=0.0, le=60_000.0)
     link_schedule: str | None = Field(None, max_length=2000)
-    # --- the clock every recorded time comes from (trainer/clock.py; docs/design.md §4)
+    # --- the clock every recorded time comes from (trainer/engine/clock.py; docs/design.md §4)
     clock: Literal["wall", "virtual"] = "wall"
     compute_ms: float | None = Field(
         None, gt=0.0, le=60_000.0, description="virtual: the modelled compute of a step, ms"
@@ -439,7 +443,8 @@ class SyncOptions(BaseModel):
                 )
 
     def _check_fragments(self) -> None:
-        """F and τ (trainer/fragments.py). F > the model's parameter count is refused where the
+        """F and τ (trainer/engine/fragments.py). F > the model's parameter count is refused where
+        the
         model is known: `Sync` and, before anything is written, the CLI's check_task."""
         frags, tau, k = self.fragments, self.fragment_delay, self.sync_period
         assert k is not None  # the validator resolves K (its strategy's default) before this
@@ -483,7 +488,7 @@ class SyncOptions(BaseModel):
 
     def _check_outer_state_device(self) -> None:
         """θ_ref and the velocity in host memory are staged on the device for one boundary
-        (trainer/averaging.py): not across the steps a delayed average spans, and not the
+        (trainer/engine/averaging.py): not across the steps a delayed average spans, and not the
         error feedback of a compressed one; ddp keeps no outer state."""
         if self.outer_state_device == "model":
             return
@@ -535,7 +540,7 @@ class SyncOptions(BaseModel):
 
     @property
     def outer(self) -> OuterOptimizer:
-        """The resolved outer step of a boundary (trainer/outer.py)."""
+        """The resolved outer step of a boundary (trainer/engine/outer.py)."""
         if self.outer_optimizer is None:
             return OuterOptimizer("slowmo", 1.0, self.slowmo_beta or 0.0, self.slowmo_lr_aware)
         # both resolved to the optimizer's defaults by validation (_check_outer)

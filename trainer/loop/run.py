@@ -1,6 +1,6 @@
 """The built-in loop that `autok train` runs: data, model, an ordinary PyTorch loop inside
 `sync.step()`, evaluation, epoch records, checkpoints and rollbacks. Everything that concerns
-synchronization is the engine's (trainer/sync.py), reached through its public surface.
+synchronization is the engine's (trainer/engine/sync.py), reached through its public surface.
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from trainer.averaging import ReplicaMismatch, param_digest
-from trainer.checkpoint import (
+from autok.trainer.engine.averaging import ReplicaMismatch, param_digest
+from autok.trainer.engine.divergence import Diverged, Rollback, params_finite
+from autok.trainer.engine.link import allreduce_sum_
+from autok.trainer.engine.optim import build_optimizer, build_scheduler
+from autok.trainer.engine.options import OptionError
+from autok.trainer.engine.profiler import EpochTimes, clock
+from autok.trainer.engine.straggler import Straggler
+from autok.trainer.engine.sync import Sync
+from autok.trainer.loop.checkpoint import (
     CheckpointError,
     ckpt_root,
     latest_valid,
@@ -29,17 +36,16 @@ from trainer.checkpoint import (
     publish,
     write_rank_file,
 )
-from trainer.data import ShardSampler, class_labels, dirichlet_partition
-from trainer.divergence import Diverged, Rollback, params_finite
-from trainer.link import allreduce_sum_
-from trainer.optim import build_optimizer, build_scheduler
-from trainer.options import OptionError
-from trainer.profiler import EpochTimes, clock
-from trainer.runlog import LOGGER, RunLog, run_logger
-from trainer.sinks import FileSink, ProgressSink, epoch_columns, rewind_outputs, summary_table
-from trainer.straggler import Straggler
-from trainer.sync import Sync
-from trainer.tasks import Task, load_task, loss_fn_of, metric_of
+from autok.trainer.loop.data import ShardSampler, class_labels, dirichlet_partition
+from autok.trainer.loop.runlog import LOGGER, RunLog, run_logger
+from autok.trainer.loop.sinks import (
+    FileSink,
+    ProgressSink,
+    epoch_columns,
+    rewind_outputs,
+    summary_table,
+)
+from autok.trainer.loop.tasks import Task, load_task, loss_fn_of, metric_of
 
 if TYPE_CHECKING:  # the CLI's config is a SyncOptions with the run's settings; no import cycle
     from autok.config import TrainConfig
@@ -52,8 +58,9 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """The built-in loop: `autok.Sync` (trainer/sync.py) around an ordinary PyTorch loop over a
-    task (trainer/tasks.py: the built-in classification or a user's --task), plus what a run
+    """The built-in loop: `autok.Sync` (trainer/engine/sync.py) around an ordinary PyTorch loop
+    over a
+    task (trainer/loop/tasks.py: the built-in classification or a user's --task), plus what a run
     adds: evaluation, epoch records, checkpoints, rollbacks. It uses the engine's public
     surface only, as a user's loop would."""
 
@@ -132,7 +139,8 @@ class Trainer:
         )
         # Every epoch ends with a boundary: a K above its steps could never take effect.
         self.sync.period_cap = self.steps_per_epoch
-        # --clock virtual: the engine's clock books every time (trainer/clock.py); the epochs'
+        # --clock virtual: the engine's clock books every time (trainer/engine/clock.py); the
+        # epochs'
         # times and the stragglers' delays are booked on it too, never measured or slept
         # (docs/design.md §4)
         self.virtual = self.sync.virtual
@@ -168,7 +176,7 @@ class Trainer:
         if rank == 0:
             self.observers.append(RunLog(self.log, cfg.epochs))
             if cfg.tensorboard is not None:
-                from trainer.tensorboard import TensorBoardSink
+                from autok.trainer.loop.tensorboard import TensorBoardSink
 
                 self.observers.append(TensorBoardSink(cfg.tensorboard))
         if rank == 0 and out_dir is not None:
@@ -566,7 +574,7 @@ class Trainer:
 def train_sampler(cfg: TrainConfig, train: Any, rank: int, world_size: int) -> Any:
     """This rank's share of the training set. iid: DistributedSampler's (a new random split
     every epoch). dirichlet: a fixed label-skewed shard of equal size on every rank
-    (trainer/data.py's dirichlet_partition), reshuffled every epoch."""
+    (trainer/loop/data.py's dirichlet_partition), reshuffled every epoch."""
     if cfg.partition == "iid":
         return DistributedSampler(
             train, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed

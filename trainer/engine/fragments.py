@@ -1,6 +1,6 @@
 """Streaming fragment sync (`--fragments F`, `--fragment-delay τ`): *which* part of the model a
-boundary moves, and *when*. Pure functions; the engine (trainer/sync.py) follows them and the
-averager (trainer/averaging.py) moves the slice.
+boundary moves, and *when*. Pure functions; the engine (trainer/engine/sync.py) follows them and the
+averager (trainer/engine/averaging.py) moves the slice.
 
 **The split.** The parameters, flattened in `model.parameters()` order (the averager's flat
 vector of N elements), are cut into F contiguous fragments of near-equal element count:

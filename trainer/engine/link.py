@@ -54,7 +54,7 @@ class LinkProfile:
 
     def allgather_seconds(self, nbytes: int, world_size: int) -> float:
         """Modelled ring AllGather of `nbytes` per rank: (N − 1)·(rtt/2 + S/B), without jitter
-        (compressed averaging, trainer/compress.py)."""
+        (compressed averaging, trainer/engine/compress.py)."""
         if world_size <= 1 or self.is_ideal:
             return 0.0
         return (world_size - 1) * (self.rtt_ms / 2e3 + nbytes / (self.bandwidth_gbps * 1e9 / 8))
@@ -541,7 +541,8 @@ def allgather_(outputs: list[torch.Tensor], tensor: torch.Tensor, clock: LinkClo
 
 
 def __getattr__(name: str) -> Any:
-    """`trainer.link.torch` and `trainer.link.dist` as before the imports became lazy."""
+    """`autok.trainer.engine.link.torch` and `autok.trainer.engine.link.dist` as before the imports
+    became lazy."""
     if name in ("torch", "dist"):
         import torch
         import torch.distributed

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
-from trainer.link import exposed_wait
+from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.trainer.engine.link import exposed_wait
 
 EPOCH_COLUMNS = [
     "epoch",
@@ -346,7 +346,7 @@ def plot_k_and_lr(
     lrs: Any = (),  # the LR of each step from lr_first on (an array of floats)
 ) -> None:
     """k_lr.png: K in force over each interval and the LR at every optimizer step, with the
-    epochs and the warmup marked (drawn by trainer/plots.py, which says what it answers).
+    epochs and the warmup marked (drawn by trainer/loop/plots.py, which says what it answers).
     Without matplotlib (a core install training a --task) the run's files are all there and the
     plot alone is left out, said in one line: plots are an extra (autok/extras.py; trainer/ does
     not import autok, docs/design.md §3)."""
@@ -355,13 +355,13 @@ def plot_k_and_lr(
     except ImportError:
         import logging
 
-        from trainer.runlog import LOGGER
+        from autok.trainer.loop.runlog import LOGGER
 
         logging.getLogger(LOGGER).info(
             f"autok: {out.name} not drawn: matplotlib is missing (pip install 'autok[report]')"
         )
         return
-    from trainer import plots
+    from autok.trainer.loop import plots
 
     plots.plot_k_and_lr(out, path, summary, lr_first, lrs)
 

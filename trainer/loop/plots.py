@@ -45,7 +45,7 @@ def pyplot():
 
 def save(fig, path: Path) -> Path:
     """`path` replaced whole by the figure, never written through a link (atomic_write)."""
-    from trainer.atomic_write import replacing
+    from autok.trainer.loop.atomic_write import replacing
 
     try:
         with replacing(path, "wb") as f:
@@ -355,7 +355,7 @@ def link_changes(schedule: Any, starts: dict[int, int]) -> list[tuple[int, str]]
     """(optimizer step, profile) where a `--link-schedule` changes the link (docs/design.md §5):
     `@step=N` is step N; `@epoch=N` is epoch N's first step (`starts`, from epoch_starts). None,
     or text that no longer parses, has no changes to mark."""
-    from trainer.link import parse_schedule
+    from autok.trainer.engine.link import parse_schedule
 
     if not isinstance(schedule, str):
         return []

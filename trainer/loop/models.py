@@ -83,13 +83,14 @@ def _classes() -> dict[str, type]:
             return self.head(self.features(x).flatten(1))
 
     classes: dict[str, type] = {"CNN1D": CNN1D, "SmallCNN": SmallCNN}
-    for name, cls in classes.items():  # pickle finds them as trainer.models.NAME (__getattr__)
+    # pickle finds them as autok.trainer.loop.models.NAME (__getattr__)
+    for name, cls in classes.items():
         cls.__qualname__ = name
     return classes
 
 
 def __getattr__(name: str) -> Any:
-    """`trainer.models.CNN1D` and `SmallCNN`, as before the torch import became lazy."""
+    """`autok.trainer.loop.models.CNN1D` and `SmallCNN`, as before the torch import became lazy."""
     if name in ("CNN1D", "SmallCNN"):
         return _classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

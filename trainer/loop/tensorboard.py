@@ -1,6 +1,6 @@
 """`--tensorboard DIR`: the run's scalars as TensorBoard event files (rank 0).
 
-A sink like any other (trainer/sinks.py): an object with `on_boundary(stats, decision)` and
+A sink like any other (trainer/loop/sinks.py): an object with `on_boundary(stats, decision)` and
 `on_epoch(row)`, the interface a user's own callback has. With `autok.Sync` in a user's loop:
 `sync.observers.append(TensorBoardSink("runs/tb"))` (per-boundary scalars; epochs are the
 loop's). Boundary scalars are indexed by the optimizer step, epoch scalars by the epoch.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, SyncDecision
 
 BOUNDARY_SCALARS = (
     "sync_period",

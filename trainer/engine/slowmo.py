@@ -29,7 +29,7 @@ def slowmo_update_(
     θ_ref + (θ_avg − θ_ref), so that cpdp with K=1, β=0 reproduces ddp bit for bit. With β > 0
     and `delta` given, `avg` is not read (it may be None). `scale`: θ_avg − θ_ref is
     scale·`delta`, scale a power of two; `decayed`: the velocity already holds β·v (both as in
-    trainer.outer.outer_step_). `alpha`: the slow LR α of `--outer-lr` on `slowmo`,
+    autok.trainer.engine.outer.outer_step_). `alpha`: the slow LR α of `--outer-lr` on `slowmo`,
     θ_new = θ_ref + α·v (α·η·v lr-aware); 1 is the paper's (and `--slowmo-beta`'s) SlowMo.
 
     This is SlowMo's one implementation, kept apart from torch.optim.SGD (which equals it for

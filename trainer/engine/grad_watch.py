@@ -35,7 +35,7 @@ _queue_callback = Variable._execution_engine.queue_callback
 _GRAD, _VERSION = attrgetter("grad"), attrgetter("_version")
 
 # What a boundary step's check found, summed over ranks in the averaging collective's scalars
-# (trainer/averaging.py, GRADS_CHECKED and GRADS_CHANGED).
+# (trainer/engine/averaging.py, GRADS_CHECKED and GRADS_CHANGED).
 UNCHECKED, CLEAN, CHANGED = 0, 1, 2
 
 
@@ -56,7 +56,8 @@ class GradWatch:
         self._marked, self.verdict = None, UNCHECKED
         if self._handle is None and self.params:
             # The first parameter's gradient accumulation runs in every backward that reaches
-            # it (DDP, as Sync builds it, needs every parameter used); as in trainer/grad_hook.py
+            # it (DDP, as Sync builds it, needs every parameter used); as in
+            # trainer/engine/grad_hook.py
             self._handle = self.params[0].register_post_accumulate_grad_hook(self._on_grad)
 
     def disarm(self) -> None:

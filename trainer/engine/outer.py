@@ -10,7 +10,7 @@ moved, on average, since the last boundary, with the sign of a gradient) and kee
 | `nesterov` | v ← μ·v + Δ; step = Δ + μ·v (torch.optim.SGD, nesterov=True)  | θ_ref − α·step     |
 | `slowmo`   | u ← μ·u + (θ_avg − θ_ref) [/η if lr_aware]                     | θ_ref + α·u [·η]   |
 
-and θ_ref ← θ_new. DiLoCo is `nesterov` with α = 0.7, μ = 0.9. `slowmo` is trainer/slowmo.py
+and θ_ref ← θ_new. DiLoCo is `nesterov` with α = 0.7, μ = 0.9. `slowmo` is trainer/engine/slowmo.py
 (SlowMo, Wang et al. 2020): u = −v, and α is the paper's slow learning rate, which the
 `--slowmo-beta` spelling fixes at 1, so `slowmo` α = 1 equals `sgd` α = 1 bit for bit (the
 rounding of IEEE arithmetic is symmetric in sign). Its `lr_aware` form keeps u in units of the
@@ -100,8 +100,8 @@ def outer_step_(
         delta = avg.sub(ref)
     if velocity is not None and not decayed:
         velocity.mul_(spec.momentum)
-    if spec.kind == "slowmo":  # SlowMo is written once: trainer/slowmo.py, α its slow LR
-        from trainer.slowmo import slowmo_update_
+    if spec.kind == "slowmo":  # SlowMo is written once: trainer/engine/slowmo.py, α its slow LR
+        from autok.trainer.engine.slowmo import slowmo_update_
 
         return slowmo_update_(  # its velocity (if any) decayed just above
             ref, velocity, avg, spec.momentum, inner_lr, spec.lr_aware, delta, scale, True, spec.lr

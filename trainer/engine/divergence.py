@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from controllers.base import BoundaryStats
+from autok.controllers.base import BoundaryStats
 
 _NARROW = (torch.float32, torch.float16, torch.bfloat16)
 

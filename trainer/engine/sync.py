@@ -35,18 +35,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from controllers import build_controller
-from controllers.base import BoundaryStats, SyncDecision
-from trainer.averaging import IntervalTotals, ParameterAverager, Reconciled, reconcile_buffers
-from trainer.clock import VirtualClock
-from trainer.divergence import Diverged, DivergenceGuard, Rollback, params_finite
-from trainer.fragments import WHOLE, fragment_gap
-from trainer.grad_hook import GradSyncState, install_grad_sync
-from trainer.grad_watch import UNCHECKED, GradWatch
-from trainer.link import LinkClock, LinkSchedule
-from trainer.loss_sum import LossSum, read_held
-from trainer.optim import delayed_state_problem, state_tensors
-from trainer.options import (
+from autok.controllers import build_controller
+from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.trainer.engine.averaging import (
+    IntervalTotals,
+    ParameterAverager,
+    Reconciled,
+    reconcile_buffers,
+)
+from autok.trainer.engine.clock import VirtualClock
+from autok.trainer.engine.divergence import Diverged, DivergenceGuard, Rollback, params_finite
+from autok.trainer.engine.fragments import WHOLE, fragment_gap
+from autok.trainer.engine.grad_hook import GradSyncState, install_grad_sync
+from autok.trainer.engine.grad_watch import UNCHECKED, GradWatch
+from autok.trainer.engine.link import LinkClock, LinkSchedule
+from autok.trainer.engine.loss_sum import LossSum, read_held
+from autok.trainer.engine.optim import delayed_state_problem, state_tensors
+from autok.trainer.engine.options import (
     UNUSED_PARAMETERS_HINT,
     OptionError,
     SyncOptions,
@@ -54,8 +59,8 @@ from trainer.options import (
     flag,
     sync_options,
 )
-from trainer.profiler import T1, T2, T3, DeviceMarks, Interval
-from trainer.state_check import (
+from autok.trainer.engine.profiler import T1, T2, T3, DeviceMarks, Interval
+from autok.trainer.engine.state_check import (
     BadState,
     check_averager,
     check_counters,
@@ -64,7 +69,7 @@ from trainer.state_check import (
     k_values,
     loads_into_copy,
 )
-from trainer.strategies import STRATEGIES, fused
+from autok.trainer.engine.strategies import STRATEGIES, fused
 
 # ddp has a boundary every step, and judging the parameters finite costs three ops and a host
 # sync (params_finite: 72-130 µs on the cnn1d at the end of a step on this 2-core machine,
@@ -125,7 +130,7 @@ class Sync:
     ) -> None:
         """`kwargs` are the options (the sync flags of `autok train`, same names and defaults),
         validated here; or pass `options`, already validated (e.g. the CLI's TrainConfig).
-        `ddp_kwargs`: DDP's own arguments a model may need (trainer/options.py,
+        `ddp_kwargs`: DDP's own arguments a model may need (trainer/engine/options.py,
         DDP_KWARGS_TAKEN), e.g. find_unused_parameters for a model with unused parameters."""
         if options is not None and kwargs:
             raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
@@ -162,7 +167,8 @@ class Sync:
         self.strategy = STRATEGIES[opts.strategy]
         # auto takes the fused boundary only once a boundary step has shown, on every rank, that
         # the loop leaves the gradients as backward gave them (no clipping): until then it is
-        # two-phase, and for good if a rank changed them (trainer/grad_watch.py; docs/design.md,
+        # two-phase, and for good if a rank changed them (trainer/engine/grad_watch.py;
+        # docs/design.md,
         # "What the fused boundary needs unchanged")
         self._probing = self._auto = opts.boundary == "auto" and exact and opts.delay == 0
         if opts.boundary == "fused":
@@ -176,7 +182,7 @@ class Sync:
         plan = opts.link_plan
         self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
         # --clock virtual: the link is physically ideal (nothing sleeps) and the virtual clock
-        # books what it would cost instead (trainer/clock.py; docs/design.md §4)
+        # books what it would cost instead (trainer/engine/clock.py; docs/design.md §4)
         self.virtual = self._virtual_clock(model, plan) if opts.clock == "virtual" else None
         ideal = plan.is_ideal or self.virtual is not None
         self.clock = None if ideal else LinkClock(plan, self.world_size, opts.seed)
@@ -205,7 +211,7 @@ class Sync:
         self.grad_state = GradSyncState(self.world_size, self.clock)
         # DDP's built-in path times a backward by the first parameter's gradient, which an unused
         # parameter, or a static graph's delayed reduction, may never give: the comm hook, which
-        # every bucket passes through, times and counts those (trainer/grad_hook.py)
+        # every bucket passes through, times and counts those (trainer/engine/grad_hook.py)
         reduction_as_given = not (unused or ddp_kwargs.get("static_graph"))
         install_grad_sync(self.model, self.grad_state, builtin=reduction_as_given)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
@@ -266,10 +272,11 @@ class Sync:
         self.last_decision: SyncDecision | None = None
         self._last_step: StepTimes | tuple = StepTimes()
         self._interval = Interval()
-        # The interval's loss sum (trainer/loss_sum.py): read once per boundary, not per step.
+        # The interval's loss sum (trainer/engine/loss_sum.py): read once per boundary, not per
+        # step.
         self._loss = LossSum()
         self._pending: _InFlight | None = None  # launched, not yet applied (--fragment-delay)
-        # Fragments (trainer/fragments.py): the position 1..F in the round of the next
+        # Fragments (trainer/engine/fragments.py): the position 1..F in the round of the next
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
         self._fragments = opts.fragments
@@ -298,7 +305,7 @@ class Sync:
         opts = self.options
         own = sum(p.numel() * p.element_size() for p in model.parameters())
         scale = opts.model_bytes / own if opts.model_bytes is not None and own else 1.0
-        compute_ms = opts.compute_ms or 0.0  # (set whenever virtual: trainer/options.py)
+        compute_ms = opts.compute_ms or 0.0  # (set whenever virtual: trainer/engine/options.py)
         return VirtualClock(plan, self.world_size, self.rank, opts.seed, compute_ms, scale)
 
     def _virtual_step(self, gs: GradSyncState) -> tuple[float, float, float, float | None]:
@@ -528,7 +535,7 @@ class Sync:
         """Close the interval; return this rank's averaging wall time (counted in the next one).
         With a `delay` τ > 0 the averaging only starts here; _finish_boundary() completes it τ
         steps later. `boundary_step` is False for sync_now(): no step's gradients ride along.
-        `fragment`: what the averaging moves (trainer/fragments.py), or the whole model.
+        `fragment`: what the averaging moves (trainer/engine/fragments.py), or the whole model.
         `forced`: a boundary the loop asked for (an epoch's end)."""
         lr = float(lr)  # the group's LR as the step read it, perhaps a tensor: a number here
         if self._fused and boundary_step:
@@ -566,7 +573,8 @@ class Sync:
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
         self._pending = _InFlight(pending, common, interval.grad_bytes, k, interval.steps, delay)
         seconds = pending.seconds
-        if self.virtual is not None:  # booked once every rank has issued it (trainer/clock.py)
+        # booked once every rank has issued it (trainer/engine/clock.py)
+        if self.virtual is not None:
             seconds = 0.0
             self.virtual.book(pending.nbytes, pending.compressed)
         # the round: the next fragment, or a new round after the whole model
@@ -720,7 +728,7 @@ class Sync:
         if self._probing and rec.grads_checked:
             self._choose_boundary(rec)
         finish_seconds = rec.wall_seconds - pending.seconds
-        if self.virtual is not None:  # the wait for what _boundary booked (trainer/clock.py)
+        if self.virtual is not None:  # the wait for what _boundary booked (trainer/engine/clock.py)
             finish_seconds = self.virtual.wait(self.virtual.booked)
         stats = BoundaryStats(
             **flight.common,
@@ -921,7 +929,8 @@ class Sync:
         rightly differ, and the digest of the last boundary is restored instead. A state that
         is not this kind of engine's (another strategy, policy, world size, outer optimizer,
         compression or fragments) raises an OptionError naming what differs, and a state with
-        any value of the wrong type, range or shape one naming its key (trainer/state_check.py):
+        any value of the wrong type, range or shape one naming its key
+        (trainer/engine/state_check.py):
         checked whole before any of it is applied, so a refused state leaves the Sync as it
         was."""
         if why := self._foreign(state):
@@ -997,7 +1006,7 @@ class Sync:
         }
 
     def _check_state(self, state: dict[str, Any]) -> None:
-        """Every part of a saved state against this engine (trainer/state_check.py); raises
+        """Every part of a saved state against this engine (trainer/engine/state_check.py); raises
         BadState naming the first fault. Applies nothing."""
         check_counters(state["counters"], self.options.strategy, self.options.fragments)
         if self.averager is not None:
@@ -1134,7 +1143,7 @@ class _TimedDDP(DistributedDataParallel):
 class _InFlight:
     """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
 
-    pending: Any  # trainer.averaging._Pending
+    pending: Any  # autok.trainer.engine.averaging._Pending
     common: dict[str, Any]  # the boundary's BoundaryStats fields known at launch
     grad_bytes: int
     sync_period: int  # the K of the interval it closed

@@ -24,16 +24,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.compress import Codec
-from trainer.fragments import WHOLE, fragment_bounds
-from trainer.grad_watch import CHANGED, UNCHECKED
-from trainer.link import LinkClock, allgather_, allreduce_sum_, delayed
-from trainer.options import UNUSED_PARAMETERS_HINT, OptionError
-from trainer.outer import OuterOptimizer, TorchOuter, outer_step_
+from autok.trainer.engine.compress import Codec
+from autok.trainer.engine.fragments import WHOLE, fragment_bounds
+from autok.trainer.engine.grad_watch import CHANGED, UNCHECKED
+from autok.trainer.engine.link import LinkClock, allgather_, allreduce_sum_, delayed
+from autok.trainer.engine.options import UNUSED_PARAMETERS_HINT, OptionError
+from autok.trainer.engine.outer import OuterOptimizer, TorchOuter, outer_step_
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
 # GRADS_CHECKED, GRADS_CHANGED: the ranks whose boundary step's gradients were checked, and found
-# changed, between backward and the optimizer step (trainer/grad_watch.py).
+# changed, between backward and the optimizer step (trainer/engine/grad_watch.py).
 S_PARTS = 4
 LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0, GRADS_CHECKED, GRADS_CHANGED = range(
     S_PARTS, S_PARTS + 8
@@ -49,7 +49,7 @@ class IntervalTotals:
     steps: int
     compute_seconds: float
     exposed_sync_seconds: float
-    # the boundary step's trainer.grad_watch verdict (UNCHECKED where none was taken)
+    # the boundary step's autok.trainer.engine.grad_watch verdict (UNCHECKED where none was taken)
     grads: int = UNCHECKED
 
 
@@ -84,7 +84,7 @@ class _Pending:
     n_bc: int
     lr: float
     overlap: bool
-    fragment: int = WHOLE  # the fragment it moves (trainer/fragments.py), or the whole model
+    fragment: int = WHOLE  # the fragment it moves (trainer/engine/fragments.py), or the whole model
     start: int = 0  # [start, end) of the flat parameter vector it moves
     end: int = 0
     n_pieces: int = 0  # parameter pieces at the head of avg_tensors
@@ -336,13 +336,13 @@ class ParameterAverager:
         averaging: the synchronized step differs from the local one by η·c·(ḡ − g_i) on rank i,
         which averages to zero, and the buffers differ by exactly ḡ − g_i.
 
-        `outer` is the outer step (trainer/outer.py); without it, SlowMo with `beta` and
+        `outer` is the outer step (trainer/engine/outer.py); without it, SlowMo with `beta` and
         `lr_aware` (the `--slowmo-beta` spelling). `compress` (fp16, int8) sends Δ_i = θ_i − θ_ref
-        quantized, with error feedback (trainer/compress.py).
+        quantized, with error feedback (trainer/engine/compress.py).
 
         `fragments` F splits the flat parameter vector into F contiguous slices
-        (trainer/fragments.py); start(fragment=j) moves slice j only, and the outer step and the
-        error feedback act on that slice of θ_ref, the velocity and the residual, which are
+        (trainer/engine/fragments.py); start(fragment=j) moves slice j only, and the outer step and
+        the error feedback act on that slice of θ_ref, the velocity and the residual, which are
         kept for the whole vector. Optimizer state and fused gradients are whole-model
         (refused with F > 1 by the options); float buffers ride with every sync."""
         self.params = params
@@ -613,7 +613,7 @@ class ParameterAverager:
     ) -> _Pending:
         """Pack this rank's part and launch the collective; with `overlap` it runs in the
         background and finish() applies it later (delayed averaging). `fragment`: the slice of
-        the parameters to move (trainer/fragments.py), or the whole model. `boundary_step`:
+        the parameters to move (trainer/engine/fragments.py), or the whole model. `boundary_step`:
         False for a boundary outside any step (sync_now): with no boundary step, no fused
         gradients ride along (every rank knows they would be zero: a smaller collective, and
         no momentum correction).
@@ -725,7 +725,7 @@ class ParameterAverager:
         return pending
 
     def _start_compressed(self, buf: torch.Tensor, pending: _Pending, clock) -> None:
-        """Send [Δ_i, g_i] quantized and the rest as float32 (trainer/compress.py): one
+        """Send [Δ_i, g_i] quantized and the rest as float32 (trainer/engine/compress.py): one
         all-gather; finish() decodes and sums the N payloads in rank order. A fragment sends
         its slice of Δ_i, with the error feedback of that slice."""
         a, b = pending.start, pending.end

@@ -28,7 +28,7 @@ import torch
 KEEP = 2
 MANIFEST_MAX = 1 << 20  # bytes: a manifest lists one checksum per rank
 FORMAT = 2  # 2: the engine's state under "sync" (autok.Sync.state_dict()), plain tensors
-# what every rank file holds at its top level (trainer.loop.Trainer.state_dict)
+# what every rank file holds at its top level (autok.trainer.loop.run.Trainer.state_dict)
 STATE_KEYS = ("epoch", "model", "optimizer", "scheduler", "sync", "rng", "trainer")
 
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.link import LinkClock, delayed
+from autok.trainer.engine.link import LinkClock, delayed
 
 # Called in every synchronized backward: looked up once. A final callback runs once every node
 # of the backward graph has run, in the order queued; one queued by a final callback runs too.
@@ -151,7 +151,7 @@ class GradSyncState:
         CPU; on a GPU events: from the last bucket's to the one `_done` recorded. The wait ends
         where DDP's did (`_done`), or, where no such point was reached, at `backward_end` (the
         optimizer step's start; on a GPU `end_event`, the recorded and already reached event
-        there: trainer.profiler.DeviceMarks)."""
+        there: autok.trainer.engine.profiler.DeviceMarks)."""
         ready = self.last_ready
         if ready is None:
             return None

@@ -1,6 +1,7 @@
 """Tasks: what the built-in loop trains (docs/design.md §3, Public API). A task is a model, its data
 and how to judge it; `--task MODULE:FUNCTION` names a function `FUNCTION(cfg) -> Task`. The built-in
-data sets and models are the task `trainer.tasks:classification`, registered the same way, so the
+data sets and models are the task `autok.trainer.loop.tasks:classification`, registered the same
+way, so the
 CLI's own runs go through the path a user's task takes.
 
 A metric is judged from sums, not means: each rank evaluates a disjoint slice of the test set,
@@ -26,7 +27,9 @@ if TYPE_CHECKING:  # torch loads with the task: `autok --help` reads TASK_SPEC a
 
 __all__ = ["ACCURACY", "BUILTIN_TASK", "Metric", "PERPLEXITY", "Task", "TaskError", "load_task"]
 
-BUILTIN_TASK = "trainer.tasks:classification"
+BUILTIN_TASK = "autok.trainer.loop.tasks:classification"
+# the built-in task's name before the loop moved under autok (a saved run.yaml may hold it)
+MOVED = {"trainer.tasks:classification": BUILTIN_TASK}
 # `package.module:function`: identifiers only, so a spec can never name a file path or code.
 TASK_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # Samples in one data set: DistributedSampler draws a permutation of every index on every rank
@@ -120,9 +123,10 @@ def metric_of(task: Task) -> Metric:
 
 
 def classification(cfg: Any) -> Task:
-    """The built-in task: `--dataset` with `--model` (trainer/data.py, trainer/models.py)."""
-    from trainer.data import build_splits
-    from trainer.models import build_model
+    """The built-in task: `--dataset` with `--model` (trainer/loop/data.py,
+    trainer/loop/models.py)."""
+    from autok.trainer.loop.data import build_splits
+    from autok.trainer.loop.models import build_model
 
     splits = build_splits(
         cfg.dataset, cfg.data_dir, mnist1d_samples=cfg.mnist1d_samples, image_size=cfg.image_size
@@ -135,6 +139,7 @@ def resolve(spec: str) -> Callable[[Any], Any]:
     """The function a `--task` spec names, imported. Raises TaskError naming --task."""
     if not TASK_SPEC.match(spec):
         raise TaskError(f"--task: {spec[:120]!r} is not MODULE:FUNCTION (e.g. mypkg.tasks:build)")
+    spec = MOVED.get(spec, spec)
     module_name, fn_name = spec.split(":")
     # As `python -m` does: modules of the directory the command runs in are importable (the
     # launcher's workers and sweep trials start in that directory too).

@@ -339,7 +339,7 @@ def _tinyimagenet_val_class() -> type:
 
 
 def __getattr__(name: str) -> Any:
-    """`trainer.data.TinyImageNetVal`, as before the torch import became lazy."""
+    """`autok.trainer.loop.data.TinyImageNetVal`, as before the torch import became lazy."""
     if name == "TinyImageNetVal":
         return _tinyimagenet_val_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
