@@ -11,9 +11,12 @@ from typing import Any
 __all__ = [
     "ACCURACY",
     "PERPLEXITY",
+    "BaseObserver",
     "Metric",
+    "Observer",
     "OptionError",
     "StepHandle",
+    "StepInfo",
     "StepTimes",
     "Sync",
     "Task",

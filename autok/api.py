@@ -37,10 +37,11 @@ import torch
 from torch import nn
 
 from autok.config import SyncSettings
+from autok.trainer.engine.observer import BaseObserver, Observer, StepInfo
 from autok.trainer.engine.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
 from autok.trainer.engine.outer import OuterFactory, TorchOuter
 from autok.trainer.engine.state_check import BadState
-from autok.trainer.engine.sync import StepHandle, StepTimes
+from autok.trainer.engine.step import StepHandle, StepTimes
 from autok.trainer.engine.sync import Sync as _Engine
 from autok.trainer.loop.sinks import BoundaryLog
 from autok.trainer.loop.tasks import ACCURACY, PERPLEXITY, Metric, Task
@@ -48,9 +49,12 @@ from autok.trainer.loop.tasks import ACCURACY, PERPLEXITY, Metric, Task
 __all__ = [
     "ACCURACY",
     "PERPLEXITY",
+    "BaseObserver",
     "Metric",
+    "Observer",
     "OptionError",
     "StepHandle",
+    "StepInfo",
     "StepTimes",
     "Sync",
     "Task",

@@ -28,6 +28,7 @@ from autok.config import (
     YAML_MAX_BYTES,
     ConfigError,
     TrainConfig,
+    about_of,
     check_backend,
     check_task,
     flag,
@@ -37,7 +38,7 @@ from autok.config import (
 from autok.extras import require, require_run, require_storage
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
 from autok.trainer.engine.clock import CLOCKS
-from autok.trainer.engine.link import PROFILES
+from autok.trainer.engine.options import GROUPS
 
 if TYPE_CHECKING:
     from autok.runlock import RunLock
@@ -56,126 +57,9 @@ RUN_FILES = (
     "checkpoints",
 )
 
-HELP = {
-    "workers": "worker processes to spawn (ignored under torchrun, which sets the world)",
-    "strategy": "ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
-    "+ SlowMo every K",
-    "sync_period": "K, optimizer steps between boundaries (default: 4; 1 on ddp)",
-    "policy": "how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite, "
-    "post-local, inverse-lr, random (a baseline: K drawn with a given mean)",
-    "target_sync_share": "exposed-sync/composite: raise K while exposed sync is above this "
-    "share of (compute + exposed sync)",
-    "max_sync_period": "largest K any policy may choose (adacomm starts at it)",
-    "sync_window": "boundaries per controller decision (exposed-sync, adacomm, composite)",
-    "k_growth": "factor by which exposed-sync raises or lowers K",
-    "drift_limit": "guard: back off when the window's drift ratio exceeds this multiple of "
-    "its level in the first post-warmup window",
-    "loss_rise": "guard: back off when the window's loss exceeds the best window's by this "
-    "fraction",
-    "k_lowering": "exposed-sync: also lower K when K/growth would keep the share well under "
-    "target (a link that got faster)",
-    "k_rule": "exposed-sync/composite: double (step K by --k-growth) or direct (jump to the K "
-    "that brings the share to the target, up or down, from the measured compute and sync)",
-    "guard_cooldown": "boundaries after a back-off before K may rise above the backed-off value",
-    "qsr_base": "qsr/composite: K_base (default: --sync-period)",
-    "qsr_alpha": "qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
-    "random_mean": "random: the mean of the K drawn at each boundary (default: --sync-period)",
-    "slowmo_beta": "SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
-    "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
-    "slowmo_lr_aware": "keep the SlowMo velocity in LR units (fairscale's form)",
-    "outer_optimizer": "outer step on the pseudo-gradient θ_ref − θ_avg at each boundary: "
-    "average, sgd, nesterov (DiLoCo) or slowmo (default: unset, SlowMo with --slowmo-beta)",
-    "outer_lr": "outer learning rate α: θ = θ_ref − α·step; slowmo: the slow LR (default: 0.7 "
-    "on nesterov, 1 otherwise)",
-    "outer_momentum": "outer momentum μ in [0, 1) (default: 0.9 on nesterov, 0 otherwise)",
-    "compress": "what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
-    "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback (default: none)",
-    "sync_optimizer_state": "also average momentum buffers / Adam moments at boundaries",
-    "boundary": "cpdp boundary: fused (one collective carrying parameters and gradients, "
-    "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
-    "(fused when exact)",
-    "overlap_boundary": "start parameter averaging asynchronously and apply it one local step "
-    "later, hiding the link latency behind compute (changes the algorithm: see README)",
-    "fragments": "F: split the parameters into F contiguous fragments that sync in turn, one "
-    "every K/F steps, so each boundary moves 1/F of the model (localsgd; needs K >= F; epoch "
-    "ends sync every fragment) (default: 1)",
-    "fragment_delay": "τ: apply a sync's average τ local steps after it started, keeping the "
-    "steps taken meanwhile; τ <= K/F; --overlap-boundary is F = 1, τ = 1 (default: 0)",
-    "buffer_policy": "BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
-    "optimizer": "sgd (momentum, weight decay, Nesterov) or adamw",
-    "lr": "peak learning rate",
-    "momentum": "SGD momentum",
-    "nesterov": "Nesterov momentum (sgd)",
-    "weight_decay": "weight decay",
-    "batch_size": "batch size per worker",
-    "epochs": "training epochs",
-    "warmup_epochs": "epochs run at K=1 (every step a boundary)",
-    "lr_warmup_epochs": "epochs of linear LR warmup (default: --warmup-epochs)",
-    "lr_schedule": "after warmup: constant, cosine to zero, or step (x --lr-gamma at each of "
-    "--lr-milestones), stepped per optimizer step",
-    "lr_milestones": "step: where the LR drops, as fractions of the whole run in (0, 1), "
-    "increasing, e.g. 0.5,0.75 (default: unset)",
-    "lr_gamma": "step: the LR's factor at each milestone, in (0, 1)",
-    "partition": "how the training set is split over the ranks: iid (a new random split every "
-    "epoch) or dirichlet (a fixed label-skewed shard per rank, --partition-alpha)",
-    "partition_alpha": "dirichlet: the concentration α; 0.1 gives each rank a few classes, 100 "
-    "is nearly iid (default: unset)",
-    "straggler": "inject a slow worker: slow-rank (the last rank, every step) or random (one "
-    "rank drawn per step, with --straggler-prob), seeded",
-    "straggler_ms": "the extra compute time of a slow step, ms (default: unset)",
-    "straggler_prob": "random: the chance that a step has a straggler",
-    "dataset": "mnist1d and digits are built in; cifar100, tinyimagenet, imagefolder read "
-    "--data-dir",
-    "data_dir": "root of an on-disk data set",
-    "model": "cnn1d (mnist1d), cnn (digits), mlp, resnet18, resnet50, vit-s "
-    "(default: the data set's)",
-    "mnist1d_samples": "samples generated for mnist1d (80%% train, 20%% test)",
-    "image_size": "crop size for imagefolder",
-    "loader_workers": "DataLoader worker processes per rank",
-    "link": "emulated network: "
-    + ", ".join(
-        f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)"
-        if n != "none"
-        else "none (no delay)"
-        for n, p in PROFILES.items()
-    ),
-    "link_rtt_ms": "override the link's round-trip time, ms (default: the --link profile's)",
-    "link_bandwidth_gbps": "override the link's bandwidth, Gbit/s (default: the --link profile's)",
-    "link_jitter_ms": "uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
-    "link_schedule": "a link that changes during the run: PROFILE,PROFILE@epoch=N,... or "
-    "@step=N (epochs and steps counted from 0), e.g. lan,wan@epoch=2,lan@epoch=4; replaces "
-    "--link (default: unset)",
-    "clock": "where recorded times come from: wall (measured; the link emulator sleeps) or "
-    "virtual (modelled from --compute-ms and the link model; nothing sleeps, and a seed gives "
-    "the same records on any machine)",
-    "compute_ms": "virtual: the compute of one optimizer step, ms (plus any straggler delay) "
-    "(default: unset)",
-    "model_bytes": "virtual: book every collective as if the model had this many parameter "
-    "bytes (default: the model's own)",
-    "seed": "seed for weights, data order and jitter",
-    "out": "run directory (default: runs/<timestamp>)",
-    "tensorboard": "also write the per-boundary and per-epoch scalars as TensorBoard event "
-    "files into this directory (default: unset)",
-    "backend": "process-group backend; auto picks nccl on GPUs, gloo otherwise",
-    "progress": "show the progress bar (the closing summary is printed either way)",
-    "checkpoint_every": "checkpoint every E epochs (0: only the final one); each keeps the "
-    "previous good one",
-    "stop_after_epochs": "stop cleanly after this many epochs, with a checkpoint; continue with "
-    "--resume (default: unset)",
-    "max_restarts": "restart all workers from the last checkpoint this many times when one dies",
-    "on_divergence": "non-finite loss or parameters, or loss far above its running minimum "
-    "(--divergence-factor): "
-    "stop, or rollback to the last checkpoint with K halved",
-    "divergence_factor": "F: diverged when the mean loss of 4 boundaries exceeds F x its running "
-    "minimum and either 1/4 of its first 4 boundaries' or F^2 x the minimum and 1/16 of those "
-    "(a larger F never stops sooner)",
-    "max_rollbacks": "rollbacks before giving up (with --on-divergence rollback)",
-    "metrics_port": "serve Prometheus metrics on this port from rank 0 (0: off)",
-    "metrics_host": "IP address the metrics server binds; 127.0.0.1 serves this machine only, "
-    "0.0.0.0 (or ::) lets Prometheus on another machine scrape it",
-    "metrics_per_rank": "also serve each rank's own compute and wait times on PORT+rank",
-    "collective_timeout": "seconds before a collective waiting on a lost peer fails",
-}
+# Each setting's help line, group and resume rule are its field's (trainer/engine/options.py
+# `about`): these are read from the fields, never kept by hand (docs/design.md §3).
+HELP: dict[str, str] = {n: f.description or "" for n, f in TrainConfig.model_fields.items()}
 
 
 class UsageError(Exception):
@@ -203,6 +87,11 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def escaped(help_text: str) -> str:
+    """A help line as argparse takes it: it formats help with %, so a literal % is %%."""
+    return help_text.replace("%", "%%")
+
+
 def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
     """(converter, choices) for a TrainConfig field annotation."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -214,71 +103,65 @@ def _arg_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return annotation, None
 
 
-# `autok train --help` in the groups of the README's "A quick tour of the flags". A field that no
-# group names is listed under "other settings" (a test asks for every field to have its group).
-FLAG_GROUPS: dict[str, tuple[str, ...]] = {
-    "distribution and synchronization": (
-        "workers", "strategy", "sync_period", "slowmo_beta", "slowmo_lr_aware",
-        "outer_optimizer", "outer_lr", "outer_momentum", "compress", "sync_optimizer_state",
-        "buffer_policy", "outer_state_device",
-        "boundary", "overlap_boundary", "fragments", "fragment_delay", "backend",
-        "collective_timeout",
-    ),
-    "K policy": (
-        "policy", "target_sync_share", "max_sync_period", "sync_window", "k_growth",
-        "k_lowering", "k_rule", "drift_limit", "loss_rise", "guard_cooldown", "qsr_base",
-        "qsr_alpha", "random_mean",
-    ),
-    "link emulator": (
-        "link", "link_rtt_ms", "link_bandwidth_gbps", "link_jitter_ms", "link_schedule",
-        "clock", "compute_ms", "model_bytes",
-    ),
-    "optimization": (
-        "optimizer", "lr", "momentum", "nesterov", "weight_decay", "batch_size", "epochs",
-        "warmup_epochs", "lr_warmup_epochs", "lr_schedule", "lr_milestones", "lr_gamma",
-    ),
-    "data and model": (
-        "task", "dataset", "data_dir", "model", "mnist1d_samples", "image_size", "loader_workers",
-        "partition", "partition_alpha",
-    ),
-    "stragglers": ("straggler", "straggler_ms", "straggler_prob"),
-    "run": ("seed", "out", "progress"),
-    "checkpoints and failures": (
-        "checkpoint_every", "stop_after_epochs", "max_restarts", "on_divergence",
-        "divergence_factor", "max_rollbacks",
-    ),
-    "metrics": ("metrics_port", "metrics_host", "metrics_per_rank", "tensorboard"),
-}  # fmt: skip
+def flag_groups(model: type[TrainConfig] = TrainConfig) -> dict[str, tuple[str, ...]]:
+    """`autok train --help`'s groups (GROUPS, in order), each with its settings' fields: in
+    the model's field order, except that a field's `before` lists it just before another
+    field of its group. autok.Sync's own options (no group) have no flag."""
+    fields = model.model_fields
+    out: dict[str, tuple[str, ...]] = {}
+    for title in GROUPS:
+        names = [n for n, f in fields.items() if about_of(f, n).group == title]
+        for name in list(names):
+            if (ahead := about_of(fields[name], name).before) is None:
+                continue
+            if ahead not in names:
+                raise ValueError(f"{name}: before={ahead!r} is not a setting of {title!r}")
+            names.remove(name)
+            names.insert(names.index(ahead), name)
+        out[title] = tuple(names)
+    return out
+
+
+def resume_may_change(model: type[TrainConfig] = TrainConfig) -> frozenset[str]:
+    """The settings a resume may change (`about(resume=True)`): the others continue the run as
+    configured (docs/design.md §7)."""
+    return frozenset(n for n, f in model.model_fields.items() if about_of(f, n).resume)
+
+
+FLAG_GROUPS = flag_groups()
 OTHER_GROUP = "other settings"
 
 
 def add_train_flags(
-    p: argparse.ArgumentParser, renamed: dict[str, str] | None = None
+    p: argparse.ArgumentParser,
+    renamed: dict[str, str] | None = None,
+    model: type[TrainConfig] = TrainConfig,
 ) -> dict[str, argparse._ArgumentGroup]:
-    """One flag per TrainConfig field, in FLAG_GROUPS' argument groups; `renamed` maps a field
-    to another flag (dest unchanged). Returns the groups by title."""
+    """One flag per field of `model` (TrainConfig), in its groups (flag_groups), with its help
+    line; `renamed` maps a field to another flag (dest unchanged). Returns the groups by title."""
     renamed = renamed or {}
-    groups = {title: p.add_argument_group(title) for title in FLAG_GROUPS}
-    group_of = {name: title for title, names in FLAG_GROUPS.items() for name in names}
+    by_group = flag_groups(model)
+    groups = {title: p.add_argument_group(title) for title in by_group}
+    group_of = {name: title for title, names in by_group.items() for name in names}
     groups["run"].add_argument(
         "--config", type=path_arg, help="YAML file of settings; flags given here win"
     )
-    fields = TrainConfig.model_fields
-    order = [n for names in FLAG_GROUPS.values() for n in names if n in fields]
+    fields = model.model_fields
+    order = [n for names in by_group.values() for n in names]
     order += [n for n in fields if n not in group_of and n not in LIBRARY_ONLY]
     for name in order:
         field = fields[name]
         if name not in group_of and OTHER_GROUP not in groups:
             groups[OTHER_GROUP] = p.add_argument_group(OTHER_GROUP)
         g = groups[group_of.get(name, OTHER_GROUP)]
-        text = HELP.get(name, field.description or "")
+        text = field.description or ""
         if "(default" not in text:  # a default that depends on other flags is spelled out
             text += f" (default: {'unset' if field.default is None else field.default})"
         conv, choices = _arg_type(field.annotation)
         conv = path_arg if conv is Path else conv
         # a renamed flag keeps its own dest: the sweep's --backend would otherwise share it
         dest = renamed[name].lstrip("-").replace("-", "_") if name in renamed else name
-        names: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=text)
+        names: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=escaped(text))
         if conv is bool:
             g.add_argument(
                 renamed.get(name, flag(name)), action=argparse.BooleanOptionalAction, **names
@@ -428,9 +311,9 @@ def build_parser() -> Parser:
     )
     # every run on one clock (trainer/engine/clock.py): virtual runs rank by modelled time, not
     # noise
-    run.add_argument("--clock", choices=CLOCKS, default=None, help=HELP["clock"])
-    run.add_argument("--compute-ms", type=float, default=None, help=HELP["compute_ms"])
-    run.add_argument("--model-bytes", type=int, default=None, help=HELP["model_bytes"])
+    run.add_argument("--clock", choices=CLOCKS, default=None, help=escaped(HELP["clock"]))
+    run.add_argument("--compute-ms", type=float, default=None, help=escaped(HELP["compute_ms"]))
+    run.add_argument("--model-bytes", type=int, default=None, help=escaped(HELP["model_bytes"]))
     rep = sub.add_parser("report", help="tables and plots of an experiment directory")
     rep.add_argument(
         "dir", type=path_arg, help="an experiment's --out directory (autok experiment run)"
@@ -447,17 +330,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return load_config({}, given_values(ns))
 
 
-RESUME_MAY_CHANGE = {
-    "epochs",
-    "tensorboard",
-    "stop_after_epochs",
-    "max_restarts",
-    "metrics_port",
-    "metrics_host",
-    "progress",
-    "metrics_per_rank",
-    "collective_timeout",
-}
+RESUME_MAY_CHANGE = resume_may_change()
 
 
 def resume_config(ns: argparse.Namespace) -> TrainConfig:
@@ -1079,9 +952,11 @@ def error_line(text: str) -> str:
 
 
 def _checkout_with_benchmarks() -> Path | None:
-    """The autok checkout that holds the working directory, if any: `pip install autok` does not
-    install benchmarks/, so `autok bench` runs the checkout's own (docs/design.md §3)."""
-    for folder in (Path.cwd(), *Path.cwd().parents):
+    """The autok checkout that benchmarks/ comes from: `pip install autok` does not install it,
+    so `autok bench` runs a checkout's own (docs/design.md §3): the one autok was installed from
+    in editable mode, else the one that holds the working directory."""
+    source = Path(__file__).resolve().parents[1]
+    for folder in (source, Path.cwd(), *Path.cwd().parents):
         project = folder / "pyproject.toml"
         bench = folder / "benchmarks" / "bench_cli.py"
         if bench.is_file() and project.is_file() and re.search(
@@ -1104,8 +979,8 @@ def main(argv: list[str] | None = None) -> int:
         checkout = _checkout_with_benchmarks()
         if checkout is None:
             print(
-                "autok bench: the benchmarks ship with the repository, not the package; run "
-                "`autok bench` from a checkout of autok (the folder that holds benchmarks/)",
+                "autok: error: bench: the benchmarks ship with the repository, not the package; "
+                "run `autok bench` from a checkout of autok (the folder that holds benchmarks/)",
                 file=sys.stderr,
             )
             return 2

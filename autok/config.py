@@ -16,14 +16,17 @@ from autok.metrics_http import MetricsHost
 from autok.trainer.engine.link import LinkSchedule
 from autok.trainer.engine.options import (
     COUNT_MAX,
-    LIMIT_REASONS,
+    GROUPS,
     READ_ONLY_UNDER,
     SEED_MAX,
     STRATEGIES,
     OptionError,
     SyncOptions,
+    about,
+    about_of,
     describe,
     flag,
+    fused_is_exact,
 )
 from autok.trainer.loop.data import DATASETS, check_data_dir, class_labels
 from autok.trainer.loop.models import DEFAULT_MODEL, MODELS, incompatibility
@@ -44,28 +47,11 @@ class ConfigError(OptionError):
     """A bad setting; the message starts with the flag to change."""
 
 
-# Bounds of the run's own settings whose extremes crash, hang or exhaust the machine mid-run
-# (the engine's are in trainer/engine/options.py): the reason is printed with the refusal.
+# The run's own bounds (the engine's are in trainer/engine/options.py); each bound's reason is
+# its field's `about(too_low=..., too_high=...)`, printed with the refusal.
 MAX_LOCAL_WORKERS = 256
 MAX_LOCAL_PROCESSES = 1024  # workers and their DataLoader processes together
-LIMIT_REASONS.update(
-    {
-        ("workers", "le"): f"at most {MAX_LOCAL_WORKERS} local worker processes, each a full "
-        "Python with torch; spread larger worlds over machines with torchrun",
-        ("loader_workers", "le"): "DataLoader processes per rank; more only contend for the cores",
-        ("mnist1d_samples", "le"): "mnist1d is generated on one core at about 2,000 samples/s",
-        ("lr", "le"): "no schedule peaks higher, and far larger rates overflow float32",
-        ("lr", "ge"): "a smaller step leaves float32 parameters unchanged",
-        ("weight_decay", "le"): "larger decay overflows or flips the parameters every step",
-        ("collective_timeout", "ge"): "process-group setup alone needs about a second",
-        ("collective_timeout", "le"): "a week; a peer silent that long is gone",
-        ("image_size", "le"): "larger crops exhaust memory at any batch size",
-        ("batch_size", "le"): "per worker; larger batches exhaust memory",
-        ("epochs", "le"): "a million epochs is beyond any run",
-        ("lr_gamma", "le"): "a factor of 1 or more would not decay the LR",
-        ("straggler_ms", "le"): "a minute per step; no straggler to emulate is slower",
-    }
-)
+_SYNC, _OPTIM, _DATA, _FAILURES = GROUPS[0], GROUPS[3], GROUPS[4], GROUPS[7]
 
 
 MILESTONES_MAX = 16  # LR drops in one run; schedules in the literature have two or three
@@ -93,9 +79,9 @@ def parse_milestones(text: str) -> tuple[float, ...]:
 
 # The built-in task's settings: a --task builds its own data and model instead.
 TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
-# The engine's options that `autok train`'s loop does not take (autok.Sync's alone): no flag,
-# and refused from a --config file (docs/design.md §2).
-LIBRARY_ONLY = ("accumulation_steps",)
+# The engine's options that `autok train`'s loop does not take (autok.Sync's alone: no group,
+# so no flag), refused from a --config file (docs/design.md §2).
+LIBRARY_ONLY = tuple(n for n, f in SyncOptions.model_fields.items() if about_of(f, n).group is None)
 # The run's settings read only under some values of another (the engine's are in
 # trainer/engine/options.py): refused elsewhere, drawn and dropped by sweeps and resumes alike.
 READ_ONLY_UNDER.update(
@@ -133,9 +119,24 @@ class SyncSettings(SyncOptions):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
-    metrics_port: int = Field(0, ge=0, le=65535, description="0 disables")
-    metrics_host: MetricsHost = "127.0.0.1"
-    metrics_per_rank: bool = False
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="serve Prometheus metrics on this port from rank 0 (0: off)",
+        json_schema_extra=about("metrics", resume=True),
+    )
+    metrics_host: MetricsHost = Field(
+        "127.0.0.1",
+        description="IP address the metrics server binds; 127.0.0.1 serves this machine only, "
+        "0.0.0.0 (or ::) lets Prometheus on another machine scrape it",
+        json_schema_extra=about("metrics", resume=True),
+    )
+    metrics_per_rank: bool = Field(
+        False,
+        description="also serve each rank's own compute and wait times on PORT+rank",
+        json_schema_extra=about("metrics", resume=True),
+    )
 
     @model_validator(mode="after")
     def _metrics_cross_field(self) -> SyncSettings:
@@ -154,57 +155,251 @@ class TrainConfig(SyncSettings):
 
     # --- distribution and synchronization
     workers: int = Field(
-        4, ge=1, le=MAX_LOCAL_WORKERS, description="worker processes (ranks) to spawn locally"
+        4,
+        ge=1,
+        le=MAX_LOCAL_WORKERS,
+        description="worker processes to spawn (ignored under torchrun, which sets the world)",
+        json_schema_extra=about(
+            _SYNC,
+            too_high=f"at most {MAX_LOCAL_WORKERS} local worker processes, each a full Python "
+            "with torch; spread larger worlds over machines with torchrun",
+            before="strategy",
+        ),
     )
     # the study's default: the emulated WAN (autok.Sync's own default is none, docs/design.md §3)
-    link: str = "wan"
+    link: str = Field(
+        "wan",
+        description=SyncOptions.model_fields["link"].description,
+        json_schema_extra=SyncOptions.model_fields["link"].json_schema_extra,
+    )
     # --- optimization
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(0.1, ge=1e-12, le=1e6)
-    momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    nesterov: bool = False
-    weight_decay: float = Field(5e-4, ge=0.0, le=10.0)
-    batch_size: int = Field(32, ge=1, le=1 << 20, description="per worker")
-    epochs: int = Field(30, ge=1, le=COUNT_MAX)
-    warmup_epochs: int = Field(1, ge=0, description="epochs at K=1 (and of linear LR warmup)")
-    lr_warmup_epochs: int | None = Field(None, ge=0, description="default: --warmup-epochs")
-    lr_schedule: Literal["constant", "cosine", "step"] = "cosine"
+    optimizer: Literal["sgd", "adamw"] = Field(
+        "sgd",
+        description="sgd (momentum, weight decay, Nesterov) or adamw",
+        json_schema_extra=about(_OPTIM),
+    )
+    lr: float = Field(
+        0.1,
+        ge=1e-12,
+        le=1e6,
+        description="peak learning rate",
+        json_schema_extra=about(
+            _OPTIM,
+            too_low="a smaller step leaves float32 parameters unchanged",
+            too_high="no schedule peaks higher, and far larger rates overflow float32",
+        ),
+    )
+    momentum: float = Field(
+        0.9, ge=0.0, lt=1.0, description="SGD momentum", json_schema_extra=about(_OPTIM)
+    )
+    nesterov: bool = Field(
+        False, description="Nesterov momentum (sgd)", json_schema_extra=about(_OPTIM)
+    )
+    weight_decay: float = Field(
+        5e-4,
+        ge=0.0,
+        le=10.0,
+        description="weight decay",
+        json_schema_extra=about(
+            _OPTIM, too_high="larger decay overflows or flips the parameters every step"
+        ),
+    )
+    batch_size: int = Field(
+        32,
+        ge=1,
+        le=1 << 20,
+        description="batch size per worker",
+        json_schema_extra=about(_OPTIM, too_high="per worker; larger batches exhaust memory"),
+    )
+    epochs: int = Field(
+        30,
+        ge=1,
+        le=COUNT_MAX,
+        description="training epochs",
+        json_schema_extra=about(_OPTIM, too_high="a million epochs is beyond any run", resume=True),
+    )
+    warmup_epochs: int = Field(
+        1,
+        ge=0,
+        description="epochs run at K=1 (every step a boundary)",
+        json_schema_extra=about(_OPTIM),
+    )
+    lr_warmup_epochs: int | None = Field(
+        None,
+        ge=0,
+        description="epochs of linear LR warmup (default: --warmup-epochs)",
+        json_schema_extra=about(_OPTIM),
+    )
+    lr_schedule: Literal["constant", "cosine", "step"] = Field(
+        "cosine",
+        description="after warmup: constant, cosine to zero, or step (x --lr-gamma at each of "
+        "--lr-milestones), stepped per optimizer step",
+        json_schema_extra=about(_OPTIM),
+    )
     # the regimes where K matters (docs/design.md §2, Regimes): LR decay, label skew, stragglers
     lr_milestones: str | None = Field(
-        None, max_length=200, description="step: fractions of the run, e.g. 0.5,0.75"
+        None,
+        max_length=200,
+        description="step: where the LR drops, as fractions of the whole run in (0, 1), "
+        "increasing, e.g. 0.5,0.75 (default: unset)",
+        json_schema_extra=about(_OPTIM),
     )
-    lr_gamma: float = Field(0.1, gt=0.0, lt=1.0, description="step: LR factor per milestone")
+    lr_gamma: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="step: the LR's factor at each milestone, in (0, 1)",
+        json_schema_extra=about(_OPTIM, too_high="a factor of 1 or more would not decay the LR"),
+    )
     # --- data and model
     task: str | None = Field(
         None,
         max_length=200,
         description="MODULE:FUNCTION returning an autok.Task; default: "
         "the built-in classification of --dataset with --model",
+        json_schema_extra=about(_DATA),
     )
-    dataset: str = "mnist1d"
-    data_dir: Path | None = None
-    model: str | None = None
-    mnist1d_samples: int = Field(5000, ge=100, le=1_000_000)
-    image_size: int = Field(32, ge=8, le=1024, description="imagefolder crop size")
-    loader_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per rank")
-    partition: Literal["iid", "dirichlet"] = "iid"
-    partition_alpha: float | None = Field(None, gt=0.0, le=1e6, description="dirichlet: α")
-    straggler: Literal["none", "random", "slow-rank"] = "none"
-    straggler_ms: float | None = Field(None, gt=0.0, le=60_000.0, description="per slow step")
-    straggler_prob: float = Field(1.0, gt=0.0, le=1.0, description="random: P(a step straggles)")
+    dataset: str = Field(
+        "mnist1d",
+        description="mnist1d and digits are built in; cifar100, tinyimagenet, imagefolder read "
+        "--data-dir",
+        json_schema_extra=about(_DATA),
+    )
+    data_dir: Path | None = Field(
+        None, description="root of an on-disk data set", json_schema_extra=about(_DATA)
+    )
+    model: str | None = Field(
+        None,
+        description="cnn1d (mnist1d), cnn (digits), mlp, resnet18, resnet50, vit-s "
+        "(default: the data set's)",
+        json_schema_extra=about(_DATA),
+    )
+    mnist1d_samples: int = Field(
+        5000,
+        ge=100,
+        le=1_000_000,
+        description="samples generated for mnist1d (80% train, 20% test)",
+        json_schema_extra=about(
+            _DATA, too_high="mnist1d is generated on one core at about 2,000 samples/s"
+        ),
+    )
+    image_size: int = Field(
+        32,
+        ge=8,
+        le=1024,
+        description="crop size for imagefolder",
+        json_schema_extra=about(_DATA, too_high="larger crops exhaust memory at any batch size"),
+    )
+    loader_workers: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="DataLoader worker processes per rank",
+        json_schema_extra=about(
+            _DATA, too_high="DataLoader processes per rank; more only contend for the cores"
+        ),
+    )
+    partition: Literal["iid", "dirichlet"] = Field(
+        "iid",
+        description="how the training set is split over the ranks: iid (a new random split "
+        "every epoch) or dirichlet (a fixed label-skewed shard per rank, --partition-alpha)",
+        json_schema_extra=about(_DATA),
+    )
+    partition_alpha: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e6,
+        description="dirichlet: the concentration α; 0.1 gives each rank a few classes, 100 "
+        "is nearly iid (default: unset)",
+        json_schema_extra=about(_DATA),
+    )
+    straggler: Literal["none", "random", "slow-rank"] = Field(
+        "none",
+        description="inject a slow worker: slow-rank (the last rank, every step) or random (one "
+        "rank drawn per step, with --straggler-prob), seeded",
+        json_schema_extra=about("stragglers"),
+    )
+    straggler_ms: float | None = Field(
+        None,
+        gt=0.0,
+        le=60_000.0,
+        description="the extra compute time of a slow step, ms (default: unset)",
+        json_schema_extra=about(
+            "stragglers", too_high="a minute per step; no straggler to emulate is slower"
+        ),
+    )
+    straggler_prob: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="random: the chance that a step has a straggler",
+        json_schema_extra=about("stragglers"),
+    )
     # --- run
-    out: Path | None = None
-    tensorboard: Path | None = None
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    progress: bool = True
-    collective_timeout: float = Field(300.0, ge=1.0, le=604_800.0, description="seconds")
-    # --- checkpoints and failures
-    checkpoint_every: int = Field(
-        0, ge=0, le=COUNT_MAX, description="epochs; 0: only the final checkpoint"
+    out: Path | None = Field(
+        None,
+        description="run directory (default: runs/<timestamp>)",
+        json_schema_extra=about("run"),
     )
-    stop_after_epochs: int | None = Field(None, ge=1, le=COUNT_MAX)
-    max_restarts: int = Field(0, ge=0, le=1000)
-    max_rollbacks: int = Field(3, ge=0, le=1000)
+    tensorboard: Path | None = Field(
+        None,
+        description="also write the per-boundary and per-epoch scalars as TensorBoard event "
+        "files into this directory (default: unset)",
+        json_schema_extra=about("metrics", resume=True),
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="process-group backend; auto picks nccl on GPUs, gloo otherwise",
+        json_schema_extra=about(_SYNC),
+    )
+    progress: bool = Field(
+        True,
+        description="show the progress bar (the closing summary is printed either way)",
+        json_schema_extra=about("run", resume=True),
+    )
+    collective_timeout: float = Field(
+        300.0,
+        ge=1.0,
+        le=604_800.0,
+        description="seconds before a collective waiting on a lost peer fails",
+        json_schema_extra=about(
+            _SYNC,
+            too_low="process-group setup alone needs about a second",
+            too_high="a week; a peer silent that long is gone",
+            resume=True,
+        ),
+    )
+    # --- checkpoints and failures (listed before the engine's divergence guard)
+    checkpoint_every: int = Field(
+        0,
+        ge=0,
+        le=COUNT_MAX,
+        description="checkpoint every E epochs (0: only the final one); each keeps the "
+        "previous good one",
+        json_schema_extra=about(_FAILURES, before="on_divergence"),
+    )
+    stop_after_epochs: int | None = Field(
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="stop cleanly after this many epochs, with a checkpoint; continue with "
+        "--resume (default: unset)",
+        json_schema_extra=about(_FAILURES, resume=True, before="on_divergence"),
+    )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="restart all workers from the last checkpoint this many times when one dies",
+        json_schema_extra=about(_FAILURES, resume=True, before="on_divergence"),
+    )
+    max_rollbacks: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="rollbacks before giving up (with --on-divergence rollback)",
+        json_schema_extra=about(_FAILURES),
+    )
 
     @field_validator("out", "data_dir", "tensorboard", mode="before")
     @classmethod
@@ -360,7 +555,9 @@ class TrainConfig(SyncSettings):
 
     @property
     def fused_is_exact(self) -> bool:
-        return self.strategy == "cpdp" and self.optimizer == "sgd"
+        """The engine's rule for the built-in optimizers (--optimizer sgd is torch's SGD without
+        dampening), checked before anything is launched."""
+        return fused_is_exact(self.strategy, self.optimizer)
 
     @property
     def fused_boundary(self) -> bool:
@@ -528,4 +725,4 @@ def load_config(file_values: dict, cli_values: dict) -> TrainConfig:
     try:
         return TrainConfig(**merged)
     except ValidationError as exc:
-        raise ConfigError(describe(exc)) from None
+        raise ConfigError(describe(exc, TrainConfig)) from None

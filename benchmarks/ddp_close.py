@@ -1,4 +1,5 @@
-"""What `Sync._close_ddp_lazily` saves a ddp step, hot, in one process (docs/design.md §4):
+"""What ddp's fast close (trainer/engine/ddp_path.py, `close_ddp_lazily`) saves a ddp step, hot,
+in one process (docs/design.md §4):
 
     python -m benchmarks.ddp_close [--rounds 7] [--steps 2000]
 
@@ -28,9 +29,12 @@ def _sync(general: bool):
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sync = autok.Sync(model, opt, strategy="ddp", link="none")
-    if general:
-        sync._close_ddp_lazily = lambda *args: False
-    return sync, opt
+    return sync, opt, general
+
+
+def _never(*args: object) -> bool:
+    """The fast close turned off: every step takes the general path."""
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,8 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     crit = nn.CrossEntropyLoss()
     x, y = torch.randn(4, 8), torch.tensor([0, 1, 0, 1])
 
+    import autok.trainer.engine.sync as engine
+
+    fast_close = engine.close_ddp_lazily
+
     def step(side, times: list[float]) -> None:
-        sync, opt = side
+        sync, opt, general = side
+        # the Sync calls its module's close_ddp_lazily: swapped for the general side's step only
+        engine.close_ddp_lazily = _never if general else fast_close  # type: ignore[assignment]
         t0 = time.perf_counter()
         with sync.step() as s:
             opt.zero_grad(set_to_none=True)

@@ -14,7 +14,10 @@ buckets of a two-phase boundary; median after warmup), the peak bytes per sync b
 ends (with F = 4: the peak over fragment syncs) and the size of a whole-model sync (epoch ends
 always sync the whole model, whatever F), training wall-clock, exposed sync, and the final
 quality (accuracy on mnist1d; validation loss and perplexity on the GPT task).
-Writes benchmarks/results/diloco.{json,md}.
+Then the scaling of the averaging's collective with N (`scaling`): bytes each rank sends and the
+link model's time for a 124M-parameter model on `wan`, fp32 ring all-reduce against int8's
+quantized all-reduce (and the all-gather it replaced), counted on real gloo at N = 2, 4, 8 and
+from the link model at N = 64, 512. Writes benchmarks/results/diloco.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import json
 import statistics
 
 from autok.config import TrainConfig
+from autok.launch import run_workers
+from autok.trainer.engine.compress import Layout
+from autok.trainer.engine.link import PROFILES
 from benchmarks.engine import RESULTS, _run, machine
 
 COMMAND = "autok bench --only diloco"
@@ -123,6 +129,112 @@ def measure(res: dict, warmup: int) -> dict:
     return row
 
 
+# The scaling table: GPT-2 small's parameters on the study's link; the tail of float32 statistics
+# every averaging carries; the world sizes counted on gloo and those from the link model only.
+SCALING_PARAMS = 124_000_000
+SCALING_TAIL = 12
+SCALING_MEASURED = (2, 4, 8)
+SCALING_MODELLED = (64, 512)
+SCALING_SAMPLE = 1 << 20  # the parameters actually all-reduced on gloo (bytes scale linearly)
+
+
+def _count_worker(rank: int, world: int, n: int, tail: int) -> dict:
+    """The bytes this rank sends in one fp32 all-reduce and one int8 quantized all-reduce of
+    n + tail values, counted at the collectives: an all-reduce's ring sends 2(N − 1)/N of its
+    buffer, an all-to-all (N − 1)/N of its input, an all-gather its input to N − 1 peers."""
+    import torch
+    import torch.distributed as dist
+
+    from autok.trainer.engine.compress import Buffers, quantized_allreduce_
+
+    sent = {"none": 0, "int8": 0}
+    buf = torch.randn(n + tail, generator=torch.Generator().manual_seed(rank)) * 1e-3
+    sent["none"] = int(2 * (world - 1) / world * buf.numel() * 4)
+    dist.all_reduce(buf.clone())
+    layout = Layout("int8", (n,), tail, world)
+    mem = Buffers(layout, buf.device)
+    real_a2a, real_gather = dist.all_to_all_single, dist.all_gather
+    try:
+
+        def a2a(out, inp, *a, **k):
+            sent["int8"] += (world - 1) * inp.numel() // world
+            return real_a2a(out, inp, *a, **k)
+
+        def gather(outs, inp, *a, **k):
+            sent["int8"] += (world - 1) * inp.numel()
+            return real_gather(outs, inp, *a, **k)
+
+        dist.all_to_all_single, dist.all_gather = a2a, gather
+        quantized_allreduce_(buf, layout, mem, rank, torch.zeros(n), torch.zeros(n))
+    finally:
+        dist.all_to_all_single, dist.all_gather = real_a2a, real_gather
+    return sent
+
+
+def _scaling_row(world: int, counted: dict | None) -> dict:
+    """Bytes each rank sends per averaging for the 124M-parameter model, and the link model's
+    time: counted at the collectives (scaled from SCALING_SAMPLE parameters) or from the plan."""
+    wan = PROFILES["wan"]
+    fp32 = 4 * (SCALING_PARAMS + SCALING_TAIL)
+    p = Layout("int8", (SCALING_PARAMS,), SCALING_TAIL, world).nbytes
+    share = 2 * (world - 1) / world
+    row = {
+        "world_size": world,
+        "source": "counted on gloo" if counted else "link model",
+        "fp32_bytes_per_rank": share * fp32,
+        "int8_bytes_per_rank": share * p,
+        "allgather_bytes_per_rank": (world - 1) * p,  # the all-gather int8 used before
+        "fp32_seconds": wan.allreduce_seconds(fp32, world),
+        "int8_seconds": wan.quantized_allreduce_seconds(p, world),
+        "allgather_seconds": wan.allgather_seconds(p, world),
+        "allgather_receive_buffer_bytes": world * p,
+    }
+    if counted:
+        scale = SCALING_PARAMS / SCALING_SAMPLE
+        row["fp32_bytes_per_rank"] = counted["none"] * scale
+        row["int8_bytes_per_rank"] = counted["int8"] * scale
+    return row
+
+
+def scaling() -> list[dict]:
+    """The averaging's bytes per rank and modelled time against N (docs/design.md §7)."""
+    rows = []
+    for world in SCALING_MEASURED:
+        counted = run_workers(_count_worker, world, SCALING_SAMPLE, SCALING_TAIL)
+        worst = {k: max(c[k] for c in counted) for k in ("none", "int8")}
+        rows.append(_scaling_row(world, worst))
+    return rows + [_scaling_row(world, None) for world in SCALING_MODELLED]
+
+
+def scaling_table(rows: list[dict]) -> list[str]:
+    head = [
+        "N",
+        "source",
+        "fp32 MB / rank",
+        "int8 MB / rank",
+        "int8 / fp32",
+        "fp32 s",
+        "int8 s",
+        "int8 all-gather (before) MB / rank",
+        "its s",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [
+            str(r["world_size"]),
+            r["source"],
+            f"{r['fp32_bytes_per_rank'] / 1e6:.0f}",
+            f"{r['int8_bytes_per_rank'] / 1e6:.0f}",
+            f"{r['int8_bytes_per_rank'] / r['fp32_bytes_per_rank']:.3f}",
+            f"{r['fp32_seconds']:.2f}",
+            f"{r['int8_seconds']:.2f}",
+            f"{r['allgather_bytes_per_rank'] / 1e6:.0f}",
+            f"{r['allgather_seconds']:.2f}",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def diloco(world: int = WORLD) -> dict:
     out: dict = {
         "world_size": world,
@@ -145,6 +257,7 @@ def diloco(world: int = WORLD) -> dict:
             "steps_per_epoch": steps,
             "runs": runs,
         }
+    out["scaling"] = scaling()
     return out
 
 
@@ -437,7 +550,23 @@ def render(res: dict) -> str:
             "",
             *gpt_text(gpt, d["int8_goal"]),
         ]
+    if d.get("scaling"):
+        lines += ["", *scaling_text(d["scaling"])]
     return "\n".join(lines) + "\n"
+
+
+def scaling_text(rows: list[dict]) -> list[str]:
+    return [
+        "## The averaging's collective against N (124M parameters, `wan`)",
+        "",
+        "Bytes each rank sends per averaging (and receives: the same), and the link model's time "
+        "for it, on `wan` (16.6 ms, 1 Gbit/s): fp32's ring all-reduce, int8's quantized "
+        "all-reduce (all-to-all, reduce in fp32, requantize, all-gather), and the all-gather "
+        "of every rank's int8 payload that int8 used before. Counted at the collectives on gloo "
+        f"for {SCALING_SAMPLE} parameters and scaled, or from the plan and the link model.",
+        "",
+        *scaling_table(rows),
+    ]
 
 
 def main() -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Literal
 
 from autok.controllers.adacomm import AdaCommController
 from autok.controllers.base import BoundaryStats, Controller, SyncDecision
@@ -30,8 +31,9 @@ class PolicyOptions:
     drift_limit: float = 3.0
     loss_rise: float = 0.1
     guard_cooldown: int = 32
-    k_lowering: bool = False
-    k_rule: str = "double"
+    # the direct rule with lowering: the panel's default adaptive policy (docs/policies.md)
+    k_lowering: bool = True
+    k_rule: Literal["double", "direct"] = "direct"
     qsr_base: int | None = None  # default: the starting K
     qsr_alpha: float | None = None  # default: peak LR * sqrt(K_base)
     random_mean: float | None = None  # default: the starting K
@@ -58,32 +60,27 @@ def _qsr(k: int, o: PolicyOptions) -> QSRController:
     return QSRController(base=base, alpha=alpha, max_sync_period=o.max_sync_period)
 
 
-REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
-    "fixed": lambda k, o: FixedController(k),
-    "exposed-sync": _share,
-    "qsr": _qsr,
-    # AdaComm's τ_0 is a large start that shrinks (controllers/adacomm.py): the cap, not K
-    "adacomm": lambda k, o: AdaCommController(
-        k0=o.max_sync_period, window=o.sync_window, max_sync_period=o.max_sync_period
-    ),
-    "post-local": lambda k, o: PostLocalController(
-        local_period=k, max_sync_period=o.max_sync_period
-    ),
-    "inverse-lr": lambda k, o: InverseLRController(
-        base=k, peak_lr=o.peak_lr, max_sync_period=o.max_sync_period
-    ),
-    "composite": lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
-    "random": lambda k, o: RandomController(
-        mean=o.random_mean if o.random_mean is not None else k,
-        max_sync_period=o.max_sync_period,
-        seed=o.seed,
-    ),
-}
+RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
 
 
-# The PolicyOptions each policy reads (peak_lr and seed are the run's, set for every policy).
-# An option the chosen policy does not read is refused when given (trainer/engine/options.py), not
-# silently ignored; tests/test_controllers.py checks these sets against the factories above.
+@dataclass(frozen=True)
+class Policy:
+    """A K policy as registered: its factory, and the PolicyOptions the factory reads besides
+    RUN_OPTIONS. An option the chosen policy does not read is refused when given
+    (trainer/engine/options.py), not silently ignored; a sweep draws it only under the policies
+    that read it (autok/space.py); tests/test_controllers.py checks `reads` against what the
+    factory reads."""
+
+    build: Callable[[int, PolicyOptions], Controller]
+    reads: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        known = {f.name for f in fields(PolicyOptions)} - RUN_OPTIONS
+        if unknown := sorted(self.reads - known):
+            raise ValueError(f"Policy: {unknown} are not PolicyOptions fields of a policy")
+
+
+# The exposed-sync controller's options and its guard's (composite steers with it too).
 _SHARE_READS = frozenset(
     {
         "target_sync_share",
@@ -98,17 +95,47 @@ _SHARE_READS = frozenset(
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})
-READS: dict[str, frozenset[str]] = {
-    "fixed": frozenset(),
-    "exposed-sync": _SHARE_READS,
-    "qsr": _QSR_READS,
-    "adacomm": frozenset({"sync_window", "max_sync_period"}),
-    "composite": _SHARE_READS | _QSR_READS,
-    "random": frozenset({"random_mean", "max_sync_period"}),
-    "post-local": frozenset({"max_sync_period"}),
-    "inverse-lr": frozenset({"max_sync_period"}),
+_CAPPED = frozenset({"max_sync_period"})  # reads only the cap on K
+
+POLICIES: dict[str, Policy] = {
+    "fixed": Policy(lambda k, o: FixedController(k)),
+    "exposed-sync": Policy(_share, _SHARE_READS),
+    "qsr": Policy(_qsr, _QSR_READS),
+    # AdaComm's τ_0 is a large start that shrinks (controllers/adacomm.py): the cap, not K
+    "adacomm": Policy(
+        lambda k, o: AdaCommController(
+            k0=o.max_sync_period, window=o.sync_window, max_sync_period=o.max_sync_period
+        ),
+        frozenset({"sync_window"}) | _CAPPED,
+    ),
+    "post-local": Policy(
+        lambda k, o: PostLocalController(local_period=k, max_sync_period=o.max_sync_period),
+        _CAPPED,
+    ),
+    "inverse-lr": Policy(
+        lambda k, o: InverseLRController(
+            base=k, peak_lr=o.peak_lr, max_sync_period=o.max_sync_period
+        ),
+        _CAPPED,
+    ),
+    "composite": Policy(
+        lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
+        _SHARE_READS | _QSR_READS,
+    ),
+    "random": Policy(
+        lambda k, o: RandomController(
+            mean=o.random_mean if o.random_mean is not None else k,
+            max_sync_period=o.max_sync_period,
+            seed=o.seed,
+        ),
+        frozenset({"random_mean"}) | _CAPPED,
+    ),
 }
-RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
+# Read from POLICIES: each policy's factory, and the options it reads.
+REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
+    name: policy.build for name, policy in POLICIES.items()
+}
+READS: dict[str, frozenset[str]] = {name: policy.reads for name, policy in POLICIES.items()}
 # A bound on K under every policy: `fixed` does not read it, but its K is checked against it
 # where it is given (a fixed K above 64 has always been given with it raised), so it is never
 # refused as unread.
@@ -129,12 +156,14 @@ def build_controller(
 
 __all__ = [
     "CAPS",
+    "POLICIES",
     "POLICY_OPTIONS",
     "READS",
     "REGISTRY",
     "RUN_OPTIONS",
     "BoundaryStats",
     "Controller",
+    "Policy",
     "PolicyOptions",
     "SyncDecision",
     "build_controller",

@@ -42,12 +42,21 @@ class BoundaryStats:
     # The fragment this boundary synced (--fragments F: 0..F-1), or -1: the whole model (F = 1,
     # an epoch's end, sync_now(), warmup, K below F). bytes_communicated counts what it moved.
     fragment: int = -1
+    # Of exposed_sync_seconds, the part spent waiting for a slower rank to reach the collective
+    # rather than for the network (trainer/engine/clock.py). Booked on the virtual clock; 0 on
+    # the wall clock, where the ranks' arrival times are not exchanged (docs/design.md §6).
+    peer_wait_seconds: float = 0.0
 
     @property
     def sync_share(self) -> float:
         """Exposed-sync share f = exposed / (compute + exposed) of this interval."""
         total = self.compute_seconds + self.exposed_sync_seconds
         return self.exposed_sync_seconds / total if total > 0 else 0.0
+
+    @property
+    def network_seconds(self) -> float:
+        """The exposed seconds spent waiting for the network: exposed minus the peer wait."""
+        return max(0.0, self.exposed_sync_seconds - self.peer_wait_seconds)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,27 +1,30 @@
-"""`exposed-sync`: raise K until exposed synchronization no longer dominates; back off on drift.
+"""`exposed-sync`: the K at which waiting for the network is a target share of the time; back off
+on drift or a rising loss.
 
 The study's practical rule ("increase K until exposed synchronization no longer dominates the
 epoch, then stop before accuracy degrades") made online. Over a window of boundaries since the
-last change, the exposed-sync share f = Σexposed / Σ(compute + exposed):
-
-- f > target: raise K ← min(K·growth, ceiling);
-- f ≤ target: hold. With `lower` on, K is lowered when even K/growth would keep the share well
-  under target (hysteresis: predicted f(K/g) < target·(1 − margin)), so a link that got faster
-  brings K back down; off by default, as on a fast link the study found no reason to go below
-  the K the user chose;
-- the guard (drift ratio or loss) fires: K ← max(K/growth, 1), and K may not exceed that value
-  until `cooldown` boundaries pass without the guard firing again.
+last change, the network share f = Σnetwork / Σ(compute + network), where network time is the
+exposed sync less the wait for a slower peer (`BoundaryStats.peer_wait_seconds`): a slow rank
+makes every K wait alike, so its wait says nothing about K (in the controller panel's slow-rank
+and stragglers regimes the whole exposed share raised K to 32 where K = 1 was best).
 
 Predicting f at another K assumes the per-boundary sync cost s is constant and compute grows
-with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r).
+with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r), and the K that
+brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)).
 
-`rule="direct"` uses that model to jump instead of stepping: the K that brings the share to the
-target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). K moves to K* when K* is more than
-`margin` away (hysteresis), up or down, so a new link is met in one window rather than log2 of the
-gap, and a link that got faster brings K back down, but not below the K the user started from
-(the floor) unless `lower` is on: in the controller panel the unfloored rule held K between 1 and
-10 (mean 4.3) on a LAN where every fixed K >= 8 reached the target sooner. The guard and its
-cooldown apply as with doubling (a back-off may go below the floor: quality comes first).
+`rule="direct"` (the default) jumps to K*: at the first post-warmup boundary (the link model's K
+from that boundary's measured times, rather than a window at the starting K), then once per
+window when K* is more than `margin` away (hysteresis), up or down, so a new link is met in one
+window rather than log2 of the gap. With `lower` (the default) K may fall to 1, a fast link's
+best K in the panel; without it, not below the starting K (the floor).
+
+`rule="double"` steps instead: f > target: K ← min(K·growth, ceiling); f ≤ target: hold, or with
+`lower`, K ← K/growth when even that keeps the share well under target (predicted f(K/g) <
+target·(1 − margin)).
+
+Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
+at least `window` boundaries and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
+K may not exceed that value until `cooldown` boundaries pass without it firing again.
 """
 
 from __future__ import annotations
@@ -102,6 +105,13 @@ def direct_sync_period(
     return min(k, top), f"hold: sync share {share:.0%}, K* {want:.3g} near K"
 
 
+# The guard judges the loss over windows of at least this many optimizer steps: at K = 1 a window
+# of 4 boundaries is 4 steps, whose mean loss is noise, and the best window of many such is
+# biased low, so the guard fired on noise and held K at 1 (the controller panel's es-lowering
+# K path on flip-link, docs/controller-panel/). A non-finite loss is judged at once.
+GUARD_MIN_STEPS = 32
+
+
 @dataclass
 class _Window:
     n: int = 0
@@ -109,6 +119,8 @@ class _Window:
     exposed: float = 0.0
     drift_ratio: float = 0.0
     loss: float = 0.0
+    peer: float = 0.0  # of `exposed`, the wait for a slower rank (BoundaryStats.peer_wait_seconds)
+    steps: int = 0
 
     def add(self, s: BoundaryStats) -> None:
         self.n += 1
@@ -116,11 +128,22 @@ class _Window:
         self.exposed += s.exposed_sync_seconds
         self.drift_ratio += s.drift_ratio
         self.loss += s.train_loss if math.isfinite(s.train_loss) else math.inf
+        self.peer += s.peer_wait_seconds
+        self.steps += s.interval_steps
 
     @property
     def share(self) -> float:
-        total = self.compute + self.exposed
-        return self.exposed / total if total > 0 else 0.0
+        """The network's share: a wait for a slower peer is neither compute nor link time that
+        a larger K amortizes (every K waits for a slow rank alike), so it is left out of both."""
+        return network_share(self.compute, self.exposed, self.peer)
+
+
+def network_share(compute: float, exposed: float, peer_wait: float) -> float:
+    """The share of the interval's time spent waiting for the network: (exposed − peer wait) /
+    (compute + exposed − peer wait). With no peer wait it is the exposed-sync share."""
+    network = max(0.0, exposed - peer_wait)
+    total = compute + network
+    return network / total if total > 0 else 0.0
 
 
 @dataclass
@@ -138,24 +161,40 @@ class ExposedSyncController:
     ceiling: int | None = None
     since_fire: int = 0
     floor: int | None = None  # direct rule: lowest K; default the starting K (1 with lower)
+    # direct rule: the first post-warmup boundary already decides (the link model's K* from its
+    # measured times), instead of a whole window at the starting K
+    estimated: bool = False
     _win: _Window = field(default_factory=_Window)
+    _guard_win: _Window = field(default_factory=_Window)
 
     def __post_init__(self) -> None:
         if self.floor is None:
             self.floor = 1 if self.lower else self.sync_period
 
+    def _judge_guard(self) -> str | None:
+        """The guard's verdict on its own window, once it spans `window` boundaries and
+        GUARD_MIN_STEPS steps (any length on a non-finite loss); None before."""
+        g = self._guard_win
+        if g.n < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
+            return None
+        self._guard_win = _Window()
+        return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
+
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
             return SyncDecision(self.sync_period, "warmup")
         self._win.add(stats)
+        self._guard_win.add(stats)
         if self.ceiling is not None:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
                 self.ceiling = None
-        if self._win.n < self.window:
-            return SyncDecision(self.sync_period, f"measuring ({self._win.n}/{self.window})")
+        reason = self._judge_guard()
+        needed = self.window if self.estimated or self.rule != "direct" else 1
+        if reason is None and self._win.n < needed:
+            return SyncDecision(self.sync_period, f"measuring ({self._win.n}/{needed})")
         w, self._win = self._win, _Window()
-        reason = self.guard.check(w.drift_ratio / w.n, w.loss / w.n)
+        self.estimated = True
         if self.rule == "direct":
             k, why = direct_sync_period(
                 self.sync_period,
@@ -191,7 +230,7 @@ class ExposedSyncController:
         """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
         self.sync_period = sync_period
         self.ceiling, self.since_fire = sync_period, 0
-        self._win = _Window()
+        self._win, self._guard_win = _Window(), _Window()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -200,6 +239,8 @@ class ExposedSyncController:
             "since_fire": self.since_fire,
             "guard": self.guard.state_dict(),
             "window": vars(self._win).copy(),
+            "guard_window": vars(self._guard_win).copy(),
+            "estimated": self.estimated,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -208,3 +249,6 @@ class ExposedSyncController:
         self.since_fire = int(state["since_fire"])
         self.guard.load_state_dict(state["guard"])
         self._win = _Window(**state["window"])
+        # a state saved before the guard had its own window: it starts one, the estimate made
+        self._guard_win = _Window(**state.get("guard_window", {}))
+        self.estimated = bool(state.get("estimated", True))

@@ -748,7 +748,7 @@ def test_the_train_loss_is_the_mean_of_every_kind_of_loss_a_step_gives():
 def _ddp_records_worker(rank, world):
     """Two ddp Syncs over the same steps: one with no observer (its records kept lazily, built
     on reading) and one whose observer makes every record at its boundary. Past the first
-    guard check, the lazy one takes Sync._close_ddp_lazily."""
+    guard check, the lazy one takes ddp_path.close_ddp_lazily."""
     from dataclasses import asdict
 
     class Keep:
@@ -777,7 +777,7 @@ def _ddp_records_worker(rank, world):
                 opt.step()
                 s.loss = None if none else loss.item() if number else loss
         held = syncs[0][0]._lazy_record
-        fast.append(held is not None and isinstance(held[1], list))  # _close_ddp_lazily's
+        fast.append(held is not None and isinstance(held[1], list))  # close_ddp_lazily's
         b = syncs[0][0].last_boundary
         seconds += b.compute_seconds + b.exposed_sync_seconds
         lazy.append({k: v for k, v in asdict(b).items() if k not in timing})
@@ -868,7 +868,7 @@ def test_ddps_state_holds_the_k_path_its_fast_close_kept_apart():
 
 
 def _ddp_holds_worker(rank, world):
-    """Which losses ddp's fast close holds unread (Sync._close_ddp_lazily) and which LossSum.add
+    """Which losses ddp's fast close holds unread (close_ddp_lazily) and which LossSum.add
     holds: the two spell the same test, inlined for the hot path."""
     from autok.trainer.engine.loss_sum import LossSum
 

@@ -229,8 +229,8 @@ def _stall_worker(rank, world, flag):
     stalled_at = []
 
     class Stall:
-        def on_step(self, tr, is_boundary):
-            if tr.global_step == 3:
+        def on_step(self, step):
+            if step.global_step == 3:
                 stalled_at.append(time.time())
                 if rank == 1:  # alive but stuck: no error, no progress (until rank 0 failed)
                     while time.time() - stalled_at[0] < STALL_SECONDS and not Path(flag).exists():

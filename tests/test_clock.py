@@ -18,6 +18,7 @@ import pytest
 from autok.trainer.engine.clock import VirtualClock
 from autok.trainer.engine.link import PROFILES, static_schedule
 from autok.trainer.engine.straggler import Straggler
+from tests.dist import run_dist
 
 WAN = PROFILES["wan"]
 
@@ -62,6 +63,25 @@ def test_a_fast_rank_waits_for_the_straggler_at_the_next_collective():
     assert fast.now() == slow.now()
 
 
+def test_a_wait_for_a_slower_rank_is_booked_as_peer_wait_apart_from_the_link():
+    fast, slow = _clock(rank=0), _clock(rank=1)
+    for v in (fast, slow):
+        v.straggler = Straggler("slow-rank", 50.0, 1.0, 7, v.rank, 2)
+        v.step(0, 0, 0)  # a local step: rank 1 is 50 ms behind
+    ring = WAN.allreduce_seconds(1000, 2)
+    assert fast.wait(fast.book(1000)) == pytest.approx(0.050 + ring)
+    # the mean over ranks, the same on each: rank 0 waited 50 ms for rank 1, rank 1 for no one;
+    # the ring's time is the link's
+    assert fast.take_peer_wait() == pytest.approx(0.025) and fast.take_peer_wait() == 0.0
+    # a synchronized backward: rank 0's wait for rank 1's last bucket is a peer wait too
+    assert fast.step(1, 1000, 1)[2] >= 0.050
+    assert fast.take_peer_wait() == pytest.approx(0.025)
+    none = _clock()
+    none.step(0, 1000, 1)
+    none.wait(none.book(1000))
+    assert none.take_peer_wait() == 0.0  # equal ranks: every wait is the link's
+
+
 def test_model_bytes_scale_every_booked_collective():
     small, large = _clock(), _clock(scale=1000.0)
     assert large.wait(large.book(10**6)) == pytest.approx(WAN.allreduce_seconds(10**9, 2))
@@ -79,6 +99,50 @@ def test_a_saved_virtual_clock_continues_exactly_and_a_bad_state_is_refused():
         _clock(world=3).load_state_dict(state)
     with pytest.raises(ValueError, match="not a time"):
         w.load_state_dict({**state, "link_free": math.nan})
+
+
+def _peer_wait_worker(rank, world):
+    from autok.trainer.loop.run import Trainer
+    from tests.helpers import tiny_cfg
+
+    class Records:
+        def __init__(self):
+            self.rows = []
+
+        def on_boundary(self, stats, decision):
+            self.rows.append(stats)
+
+    runs = {}
+    for mode in ("none", "slow-rank"):
+        slow = {"straggler": mode, "straggler_ms": 30.0} if mode != "none" else {}
+        cfg = tiny_cfg(
+            clock="virtual", compute_ms=20.0, link="wan", warmup_epochs=0, strategy="cpdp",
+            sync_period=2, slowmo_beta=0.0, workers=world, **slow,
+        )  # fmt: skip
+        log = Records()
+        Trainer(cfg, rank, world, None, observers=[log]).run()
+        runs[mode] = [
+            (s.interval_steps, s.exposed_sync_seconds, s.peer_wait_seconds) for s in log.rows
+        ]
+    return runs
+
+
+@pytest.mark.dist
+def test_the_engine_records_a_slow_ranks_wait_as_peer_wait_and_the_links_apart():
+    """Real gloo workers on the virtual clock: with rank 1 30 ms slower at every step, rank 0
+    waits 30 ms per step for it, 15 ms per step as the mean over the 2 ranks, all of it peer
+    wait; what is left of each record's exposed time is exactly the same run's without the slow
+    rank (the link's). An averaging's wait lands in the next record, as its exposed time does
+    (controllers/base.py), so the last interval's is in no record."""
+    for runs in run_dist(_peer_wait_worker, 2):
+        even, slow = runs["none"], runs["slow-rank"]
+        assert len(even) == len(slow) > 3
+        assert all(peer == 0.0 for _, _, peer in even)
+        for (_, exposed, peer), (_, even_exposed, _) in zip(slow, even, strict=True):
+            assert exposed - peer == pytest.approx(even_exposed, abs=1e-6)
+        steps = [n for n, _, _ in slow]
+        total = sum(peer for _, _, peer in slow)
+        assert total == pytest.approx(0.015 * (sum(steps) - steps[-1]), abs=1e-6)
 
 
 # ----- autok train --clock virtual -------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -12,7 +13,12 @@ from autok.controllers import READS, REGISTRY, RUN_OPTIONS, PolicyOptions, build
 from autok.controllers.adacomm import AdaCommController
 from autok.controllers.adacomm import next_sync_period as adacomm_k
 from autok.controllers.base import BoundaryStats
-from autok.controllers.exposed_sync import ExposedSyncController, share_at
+from autok.controllers.exposed_sync import (
+    GUARD_MIN_STEPS,
+    ExposedSyncController,
+    network_share,
+    share_at,
+)
 from autok.controllers.exposed_sync import next_sync_period as share_rule
 from autok.controllers.qsr import QSRController, default_alpha
 from autok.controllers.qsr import next_sync_period as qsr_k
@@ -134,6 +140,65 @@ def test_non_finite_loss_backs_off():
 def test_warmup_boundaries_do_not_move_k():
     c = ExposedSyncController(sync_period=4, window=1)
     assert {c.observe(stats(1, warmup=True)).next_sync_period for _ in range(10)} == {4}
+
+
+def peer_stats(k, *, peer, step_compute=0.02, network=0.001, i=0):
+    """A boundary after K steps on a fast link where this rank also waited `peer` seconds per
+    step for a slower one (the slow-rank regime): exposed = network + the peer wait."""
+    return dataclasses.replace(
+        stats(k, step_compute=step_compute, sync=network + peer * k, i=i),
+        peer_wait_seconds=peer * k,
+    )
+
+
+def test_a_wait_for_a_slower_peer_does_not_raise_k():
+    # exposed/(compute + exposed) = 0.5 at every K, all of it a wait for a slow rank that no K
+    # hides: the share of network time is what the rule judges, and on this link it says K = 1
+    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    ks = []
+    for i in range(40):
+        ks.append(c.observe(peer_stats(c.sync_period, peer=0.02, i=i)).next_sync_period)
+    assert ks[-1] == 1 and max(ks) <= 4
+    assert peer_stats(4, peer=0.02).sync_share > 0.5  # what the share without it says
+
+
+def test_network_share_leaves_the_peer_wait_out_of_both_sides():
+    assert network_share(0.8, 0.2, 0.0) == pytest.approx(0.2)
+    assert network_share(0.8, 0.2, 0.2) == 0.0
+    assert network_share(0.8, 0.7, 0.5) == pytest.approx(0.2)  # 0.2 / (0.8 + 0.2)
+    assert network_share(0.0, 0.0, 0.0) == 0.0
+
+
+def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_boundary():
+    # s = 0.05 s per boundary, c = 0.02 s per step: f(4) = 0.05/0.13, K* = 4·r/r_t = 10,
+    # decided at the first boundary rather than after a window at the starting K
+    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    d = c.observe(stats(4, step_compute=0.02, sync=0.05))
+    assert d.next_sync_period in (10, 11) and d.reason.startswith("raise")
+    # then a window per decision: K* at 10 or 11 is within the margin, so K holds
+    ks = [c.observe(stats(d.next_sync_period, step_compute=0.02, sync=0.05, i=i)) for i in range(8)]
+    assert {x.next_sync_period for x in ks} == {d.next_sync_period}
+
+
+def test_the_default_rule_lowers_k_on_a_fast_link_and_raises_it_when_the_link_slows():
+    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    assert c.observe(stats(4, step_compute=0.02, sync=1e-4)).next_sync_period == 1
+    ks = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)).next_sync_period for i in range(4)]
+    assert ks[-1] >= 8  # a window of 4 boundaries at K = 1 on the slow link: K* = 10
+
+
+def test_the_loss_guard_does_not_hold_k_at_1_on_the_noise_of_a_few_steps():
+    # At K = 1 a window of 4 boundaries is 4 steps; their mean loss wobbles 20% (noise, as the
+    # panel's es-lowering path showed). The guard judges windows of GUARD_MIN_STEPS steps, so
+    # the wobble neither backs off nor caps K, and the link's slowing raises K at once.
+    c = ExposedSyncController(sync_period=1, max_sync_period=32, window=4, rule="direct")
+    assert GUARD_MIN_STEPS > 4
+    for i in range(12):
+        loss = 1.0 if (i // 4) % 2 == 0 else 1.2
+        c.observe(stats(1, step_compute=0.02, sync=1e-4, loss=loss, i=i))
+    ds = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)) for i in range(8)]
+    assert not any("back off" in d.reason for d in ds)
+    assert max(d.next_sync_period for d in ds) >= 8  # within two windows of the slowing
 
 
 def test_share_prediction():
@@ -280,16 +345,25 @@ def test_inverse_lr_is_linear_in_one_over_the_lr():
 
 def test_composite_takes_the_larger_and_the_guard_caps_it():
     o = PolicyOptions(
-        peak_lr=0.1, target_sync_share=0.2, max_sync_period=64, sync_window=1, qsr_base=2
+        peak_lr=0.1,
+        target_sync_share=0.2,
+        max_sync_period=64,
+        sync_window=1,
+        qsr_base=2,
+        k_rule="double",  # the share rule steps K, so each step below is one doubling
+        k_lowering=False,
     )
     c = build_controller("composite", 2, o)
     # Idle link: the share rule holds; QSR raises K as the LR decays.
     assert c.observe(stats(2, sync=1e-6, lr=0.05)).next_sync_period == 8
     # Busy link at high LR: the share rule wins.
     assert c.observe(stats(8, sync=1.0, lr=0.1)).next_sync_period == 16
-    # The guard caps both: loss up by 50%.
-    d = c.observe(stats(16, sync=1e-6, lr=0.02, loss=3.0))
-    assert "back off" in d.reason and d.next_sync_period == 8
+    # The guard caps both: loss up by 50% over the best window (each window of at least
+    # GUARD_MIN_STEPS steps: the first, of 2 + 8 + 16 + 16 steps at loss 1, calibrates it).
+    assert all("back off" not in c.observe(stats(16, sync=1e-6)).reason for _ in "ab")  # K 16
+    ds = [c.observe(stats(16, sync=1e-6, lr=0.02, loss=3.0)) for _ in range(2)]
+    assert ds[0].next_sync_period == 50  # QSR's (0.1·√2 / 0.02)², the guard's window still open
+    assert "back off" in ds[1].reason and ds[1].next_sync_period == 25  # under QSR's 50
 
 
 # ----- state -----------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ def _fill_(model, value) -> None:
 
 def _rank_fill_worker(rank, world, strategy, k, beta):
     """Parameters are set to the rank after every boundary (but the epoch's last); with LR 0 the
-    only thing that moves them is the boundary. Records every step against a hand computation."""
+    only thing that moves them is the boundary. Records every step against a hand computation:
+    an epoch end the schedule did not make due (fewer than K steps since the last boundary) is
+    unscheduled, θ_avg with SlowMo's reference and velocity untouched (docs/design.md §2)."""
     cfg = tiny_cfg(
         strategy=strategy,
         sync_period=k,
@@ -43,23 +45,29 @@ def _rank_fill_worker(rank, world, strategy, k, beta):
 
     class Observer:
         def __init__(self, tr):
+            self.tr = tr
             self.n = _flat(tr.model).numel()
             self.ref = _flat(tr.model).double()  # θ_0: SlowMo's first reference
             self.v = torch.zeros(self.n, dtype=torch.float64)
             self.expected = torch.full((self.n,), float(rank), dtype=torch.float64)
             self.filled = True  # expected holds the rank (differs across ranks)
+            self.since = 0  # steps since the last boundary
             _fill_(tr.model, self.expected)
 
-        def on_step(self, tr, is_boundary):
+        def on_step(self, step):
+            tr, is_boundary = self.tr, step.is_boundary
             got = _flat(tr.model).double()
+            self.since += 1
             if is_boundary:
                 avg = torch.full_like(got, (world - 1) / 2) if self.filled else self.expected
-                if beta == 0:
+                due, self.since = self.since >= (1 if tr.sync.warmup else k), 0
+                if beta == 0 or not due:
                     new = avg
                 else:
                     self.v = beta * self.v + (avg - self.ref)
                     new = self.ref + self.v
-                self.ref = new
+                if due:
+                    self.ref = new
                 self.expected = new.clone()
             err = (got - self.expected).abs().max().item()
             log.append((tr.global_step, is_boundary, err))
@@ -168,8 +176,8 @@ def _replica_check_worker(rank, world, strategy):
     checked = []
 
     class Gather:
-        def on_step(self, tr, is_boundary):
-            if not is_boundary:
+        def on_step(self, step):
+            if not step.is_boundary:
                 return
             mine = _flat(tr.model)
             all_ = [torch.empty_like(mine) for _ in range(world)]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import autok
-from autok.trainer.engine.sync import DDP_PARAM_CHECK_EVERY
+from autok.trainer.engine.ddp_path import DDP_PARAM_CHECK_EVERY
 from autok.trainer.loop.models import build_model
 from benchmarks.bytecodes import count
 from tests.dist import run_dist

@@ -374,7 +374,8 @@ def _adam(params):
 
 
 def _adam_worker(rank, world):
-    """An outer Adam: 11 steps at K = 3 (boundaries at 3, 6, 9 and close), against the same run
+    """An outer Adam: 11 steps at K = 3 (boundaries at 3, 6, 9; close() averages the last two
+    steps unscheduled, without an Adam step), against the same run
     stopped mid-interval after step 7, saved (weights_only), loaded into fresh objects and
     continued; and the loads that must be refused."""
     import io
@@ -441,14 +442,15 @@ def _bad_moment(state: dict) -> dict:
 
 @pytest.mark.dist
 def test_an_outer_adam_trains_agrees_and_resumes_bit_for_bit():
-    """torch.optim.Adam as the outer optimizer (no name covers it): it steps at every boundary
-    (its step count is the boundaries'), the replicas agree, a resume from state_dict() mid-
-    interval ends bit for bit where the uninterrupted run ends (Adam's moments are in Sync's
-    state), and a state of another outer step is refused naming it."""
+    """torch.optim.Adam as the outer optimizer (no name covers it): it steps at every scheduled
+    boundary (its step count is theirs; close()'s unscheduled sync takes none), the replicas
+    agree, a resume from state_dict() mid-interval ends bit for bit where the uninterrupted run
+    ends (Adam's moments are in Sync's state), and a state of another outer step is refused
+    naming it."""
     results = run_dist(_adam_worker, 2)
     for out in results:
         assert all(out["agree"]), out["agree"]
-        assert {int(s["step"]) for s in out["steps"].values()} == {4}
+        assert {int(s["step"]) for s in out["steps"].values()} == {3}
         assert not torch.equal(out["whole"], out["average"])  # Adam's step is no plain average
         assert torch.equal(out["whole"], out["resumed"])
         refused = out["refused"]

@@ -416,6 +416,7 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_experiments_and_sweeps(tmp_path)
     assert res.returncode == 1 and "No module named 'trainer'" in res.stderr
     res = run(str(bindir / "autok"), "bench")  # the benchmarks ship with the repository only
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "from a checkout" in res.stderr
+    assert res.stderr.startswith("autok: error: bench: ")
     res = run(str(bindir / "autok"), "--version")
     assert res.returncode == 0 and res.stdout.strip() == f"autok {version}", res
     res = run(str(bindir / "autok"), "experiment", "list")

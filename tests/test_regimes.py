@@ -205,8 +205,8 @@ def _lr_worker(rank, world):
         def __init__(self):
             self.lrs = []
 
-        def on_step(self, trainer, is_boundary):  # after the scheduler: the next step's LR
-            self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        def on_step(self, step):  # after the scheduler: the next step's LR
+            self.lrs.append(step.next_lr)
 
     obs = LR()
     tr = Trainer(cfg, rank, world, None, observers=[obs])
@@ -256,8 +256,8 @@ def _straggler_worker(rank, world, mode):
         def __init__(self):
             self.steps = []
 
-        def on_step(self, trainer, is_boundary):
-            self.steps.append((trainer.global_step - 1, trainer.sync.last_step.forward_seconds))
+        def on_step(self, step):
+            self.steps.append((step.global_step - 1, step.times.forward_seconds))
 
     obs = Forward()
     Trainer(cfg, rank, world, None, observers=[obs]).run()

@@ -620,12 +620,12 @@ def test_labels_are_placed_without_overlaps():
     assert clusters([(0, 0), (50, 0), (1, 1), (51, 1.5)], within=4) == [[0, 2], [1, 3]]
 
 
-class _Trainer:
-    """What FileSink.on_step reads of the trainer."""
+def _step(global_step: int, next_lr: float):
+    """What FileSink.on_step reads: the step's numbers."""
+    from autok.trainer.engine.observer import StepInfo
+    from autok.trainer.engine.step import StepTimes
 
-    def __init__(self) -> None:
-        self.global_step = 0
-        self.optimizer = type("O", (), {"param_groups": [{"lr": 0.0}]})()
+    return StepInfo(global_step=global_step, is_boundary=False, times=StepTimes(), next_lr=next_lr)
 
 
 def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, drawn):
@@ -635,7 +635,7 @@ def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, d
     from autok.trainer.loop.sinks import FileSink
 
     (tmp_path / "config.json").write_text(json.dumps({"warmup_epochs": 1, "lr_warmup_epochs": 1}))
-    sink, tr = FileSink(tmp_path), _Trainer()
+    sink = FileSink(tmp_path)
     per_epoch, epochs = 8, 3
     total = per_epoch * epochs
 
@@ -650,14 +650,12 @@ def test_k_lr_knows_the_lr_of_every_step_and_marks_epochs_and_warmup(tmp_path, d
         if step == 2 * per_epoch:
             # a rollback to the end of epoch 0 trains epoch 1 again: its LRs are recorded once
             for again in range(per_epoch, step):
-                tr.global_step, tr.optimizer.param_groups[0]["lr"] = again + 1, lr(again + 1)
-                sink.on_step(tr, False)
+                sink.on_step(_step(again + 1, lr(again + 1)))
         if (step + 1) % k == 0 or (step + 1) % per_epoch == 0:
             s = stats | {"global_step": step, "interval_steps": step - start + 1, "epoch": epoch}
             sink.on_boundary(BoundaryStats(**s | {"sync_period": k, "lr": lr(step)}), _decision())
             start = step + 1
-        tr.global_step, tr.optimizer.param_groups[0]["lr"] = step + 1, lr(step + 1)
-        sink.on_step(tr, False)
+        sink.on_step(_step(step + 1, lr(step + 1)))
     steps, lrs = lr_per_step(sink._path, sink._lr_first, sink._lrs)
     assert steps == list(range(total + 1))  # step 0 from its boundary record, the rest recorded
     assert lrs == pytest.approx([lr(s) for s in steps])

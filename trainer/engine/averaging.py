@@ -24,10 +24,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from autok.trainer.engine.compress import Codec
+from autok.trainer.engine.compress import Buffers, Layout, quantized_allreduce_
 from autok.trainer.engine.fragments import WHOLE, fragment_bounds
 from autok.trainer.engine.grad_watch import CHANGED, UNCHECKED
-from autok.trainer.engine.link import LinkClock, allgather_, allreduce_sum_, delayed
+from autok.trainer.engine.link import LinkClock, allreduce_sum_, delayed, hold_until
 from autok.trainer.engine.options import UNUSED_PARAMETERS_HINT, OptionError
 from autok.trainer.engine.outer import OuterOptimizer, TorchOuter, outer_step_
 
@@ -90,14 +90,15 @@ class _Pending:
     n_pieces: int = 0  # parameter pieces at the head of avg_tensors
     delta_form: bool = False  # the pieces travel as θ_i − θ_ref (see ParameterAverager.start)
     decayed: bool = False  # start() took the outer step's μ·v (see outer_step_)
+    # [lo, hi) of the flat vector taking the outer step where that is not all it moves: an
+    # unscheduled sync (empty) or an epoch end where one fragment was due (docs/design.md §2)
+    outer_at: tuple[int, int] | None = None
     # fused: (momentum buffers, their gradient views in the buffer), paired in start()
     momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     future: torch.futures.Future | None = None
     seconds: float = 0.0  # this rank's time spent in start()
     nbytes: int = 0  # what this rank put on the wire
     compressed: bool = False
-    gathered: torch.Tensor | None = None  # compressed: every rank's payload, after the gather
-    codec: Codec | None = None
 
 
 def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
@@ -352,9 +353,11 @@ class ParameterAverager:
         self.outer = outer
         self._torch_outer: TorchOuter | None = None  # use_outer(): a torch optimizer's step
         self.compress = compress
-        # per payload size (fragments differ in size): codec, this rank's bytes, every rank's
-        self._codecs: dict[tuple[int, int], tuple[Codec, torch.Tensor, torch.Tensor]] = {}
+        # per buffer layout (fragments differ in size): the quantized all-reduce's plan, memory
+        self._codecs: dict[tuple[tuple[int, ...], int], tuple[Layout, Buffers]] = {}
         self._residual: torch.Tensor | None = None  # error feedback: what quantization dropped
+        # ... and what requantizing the summed share this rank owned dropped (compress.py)
+        self._residual2: torch.Tensor | None = None
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
         # The averaging works in at least float32 (its buffer, θ_ref, the velocity): the
@@ -598,6 +601,22 @@ class ParameterAverager:
         a, b, pieces = self.region(fragment)
         return a, b, pieces, pieces + grads + self._averaged_extras(), self._broadcast_extras()
 
+    def _outer_at(self, a: int, b: int, due: int | None) -> tuple[int, int] | None:
+        """[lo, hi) of the moved [a, b) that takes the outer step, where that is not all of it
+        (None: all, a scheduled boundary). An unscheduled sync injects no outer momentum
+        (docs/design.md §2, "Unscheduled syncs"): nothing takes the step (empty), or only the
+        fragment the schedule made due at a whole-model epoch end. A plain average has no
+        outer state: θ_avg either way, kept on its one path (bit for bit ddp at K = 1)."""
+        if self.outer.is_plain_average:
+            return None
+        if due is None:
+            return a, a
+        lo, hi = self.bounds[due] if due != WHOLE else (0, self.numel)
+        lo, hi = max(lo, a), min(hi, b)
+        if lo >= hi:
+            return a, a
+        return None if (lo, hi) == (a, b) else (lo, hi)
+
     def reconcile(self, totals: IntervalTotals, lr: float, clock: LinkClock | None) -> Reconciled:
         """One boundary, synchronously: pack, all-reduce, SlowMo, write back."""
         return self.finish(self.start(totals, lr, clock, overlap=False))
@@ -610,13 +629,17 @@ class ParameterAverager:
         overlap: bool,
         fragment: int = WHOLE,
         boundary_step: bool = True,
+        due: int | None = WHOLE,
     ) -> _Pending:
         """Pack this rank's part and launch the collective; with `overlap` it runs in the
         background and finish() applies it later (delayed averaging). `fragment`: the slice of
         the parameters to move (trainer/engine/fragments.py), or the whole model. `boundary_step`:
         False for a boundary outside any step (sync_now): with no boundary step, no fused
         gradients ride along (every rank knows they would be zero: a smaller collective, and
-        no momentum correction).
+        no momentum correction). `due`: what the schedule syncs at this boundary, WHOLE or a
+        fragment, or None for an unscheduled sync (docs/design.md §2, "Unscheduled syncs"):
+        the outer step acts on what is both moved and due; the rest is set to θ_avg, with its
+        θ_ref and velocity untouched.
 
         Where the outer step is not a plain average (and the average is taken at once,
         uncompressed), the parameters travel as Δ_i = θ_i − θ_ref: their mean is the outer
@@ -641,7 +664,13 @@ class ParameterAverager:
         n_bc = sum(t.numel() for t in bc_tensors)
         buf = self._buffer(n_avg + n_bc + N_SCALARS)
         avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self._cut(a, b, n_avg, n_bc)
-        delta_form = not overlap and self.compress == "none" and not self.outer.is_plain_average
+        outer_at = None if due == WHOLE else self._outer_at(a, b, due)  # WHOLE: all is due
+        delta_form = (
+            not overlap
+            and self.compress == "none"
+            and not self.outer.is_plain_average
+            and outer_at is None  # (θ_avg of an unscheduled sync is the mean of the θ_i)
+        )
 
         flats = self._flats if fragment == WHOLE else None  # cut by region() just now
         if delta_form:
@@ -701,6 +730,7 @@ class ParameterAverager:
             delta_form=delta_form,
             momenta=momenta,
             decayed=decayed,
+            outer_at=outer_at,
         )
         if overlap:
             # What this rank held when the average was taken: the local step taken meanwhile
@@ -725,38 +755,36 @@ class ParameterAverager:
         return pending
 
     def _start_compressed(self, buf: torch.Tensor, pending: _Pending, clock) -> None:
-        """Send [Δ_i, g_i] quantized and the rest as float32 (trainer/engine/compress.py): one
-        all-gather; finish() decodes and sums the N payloads in rank order. A fragment sends
-        its slice of Δ_i, with the error feedback of that slice."""
+        """Send [Δ_i, g_i] quantized and the rest as float32: the quantized all-reduce of
+        trainer/engine/compress.py, after which the buffer holds the SUM, as an uncompressed
+        all-reduce leaves it. A fragment sends its slice of Δ_i, with the error feedback of that
+        slice. Delayed (overlap), the two dependent phases run now and the link's modelled time
+        is what overlaps the local steps that follow (docs/design.md §2, Compression)."""
         a, b = pending.start, pending.end
         n = b - a
-        n_comp = n * (2 if pending.n_grads else 1)
-        n_raw = buf.numel() - n_comp
-        key = (n_comp, n_raw)
+        # Δ and the fused gradients are separate segments: a scale never spans both
+        segments = (n, n) if pending.n_grads else (n,)
+        n_raw = buf.numel() - sum(segments)
+        key = (segments, n_raw)
         if key not in self._codecs:
-            codec = Codec(self.compress, n_comp, n_raw)
-            payload = torch.empty(codec.nbytes, dtype=torch.uint8, device=buf.device)
-            gathered = torch.empty(
-                self.world_size, codec.nbytes, dtype=torch.uint8, device=buf.device
-            )
-            self._codecs[key] = (codec, payload, gathered)
-        codec, payload, gathered = self._codecs[key]
+            layout = Layout(self.compress, segments, n_raw, self.world_size)
+            self._codecs[key] = (layout, Buffers(layout, buf.device))
+        layout, mem = self._codecs[key]
         if self._residual is None:
             self._residual = torch.zeros_like(self.ref)
-        x = buf[:n_comp]
-        x[:n].sub_(self.ref[a:b])  # Δ_i: small values (θ_i itself is in the snapshot)
-        codec.encode(x, buf[n_comp:], payload, self._residual[a:b], feedback=slice(0, n))
-        outputs = list(gathered.unbind(0))
-        pending.compressed, pending.nbytes = True, codec.nbytes
-        pending.codec, pending.gathered = codec, gathered
-        if pending.overlap:
-            fut = dist.all_gather(outputs, payload, async_op=True).get_future()
-            if clock is not None:
-                deadline = clock.reserve(codec.nbytes, allgather=True)
-                fut = delayed(fut, deadline, device=buf.device)
-            pending.future = fut
-        else:
-            allgather_(outputs, payload, clock)
+        if self._residual2 is None:
+            self._residual2 = torch.zeros_like(self.ref)
+        buf[:n].sub_(self.ref[a:b])  # Δ_i: small values (θ_i itself is in the snapshot)
+        deadline = quantized_allreduce_(
+            buf, layout, mem, self.rank, self._residual[a:b], self._residual2[a:b], clock
+        )
+        pending.compressed, pending.nbytes = True, layout.nbytes
+        if not pending.overlap:
+            hold_until(deadline)
+        elif clock is not None:
+            done: torch.futures.Future = torch.futures.Future()
+            done.set_result(None)
+            pending.future = delayed(done, deadline, device=buf.device)
 
     def finish(self, pending: _Pending, settle: bool = False) -> Reconciled:
         """Apply a launched averaging. `settle`: no local step was taken since it was launched
@@ -765,12 +793,10 @@ class ParameterAverager:
         t0 = time.perf_counter()
         if pending.future is not None:
             pending.future.wait()
-        buf, n, n_avg, n_bc = self._buf, self.world_size, pending.n_avg, pending.n_bc
+        n, n_avg, n_bc = self.world_size, pending.n_avg, pending.n_bc
         a, b = pending.start, pending.end
         m = b - a  # parameter elements moved
         avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self._cut(a, b, n_avg, n_bc)
-        if pending.codec is not None:  # Σ_r decode(payload_r) into the buffer's layout, as a SUM
-            pending.codec.decode_sum(list(pending.gathered.unbind(0)), buf)
         red = (host if host is not None else scalars).tolist()
         if red[DIGEST] != n * red[DIGEST0]:
             when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
@@ -818,7 +844,9 @@ class ParameterAverager:
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
         if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
             theta_now = self._snapshot[:m]
-        if self._torch_outer is None:
+        if pending.outer_at is not None:  # unscheduled: θ_avg, no outer momentum injected
+            theta_new = self._unscheduled_(pending, ref, velocity, theta_avg, delta)
+        elif self._torch_outer is None:
             theta_new = outer_step_(
                 self.outer,
                 ref,
@@ -847,13 +875,17 @@ class ParameterAverager:
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
             self.last_digest = replica_digest([theta_new], self._bits)
         else:
-            if pending.fragment == WHOLE and not self._offload:  # θ_new is θ_ref, cut already
+            if pending.fragment == WHOLE and not self._offload and pending.outer_at is None:
+                # θ_new is θ_ref, cut already (an unscheduled sync's is a buffer)
                 self._copy_into(pieces, self._ref_views)
             else:
                 self._write_back(pieces, theta_new)
             if self._narrow:  # θ_ref as the replicas hold it: rounding θ_new to the parameters'
                 # dtype is no update of theirs (the next Δ_i, and SlowMo's velocity, would carry it)
                 self._copy_into(self._views(theta_new, pieces), pieces)
+                if pending.outer_at is not None:  # θ_new is a buffer: its stepped slice home
+                    lo, hi = (i - a for i in pending.outer_at)
+                    ref[lo:hi].copy_(theta_new[lo:hi])
             if pending.momenta is not None:  # the gradient views hold Σ g now
                 _add_to_momentum(pending.momenta, 1.0 / n)
             if rest_tensors:
@@ -887,16 +919,42 @@ class ParameterAverager:
             grads_changed=int(red[GRADS_CHANGED]),
         )
 
+    def _unscheduled_(
+        self,
+        pending: _Pending,
+        ref: torch.Tensor,
+        velocity: torch.Tensor | None,
+        theta_avg: torch.Tensor | None,
+        delta: torch.Tensor,
+    ) -> torch.Tensor:
+        """θ_new of an unscheduled sync over the moved [start, end), in a buffer (not θ_ref):
+        θ_avg, with θ_ref and the velocity (or a torch optimizer's state) untouched, so the
+        next scheduled boundary's Δ spans everything since the last one, as if this sync had
+        not been (docs/design.md §2, "Unscheduled syncs"). Only [lo, hi) of `outer_at` (the
+        fragment due at an epoch end) takes the outer step. `theta_avg` is None where the
+        buffer holds Δ̄ = θ_avg − θ_ref (`delta`, compressed); the θ_i were sent otherwise, so
+        θ_avg is their mean, and identical replicas stay as they are bit for bit (N = 2)."""
+        assert pending.outer_at is not None and not pending.delta_form  # (scale 1: no fold)
+        lo, hi = (i - pending.start for i in pending.outer_at)
+        if lo < hi:  # (a torch optimizer moves the whole model: never a slice of it)
+            assert self._torch_outer is None
+            vel = velocity[lo:hi] if velocity is not None else None
+            avg = theta_avg[lo:hi] if theta_avg is not None else None
+            outer_step_(self.outer, ref[lo:hi], vel, avg, pending.lr, delta=delta[lo:hi])
+        if theta_avg is None:  # θ_ref + Δ̄ (the stepped slice is overwritten just below)
+            theta_avg = delta.add_(ref)
+        theta_avg[lo:hi].copy_(ref[lo:hi])
+        return theta_avg
+
     def pending_state(self, pending: _Pending) -> dict:
         """A launched (delayed) averaging as plain tensors and numbers, for a checkpoint taken
-        while it is in flight: waits for the collective and keeps its reduced buffer (decoded,
-        if compressed) and the snapshot of what this rank sent; `restore_pending` rebuilds it.
-        The averaging itself is untouched: finish() applies it as if nothing had been saved."""
+        while it is in flight: waits for the collective and keeps its reduced buffer (a
+        compressed one decoded already) and the snapshot of what this rank sent;
+        `restore_pending` rebuilds it. The averaging itself is untouched: finish() applies it
+        as if nothing had been saved."""
         if pending.future is not None:
             pending.future.wait()
         reduced = self._buf.clone()
-        if pending.codec is not None:
-            pending.codec.decode_sum(list(pending.gathered.unbind(0)), reduced)
         n = pending.n_avg + pending.n_bc
         return {
             "reduced": reduced,
@@ -1019,6 +1077,7 @@ class ParameterAverager:
             "digest": self.last_digest,
             "fragment": self.last_fragment,  # what the digest describes
             "residual": self._residual,  # error feedback (compression), or None
+            "residual2": self._residual2,  # ... of the requantized sums this rank owned
             # a torch optimizer's own state (use_outer), under its own key: absent otherwise
             **({"outer": self._torch_outer.optimizer.state_dict()} if self._torch_outer else {}),
         }
@@ -1037,6 +1096,14 @@ class ParameterAverager:
         self.boundaries = int(state["boundaries"])
         if state.get("residual") is not None:
             self._residual = state["residual"].to(self.ref.device, self.ref.dtype, copy=True)
+            # absent from states saved before the quantized all-reduce (an all-gather, which
+            # requantized nothing): zero is then exact, nothing requantized is owed
+            second = state.get("residual2")
+            self._residual2 = (
+                torch.zeros_like(self.ref)
+                if second is None
+                else second.to(self.ref.device, self.ref.dtype, copy=True)
+            )
         self.last_fragment = int(state.get("fragment", WHOLE))
         if recompute_digest or "digest" not in state:
             # of what the last boundary left identical: its fragment (or the whole model)

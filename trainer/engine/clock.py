@@ -20,13 +20,19 @@ rank knows every rank's compute without a collective):
   counted per collective). DDP overlaps the buckets with backward; what is left after the
   slowest rank's backward is every rank's exposed wait (a fast rank also waits for the slow).
 - any other collective (an averaging, trainer/engine/averaging.py): it starts once every rank has
-  issued it and the link is free, and costs T(S, N) (an all-gather's model where compressed);
+  issued it and the link is free, and costs T(S, N) (where compressed: an all-to-all of its
+  payload S and an all-gather of S/N, each (N − 1)/N·S per rank, trainer/engine/compress.py);
   a rank that waits for it is exposed for the rest (`wait`); a delayed average (τ > 0)
   overlaps the steps taken before its wait.
 - `byte_scale` (--model-bytes over the model's parameter bytes) scales every collective's
   bytes, so a small model stands for a large one on the modelled link.
 - jitter: drawn as LinkClock draws it (seeded, one draw per collective, in the same order on
   every rank).
+- peer wait: the part of a rank's exposed wait spent before the slowest rank reached the
+  collective (the last bucket ready, the averaging issued), the rest being the network's. Every
+  rank knows every rank's time, so the mean over ranks is known without a collective; the
+  records carry it (`peer_wait_seconds`) so that a K policy can tell a slow peer, which no K
+  hides, from a slow link, which a larger K amortizes (docs/design.md §6, "Judging a policy").
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ import math
 import random
 from typing import Any
 
-from autok.trainer.engine.link import LinkProfile, LinkSchedule
+from autok.trainer.engine.link import LinkProfile, LinkSchedule, phases
 from autok.trainer.engine.straggler import Straggler, straggler_rank
 
 CLOCKS = ("wall", "virtual")
 FORWARD_SHARE = 1.0 / 3.0  # of a step's compute; the rest is backward (overlapped by buckets)
+_PEER_KEYS = frozenset({"issued", "peer_wait"})
 
 
 class VirtualClock:
@@ -64,6 +71,8 @@ class VirtualClock:
         self._t = [0.0] * world_size  # each rank's time
         self._link_free = 0.0
         self.booked = 0.0  # the completion of the last collective booked (an averaging)
+        self._issued = 0.0  # when the last rank issued it (the slowest rank's time at book)
+        self.peer_wait = 0.0  # mean over ranks, since take_peer_wait() last emptied it
 
     def now(self) -> float:
         """This rank's virtual time (seconds since the run started)."""
@@ -84,16 +93,15 @@ class VirtualClock:
                 c[slow] += s.ms / 1e3
         return c
 
-    def _ring(self, nbytes: float, allgather: bool = False) -> float:
-        """One collective's modelled duration, jitter drawn as LinkClock draws it."""
+    def _ring(self, nbytes: float, quantized: bool = False) -> float:
+        """One collective's modelled duration (a quantized all-reduce's two phases: what
+        crosses, trainer/engine/compress.py), jitter drawn per phase as LinkClock draws it."""
         p = self.profile
-        size = int(nbytes * self.byte_scale)
-        if allgather:
-            duration = p.allgather_seconds(size, self.world_size)
-        else:
-            duration = p.allreduce_seconds(size, self.world_size)
-        if p.jitter_ms > 0:
-            duration += self._rng.uniform(0.0, p.jitter_ms) / 1e3
+        duration = 0.0
+        for seconds in phases(p, nbytes * self.byte_scale, self.world_size, quantized):
+            duration += seconds
+            if p.jitter_ms > 0:
+                duration += self._rng.uniform(0.0, p.jitter_ms) / 1e3
         return duration
 
     def step(self, step: int, grad_bytes: int, buckets: int) -> tuple[float, float, float]:
@@ -114,23 +122,37 @@ class VirtualClock:
                         for r in range(self.world_size))  # fmt: skip
             free = max(ready, free) + self._ring(grad_bytes / buckets)
         self._link_free = free
+        done = [t[r] + c[r] for r in range(self.world_size)]
+        self._add_peer_wait([max(done) - x for x in done])  # ≤ each rank's wait: free ≥ ready
         wait = free - (t[me] + c[me])
         for r in range(self.world_size):
             t[r] = free  # every rank's optimizer step needs the last bucket
         return forward, backward, max(0.0, wait)
 
-    def book(self, nbytes: int, allgather: bool = False) -> float:
-        """A collective every rank issues now (an averaging): its modelled completion time."""
-        start = max(max(self._t), self._link_free)
-        self._link_free = self.booked = start + self._ring(nbytes, allgather)
+    def book(self, nbytes: int, quantized: bool = False) -> float:
+        """A collective every rank issues now (an averaging; `quantized`: compressed, its two
+        phases): its modelled completion time."""
+        self._issued = max(self._t)
+        start = max(self._issued, self._link_free)
+        self._link_free = self.booked = start + self._ring(nbytes, quantized)
         return self.booked
 
     def wait(self, end: float) -> float:
         """Every rank waits for a collective booked to complete at `end`; this rank's exposed
         seconds."""
+        # a rank's wait until the last rank issued it is for that peer, not for the link
+        self._add_peer_wait([min(max(0.0, end - x), max(0.0, self._issued - x)) for x in self._t])
         exposed = max(0.0, end - self._t[self.rank])
         self._t = [max(x, end) for x in self._t]
         return exposed
+
+    def _add_peer_wait(self, per_rank: list[float]) -> None:
+        self.peer_wait += sum(per_rank) / self.world_size
+
+    def take_peer_wait(self) -> float:
+        """The mean peer wait booked since the last take (one record's interval)."""
+        seconds, self.peer_wait = self.peer_wait, 0.0
+        return seconds
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -138,16 +160,21 @@ class VirtualClock:
             "link_free": self._link_free,
             "booked": self.booked,
             "rng": self._rng.getstate(),
+            "issued": self._issued,
+            "peer_wait": self.peer_wait,
         }
 
     def check_state(self, state: Any) -> None:
-        """A ValueError naming the first fault of a saved state; applies nothing."""
-        if not isinstance(state, dict) or set(state) != {"t", "link_free", "booked", "rng"}:
+        """A ValueError naming the first fault of a saved state; applies nothing. A state saved
+        before the peer wait was booked (no `issued`, `peer_wait`) continues with them 0."""
+        keys = {"t", "link_free", "booked", "rng"}
+        if not isinstance(state, dict) or set(state) not in (keys, keys | _PEER_KEYS):
             raise ValueError("virtual: not a virtual clock's state")
         t = state["t"]
         if not isinstance(t, list) or len(t) != self.world_size:
             raise ValueError(f"virtual.t: not {self.world_size} ranks' times")
-        for x in [*t, state["link_free"], state["booked"]]:
+        peer = [state[k] for k in sorted(_PEER_KEYS) if k in state]
+        for x in [*t, state["link_free"], state["booked"], *peer]:
             if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < math.inf:
                 raise ValueError(f"virtual: {x!r:.40} is not a time")
         rng = state["rng"]
@@ -163,6 +190,8 @@ class VirtualClock:
         self._t = [float(x) for x in state["t"]]
         self._link_free = float(state["link_free"])
         self.booked = float(state["booked"])
+        self._issued = float(state.get("issued", 0.0))
+        self.peer_wait = float(state.get("peer_wait", 0.0))
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
 

@@ -22,6 +22,11 @@ syncs once per F fragment boundaries, in the same order. With K constant the wal
 the formula above (`tests/test_fragments.py`). Whenever the K in force is below F (warmup's
 K = 1, a controller's lower K, the epoch-length cap) a boundary syncs the whole model, as
 F = 1 would, and the next round starts from position 1.
+
+Those are scheduled syncs, and take the outer step on what they move. A whole-model sync the
+schedule did not make due (`sync_now()`, an epoch end) averages and takes none, except on the
+fragment due at that step, if any (docs/design.md §2, "Unscheduled syncs"): a fragment synced
+a step before moves no further than the replicas' mean.
 """
 
 from __future__ import annotations

@@ -52,12 +52,36 @@ class LinkProfile:
         hop = self.rtt_ms / 2e3 + nbytes / (world_size * bytes_per_second)
         return 2 * (world_size - 1) * hop
 
-    def allgather_seconds(self, nbytes: int, world_size: int) -> float:
-        """Modelled ring AllGather of `nbytes` per rank: (N − 1)·(rtt/2 + S/B), without jitter
-        (compressed averaging, trainer/engine/compress.py)."""
+    def allgather_seconds(self, nbytes: float, world_size: int) -> float:
+        """Modelled ring AllGather of `nbytes` per rank: (N − 1)·(rtt/2 + S/B), without jitter."""
         if world_size <= 1 or self.is_ideal:
             return 0.0
         return (world_size - 1) * (self.rtt_ms / 2e3 + nbytes / (self.bandwidth_gbps * 1e9 / 8))
+
+    def alltoall_seconds(self, nbytes: float, world_size: int) -> float:
+        """Modelled pairwise AllToAll of `nbytes` per rank (S/N to each peer, one peer a round):
+        (N − 1)·(rtt/2 + S/(N·B)), without jitter."""
+        return self.allgather_seconds(nbytes / max(1, world_size), world_size)
+
+    def quantized_allreduce_seconds(self, nbytes: float, world_size: int) -> float:
+        """Modelled quantized all-reduce of a payload of `nbytes` per rank (compressed averaging,
+        trainer/engine/compress.py), without jitter: both phases (`phases`), each moving
+        (N − 1)/N·S per rank, so the sum is T(S, N) of a ring all-reduce of S."""
+        return sum(phases(self, nbytes, world_size, quantized=True))
+
+
+def phases(profile: LinkProfile, nbytes: float, world_size: int, quantized: bool) -> list[float]:
+    """The modelled durations of one averaging's collectives, without jitter: an all-reduce of
+    `nbytes`, or a quantized all-reduce's all-to-all of its payload and all-gather of one N-th of
+    it (trainer/engine/compress.py): what actually crosses the link, each phase (N − 1)/N of it."""
+    size = int(nbytes)
+    if not quantized:
+        return [profile.allreduce_seconds(size, world_size)]
+    share = -(-size // max(1, world_size))
+    return [
+        profile.alltoall_seconds(size, world_size),
+        profile.allgather_seconds(share, world_size),
+    ]
 
 
 PROFILES: dict[str, LinkProfile] = {
@@ -190,18 +214,23 @@ class LinkClock:
                 self.profile = self.schedule.at(step, epoch)
         return self.profile
 
-    def reserve(self, nbytes: int, allgather: bool = False) -> float:
-        """Book the link for one collective issued now (an all-reduce of `nbytes`, or an
-        all-gather of `nbytes` per rank); return its modelled completion time."""
+    def reserve(self, nbytes: int, quantized: bool = False) -> float:
+        """Book the link for one collective issued now (an all-reduce of `nbytes`, or with
+        `quantized` the two phases of a quantized all-reduce of a payload of `nbytes`, each with
+        its own jitter); return its modelled completion time."""
         with self._lock:
             start = max(time.perf_counter(), self._link_free)
-            model = self.profile.allgather_seconds if allgather else self.profile.allreduce_seconds
-            duration = model(nbytes, self.world_size)
-            # every rank is in the same segment for the same collective: the draws stay aligned
-            if self.profile.jitter_ms > 0:
-                duration += self._rng.uniform(0.0, self.profile.jitter_ms) / 1e3
+            duration = sum(
+                self._jittered(s) for s in phases(self.profile, nbytes, self.world_size, quantized)
+            )
             self._link_free = start + duration
             return self._link_free
+
+    def _jittered(self, seconds: float) -> float:
+        # every rank is in the same segment for the same collective: the draws stay aligned
+        if self.profile.jitter_ms > 0:
+            seconds += self._rng.uniform(0.0, self.profile.jitter_ms) / 1e3
+        return seconds
 
     def reserve_when(self, reached, nbytes: int) -> Booking:
         """Book the link for an all-reduce of `nbytes` once the device reaches `reached` (a CUDA
@@ -519,21 +548,6 @@ def allreduce_sum_(
     t0 = time.perf_counter()
     deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    if tensor.is_cuda:
-        torch.cuda.synchronize(tensor.device)
-    hold_until(deadline)
-    return time.perf_counter() - t0
-
-
-def allgather_(outputs: list[torch.Tensor], tensor: torch.Tensor, clock: LinkClock | None) -> float:
-    """Blocking all-gather, held until the modelled link time; returns wall time."""
-    import torch
-    import torch.distributed as dist
-
-    t0 = time.perf_counter()
-    nbytes = tensor.numel() * tensor.element_size()
-    deadline = clock.reserve(nbytes, allgather=True) if clock else 0.0
-    dist.all_gather(outputs, tensor)
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
     hold_until(deadline)

@@ -34,7 +34,7 @@ class LossSum:
                 self.number += float(loss)  # type: ignore[arg-type]
             return
         if loss.is_cpu:
-            # a scalar that is no view: held (Sync._close_ddp_lazily holds ddp's loss alike)
+            # a scalar that is no view: held (ddp_path.close_ddp_lazily holds ddp's loss alike)
             if not loss.dim() and loss._base is None:
                 t = loss.detach()
                 self.held.append((t, t._version))

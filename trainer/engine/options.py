@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import typing
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions
 from autok.controllers import READS as POLICY_READS
@@ -36,34 +39,101 @@ ACCUMULATION_MAX = 65_536  # micro-batches per optimizer step
 MODEL_BYTES_MAX = 2**44  # --model-bytes: 16 TiB
 _K_REASON = "K beyond 2^20 steps is never reached: epoch ends synchronize anyway"
 
-# Bounds of the settings whose extremes crash, hang or exhaust the machine mid-run: the reason
-# is printed with the refusal (lower bound "ge", upper bound "le"). Every float must be finite.
-LIMIT_REASONS: dict[tuple[str, str], str] = {
-    ("seed", "ge"): f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
-    ("seed", "le"): f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
-    ("qsr_alpha", "le"): "(alpha/lr)^2 would overflow; K is capped by --max-sync-period anyway",
-    ("link_rtt_ms", "le"): "a minute per round trip; no link to emulate is slower",
-    ("link_jitter_ms", "le"): "a minute of jitter per collective; no link to emulate is slower",
-    ("link_bandwidth_gbps", "ge"): "below 1 kbit/s one collective would take hours",
-    ("sync_period", "le"): _K_REASON,
-    ("max_sync_period", "le"): _K_REASON,
-    ("qsr_base", "le"): _K_REASON,
-    ("outer_lr", "le"): "an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
-    ("fragments", "le"): f"more than {FRAGMENTS_MAX} fragments only add a latency per sync",
-    ("fragment_delay", "le"): _K_REASON,
-    ("compute_ms", "le"): "a minute per step; no model to emulate is slower",
-    ("model_bytes", "le"): "16 TiB of parameters is beyond any model",
-    ("accumulation_steps", "le"): "a larger batch per optimizer step needs no more passes: "
-    "give each a larger micro-batch",
-}
+# One place per setting (docs/design.md §3): a field's description is its `--help` line, and
+# `about(...)`, its json_schema_extra, says the rest: its group in `autok train --help` (and
+# docs/flags.md), why a bound is where it is (printed with the refusal, docs/design.md §9), and
+# whether a resume may change it (docs/design.md §7). autok/cli.py and autok/flagdoc.py derive
+# HELP, FLAG_GROUPS, RESUME_MAY_CHANGE and the flag tables from the fields; `describe` reads the
+# reasons. The groups, in the order `--help` lists them:
+GROUPS = (
+    "distribution and synchronization",
+    "K policy",
+    "link emulator",
+    "optimization",
+    "data and model",
+    "stragglers",
+    "run",
+    "checkpoints and failures",
+    "metrics",
+)
+_SYNC, _POLICY, _LINK, _FAILURES = GROUPS[0], GROUPS[1], GROUPS[2], GROUPS[7]  # the engine's
+_POLICY_DEFAULTS = PolicyOptions()  # the K policies' options default as the policies say
+_LINK_HELP = "emulated network: " + ", ".join(
+    f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)" if n != "none" else "none (no delay)"
+    for n, p in PROFILES.items()
+)
+
+
+@dataclass(frozen=True)
+class About:
+    """What a setting's field says besides its type, bounds, default and help line."""
+
+    group: str | None  # None: autok.Sync's alone, no `autok train` flag
+    too_low: str | None = None  # why the lower bound (ge, gt) is where it is
+    too_high: str | None = None  # why the upper bound (le, lt) is where it is
+    resume: bool = False  # `autok train --resume` may change it
+    before: str | None = None  # listed just before this setting of its group (else field order)
+
+
+def about(
+    group: str | None,
+    *,
+    too_low: str | None = None,
+    too_high: str | None = None,
+    resume: bool = False,
+    before: str | None = None,
+) -> JsonDict:
+    """A setting's `json_schema_extra`: see About. A group outside GROUPS fails at import."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"about: unknown group {group!r}; choose from {GROUPS}")
+    info = About(group, too_low, too_high, resume, before)
+    return {"autok": {k: v for k, v in dataclasses.asdict(info).items() if v not in (None, False)}}
+
+
+def about_of(info: FieldInfo, name: str = "a setting") -> About:
+    """What `about` put on a field (setting `name`); a field without it is refused: it would
+    have no group, so no flag."""
+    extra = info.json_schema_extra
+    data = extra.get("autok") if isinstance(extra, dict) else None
+    if not isinstance(data, dict):
+        raise TypeError(f"{name}: its Field has no json_schema_extra=about(...) (its group)")
+
+    def text(key: str) -> str | None:
+        value = data.get(key)
+        return value if isinstance(value, str) else None
+
+    return About(
+        group=text("group"),
+        too_low=text("too_low"),
+        too_high=text("too_high"),
+        resume=data.get("resume") is True,
+        before=text("before"),
+    )
+
+
+def limit_reason(model: type[BaseModel], field: str, side: str) -> str | None:
+    """Why `field`'s bound on `side` ("ge": lower, "le": upper) is where it is, or None."""
+    info = model.model_fields.get(field)
+    if info is None or not isinstance(info.json_schema_extra, dict):
+        return None
+    said = about_of(info)
+    return said.too_low if side == "ge" else said.too_high if side == "le" else None
+
+
+def fused_is_exact(strategy: str, optimizer: str) -> bool:
+    """Whether the one-collective cpdp boundary equals the two-phase one (to rounding): only
+    for an optimizer linear in the gradient, "sgd" (torch.optim.SGD without dampening), and
+    only on cpdp, the one boundary with both collectives (docs/design.md §2, the fused
+    boundary). The engine names a torch optimizer's kind, TrainConfig its --optimizer."""
+    return strategy == "cpdp" and optimizer == "sgd"
 
 
 _AVERAGING = frozenset({"localsgd", "cpdp"})
 # Settings read only under some values of another, the choosing setting: name -> (the chooser,
 # the values under which a run reads it, why the others do not). Given under another value, it
 # is refused, not ignored: a run would report a setting that changed nothing (docs/design.md
-# §6). autok/config.py adds the run's own, as for LIMIT_REASONS; autok/space.py derives the
-# sweeps' conditional settings and a resume's dropped ones from this same table.
+# §6). autok/config.py adds the run's own; autok/space.py derives the sweeps' conditional
+# settings and a resume's dropped ones from this same table.
 READ_ONLY_UNDER: dict[str, tuple[str, frozenset[str], str]] = {
     "sync_optimizer_state": (
         "strategy",
@@ -175,9 +245,14 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def describe(exc: ValidationError, unknown: str = "check the name in your --config file") -> str:
-    """The first error as one line that starts with the flag to change (and, for a bound, why);
-    `unknown`: the hint for a setting no field has (where the name came from)."""
+def describe(
+    exc: ValidationError,
+    model: type[BaseModel],
+    unknown: str = "check the name in your --config file",
+) -> str:
+    """The first error of validating `model` as one line that starts with the flag to change
+    (and, for a bound, why: the field's `about`); `unknown`: the hint for a setting no field has
+    (where the name came from)."""
     err = exc.errors()[0]
     loc = [str(x) for x in err.get("loc", ())]
     msg = " ".join(str(err.get("msg", "invalid")).split())
@@ -197,7 +272,7 @@ def describe(exc: ValidationError, unknown: str = "check the name in your --conf
         "greater_than_equal": "ge",
         "greater_than": "ge",
     }.get(str(err.get("type")))
-    if reason := LIMIT_REASONS.get((field, side or "")):
+    if reason := limit_reason(model, field, side or ""):
         line += f": {reason}"
     return line
 
@@ -218,35 +293,95 @@ class SyncOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
     # --- strategy and boundary
-    strategy: Literal["ddp", "localsgd", "cpdp"] = "cpdp"
+    strategy: Literal["ddp", "localsgd", "cpdp"] = Field(
+        "cpdp",
+        description="ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
+        "+ SlowMo every K",
+        json_schema_extra=about(_SYNC),
+    )
     sync_period: int | None = Field(
         None,
         ge=1,
         le=K_MAX,
-        description="K: optimizer steps between boundaries; default 4 (1 on ddp)",
+        description="K, optimizer steps between boundaries (default: 4; 1 on ddp)",
+        json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
-    policy: str = "fixed"
+    policy: str = Field(
+        "fixed",
+        description="how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite, "
+        "post-local, inverse-lr, random (a baseline: K drawn with a given mean)",
+        json_schema_extra=about(_POLICY),
+    )
     slowmo_beta: float | None = Field(
-        None, ge=0.0, lt=1.0, description="SlowMo β; default 0.3 on cpdp, 0 on localsgd"
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
+        "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
+        json_schema_extra=about(_SYNC),
     )
-    slowmo_lr_aware: bool = False
+    slowmo_lr_aware: bool = Field(
+        False,
+        description="keep the SlowMo velocity in LR units (fairscale's form)",
+        json_schema_extra=about(_SYNC),
+    )
     # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/engine/outer.py); unset:
-    # SlowMo
-    # with --slowmo-beta (that spelling stays; giving both is refused)
-    outer_optimizer: Literal["average", "slowmo", "nesterov", "sgd"] | None = None
+    # SlowMo with --slowmo-beta (that spelling stays; giving both is refused)
+    outer_optimizer: Literal["average", "slowmo", "nesterov", "sgd"] | None = Field(
+        None,
+        description="outer step on the pseudo-gradient θ_ref − θ_avg at each boundary: "
+        "average, sgd, nesterov (DiLoCo) or slowmo (default: unset, SlowMo with --slowmo-beta)",
+        json_schema_extra=about(_SYNC),
+    )
     outer_lr: float | None = Field(
-        None, gt=0.0, le=10.0, description="outer LR; default 0.7 on nesterov, 1 otherwise"
+        None,
+        gt=0.0,
+        le=10.0,
+        description="outer learning rate α: θ = θ_ref − α·step; slowmo: the slow LR (default: 0.7 "
+        "on nesterov, 1 otherwise)",
+        json_schema_extra=about(
+            _SYNC,
+            too_high="an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
+        ),
     )
     outer_momentum: float | None = Field(
-        None, ge=0.0, lt=1.0, description="outer momentum; default 0.9 on nesterov, 0 otherwise"
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="outer momentum μ in [0, 1) (default: 0.9 on nesterov, 0 otherwise)",
+        json_schema_extra=about(_SYNC),
     )
     # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized
     # (trainer/engine/compress.py)
-    compress: Literal["none", "fp16", "int8"] = "none"
-    sync_optimizer_state: bool = False
-    buffer_policy: Literal["average", "broadcast", "local"] = "average"
-    boundary: Literal["auto", "fused", "two-phase"] = "auto"
-    overlap_boundary: bool = False
+    compress: Literal["none", "fp16", "int8"] = Field(
+        "none",
+        description="what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
+        "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback (default: none)",
+        json_schema_extra=about(_SYNC),
+    )
+    sync_optimizer_state: bool = Field(
+        False,
+        description="also average momentum buffers / Adam moments at boundaries",
+        json_schema_extra=about(_SYNC),
+    )
+    buffer_policy: Literal["average", "broadcast", "local"] = Field(
+        "average",
+        description="BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
+        json_schema_extra=about(_SYNC),
+    )
+    boundary: Literal["auto", "fused", "two-phase"] = Field(
+        "auto",
+        description="cpdp boundary: fused (one collective carrying parameters and gradients, "
+        "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
+        "(fused when exact)",
+        json_schema_extra=about(_SYNC),
+    )
+    overlap_boundary: bool = Field(
+        False,
+        description="start parameter averaging asynchronously and apply it one local step "
+        "later, hiding the link latency behind compute (changes the algorithm: see README)",
+        json_schema_extra=about(_SYNC),
+    )
     # Where θ_ref and the outer velocity live between boundaries (trainer/engine/averaging.py):
     # "cpu" keeps the model's device at most 2x the parameters (docs/design.md §4)
     outer_state_device: Literal["model", "cpu"] = Field(
@@ -254,54 +389,217 @@ class SyncOptions(BaseModel):
         description="where θ_ref and the outer velocity live between boundaries: model (its "
         "device) or cpu (host memory, staged per boundary; the device then holds at most 2x "
         "the parameters)",
+        json_schema_extra=about(_SYNC, before="boundary"),
     )
     # --- the step: forward/backward passes per optimizer step, only the last all-reduces
     # (trainer/engine/sync.py). Library only: `autok train`'s loop takes one per step
-    # (autok/config.py)
+    # (autok/config.py), so it has no group (no flag)
     accumulation_steps: int = Field(
-        1, ge=1, le=ACCUMULATION_MAX, description="micro-batches per optimizer step"
+        1,
+        ge=1,
+        le=ACCUMULATION_MAX,
+        description="micro-batches per optimizer step",
+        json_schema_extra=about(
+            None,
+            too_high="a larger batch per optimizer step needs no more passes: give each a "
+            "larger micro-batch",
+        ),
     )
     # --- streaming fragment sync (trainer/engine/fragments.py): each boundary moves 1/F of the
     # model
     fragments: int = Field(
-        1, ge=1, le=FRAGMENTS_MAX, description="F: contiguous parameter fragments, synced in turn"
+        1,
+        ge=1,
+        le=FRAGMENTS_MAX,
+        description="F: split the parameters into F contiguous fragments that sync in turn, one "
+        "every K/F steps, so each boundary moves 1/F of the model (localsgd; needs K >= F; epoch "
+        "ends sync every fragment) (default: 1)",
+        json_schema_extra=about(
+            _SYNC, too_high=f"more than {FRAGMENTS_MAX} fragments only add a latency per sync"
+        ),
     )
     fragment_delay: int = Field(
-        0, ge=0, le=K_MAX, description="τ: local steps before a sync's average is applied"
+        0,
+        ge=0,
+        le=K_MAX,
+        description="τ: apply a sync's average τ local steps after it started, keeping the "
+        "steps taken meanwhile; τ <= K/F; --overlap-boundary is F = 1, τ = 1 (default: 0)",
+        json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
-    # --- K policy options (see controllers/)
-    target_sync_share: float = Field(0.2, gt=0.0, lt=1.0)
-    max_sync_period: int = Field(64, ge=1, le=K_MAX)
-    sync_window: int = Field(4, ge=1, le=COUNT_MAX, description="boundaries per controller window")
-    k_growth: int = Field(2, ge=2, le=1024)
-    drift_limit: float = Field(3.0, gt=1.0)
-    loss_rise: float = Field(0.1, gt=0.0)
-    guard_cooldown: int = Field(32, ge=1, le=COUNT_MAX)
-    k_lowering: bool = False
-    k_rule: Literal["double", "direct"] = "double"
-    qsr_base: int | None = Field(None, ge=1, le=K_MAX)
-    qsr_alpha: float | None = Field(None, gt=0.0, le=1e6)
-    random_mean: float | None = Field(None, ge=1.0, le=K_MAX)
+    # --- K policy options (see controllers/): their defaults are the controllers' own
+    target_sync_share: float = Field(
+        _POLICY_DEFAULTS.target_sync_share,
+        gt=0.0,
+        lt=1.0,
+        description="exposed-sync/composite: raise K while exposed sync is above this "
+        "share of (compute + exposed sync)",
+        json_schema_extra=about(_POLICY),
+    )
+    max_sync_period: int = Field(
+        _POLICY_DEFAULTS.max_sync_period,
+        ge=1,
+        le=K_MAX,
+        description="largest K any policy may choose (adacomm starts at it)",
+        json_schema_extra=about(_POLICY, too_high=_K_REASON),
+    )
+    sync_window: int = Field(
+        _POLICY_DEFAULTS.sync_window,
+        ge=1,
+        le=COUNT_MAX,
+        description="boundaries per controller decision (exposed-sync, adacomm, composite)",
+        json_schema_extra=about(_POLICY),
+    )
+    k_growth: int = Field(
+        _POLICY_DEFAULTS.k_growth,
+        ge=2,
+        le=1024,
+        description="factor by which exposed-sync raises or lowers K",
+        json_schema_extra=about(_POLICY),
+    )
+    drift_limit: float = Field(
+        _POLICY_DEFAULTS.drift_limit,
+        gt=1.0,
+        description="guard: back off when the window's drift ratio exceeds this multiple of "
+        "its level in the first post-warmup window",
+        json_schema_extra=about(_POLICY),
+    )
+    loss_rise: float = Field(
+        _POLICY_DEFAULTS.loss_rise,
+        gt=0.0,
+        description="guard: back off when the window's loss exceeds the best window's by this "
+        "fraction",
+        json_schema_extra=about(_POLICY),
+    )
+    guard_cooldown: int = Field(
+        _POLICY_DEFAULTS.guard_cooldown,
+        ge=1,
+        le=COUNT_MAX,
+        description="boundaries after a back-off before K may rise above the backed-off value",
+        json_schema_extra=about(_POLICY),
+    )
+    k_lowering: bool = Field(
+        _POLICY_DEFAULTS.k_lowering,
+        description="exposed-sync: also lower K when K/growth would keep the share well under "
+        "target (a link that got faster)",
+        json_schema_extra=about(_POLICY, before="drift_limit"),
+    )
+    k_rule: Literal["double", "direct"] = Field(
+        _POLICY_DEFAULTS.k_rule,
+        description="exposed-sync/composite: double (step K by --k-growth) or direct (jump to "
+        "the K that brings the share to the target, up or down, from the measured compute and "
+        "sync)",
+        json_schema_extra=about(_POLICY, before="drift_limit"),
+    )
+    qsr_base: int | None = Field(
+        _POLICY_DEFAULTS.qsr_base,
+        ge=1,
+        le=K_MAX,
+        description="qsr/composite: K_base (default: --sync-period)",
+        json_schema_extra=about(_POLICY, too_high=_K_REASON),
+    )
+    qsr_alpha: float | None = Field(
+        _POLICY_DEFAULTS.qsr_alpha,
+        gt=0.0,
+        le=1e6,
+        description="qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
+        json_schema_extra=about(
+            _POLICY,
+            too_high="(alpha/lr)^2 would overflow; K is capped by --max-sync-period anyway",
+        ),
+    )
+    random_mean: float | None = Field(
+        _POLICY_DEFAULTS.random_mean,
+        ge=1.0,
+        le=K_MAX,
+        description="random: the mean of the K drawn at each boundary (default: --sync-period)",
+        json_schema_extra=about(_POLICY),
+    )
     # --- link emulator
     # the library's default: no emulated network (docs/design.md §3); `autok train` studies the
     # emulated WAN by default (TrainConfig overrides it)
-    link: str = "none"
-    link_rtt_ms: float | None = Field(None, ge=0.0, le=60_000.0)
-    link_bandwidth_gbps: float | None = Field(None, ge=1e-6)
-    link_jitter_ms: float | None = Field(None, ge=0.0, le=60_000.0)
-    link_schedule: str | None = Field(None, max_length=2000)
+    link: str = Field("none", description=_LINK_HELP, json_schema_extra=about(_LINK))
+    link_rtt_ms: float | None = Field(
+        None,
+        ge=0.0,
+        le=60_000.0,
+        description="override the link's round-trip time, ms (default: the --link profile's)",
+        json_schema_extra=about(
+            _LINK, too_high="a minute per round trip; no link to emulate is slower"
+        ),
+    )
+    link_bandwidth_gbps: float | None = Field(
+        None,
+        ge=1e-6,
+        description="override the link's bandwidth, Gbit/s (default: the --link profile's)",
+        json_schema_extra=about(_LINK, too_low="below 1 kbit/s one collective would take hours"),
+    )
+    link_jitter_ms: float | None = Field(
+        None,
+        ge=0.0,
+        le=60_000.0,
+        description="uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
+        json_schema_extra=about(
+            _LINK, too_high="a minute of jitter per collective; no link to emulate is slower"
+        ),
+    )
+    link_schedule: str | None = Field(
+        None,
+        max_length=2000,
+        description="a link that changes during the run: PROFILE,PROFILE@epoch=N,... or "
+        "@step=N (epochs and steps counted from 0), e.g. lan,wan@epoch=2,lan@epoch=4; replaces "
+        "--link (default: unset)",
+        json_schema_extra=about(_LINK),
+    )
     # --- the clock every recorded time comes from (trainer/engine/clock.py; docs/design.md §4)
-    clock: Literal["wall", "virtual"] = "wall"
+    clock: Literal["wall", "virtual"] = Field(
+        "wall",
+        description="where recorded times come from: wall (measured; the link emulator sleeps) "
+        "or virtual (modelled from --compute-ms and the link model; nothing sleeps, and a seed "
+        "gives the same records on any machine)",
+        json_schema_extra=about(_LINK),
+    )
     compute_ms: float | None = Field(
-        None, gt=0.0, le=60_000.0, description="virtual: the modelled compute of a step, ms"
+        None,
+        gt=0.0,
+        le=60_000.0,
+        description="virtual: the compute of one optimizer step, ms (plus any straggler delay) "
+        "(default: unset)",
+        json_schema_extra=about(_LINK, too_high="a minute per step; no model to emulate is slower"),
     )
     model_bytes: int | None = Field(
-        None, ge=1, le=MODEL_BYTES_MAX, description="virtual: the bytes collectives move as"
+        None,
+        ge=1,
+        le=MODEL_BYTES_MAX,
+        description="virtual: book every collective as if the model had this many parameter "
+        "bytes (default: the model's own)",
+        json_schema_extra=about(_LINK, too_high="16 TiB of parameters is beyond any model"),
     )
-    seed: int = Field(42, ge=0, le=SEED_MAX)
+    seed: int = Field(
+        42,
+        ge=0,
+        le=SEED_MAX,
+        description="seed for weights, data order and jitter",
+        json_schema_extra=about(
+            "run",
+            too_low=f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
+            too_high=f"seeds are 32-bit (numpy's RNG): use 0..{SEED_MAX}",
+        ),
+    )
     # --- divergence guard
-    on_divergence: Literal["stop", "rollback"] = "stop"
-    divergence_factor: float = Field(4.0, gt=1.0)
+    on_divergence: Literal["stop", "rollback"] = Field(
+        "stop",
+        description="non-finite loss or parameters, or loss far above its running minimum "
+        "(--divergence-factor): stop, or rollback to the last checkpoint with K halved",
+        json_schema_extra=about(_FAILURES),
+    )
+    divergence_factor: float = Field(
+        4.0,
+        gt=1.0,
+        description="F: diverged when the mean loss of 4 boundaries exceeds F x its running "
+        "minimum and either 1/4 of its first 4 boundaries' or F^2 x the minimum and 1/16 of those "
+        "(a larger F never stops sooner)",
+        json_schema_extra=about(_FAILURES),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -588,4 +886,4 @@ def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions
         return cls.model_validate(options, strict=True)
     except ValidationError as exc:
         hint = "not an option of autok.Sync: its options are the `autok train` flags' names"
-        raise OptionError(describe(exc, hint)) from None
+        raise OptionError(describe(exc, cls, hint)) from None

@@ -10,11 +10,14 @@ moved, on average, since the last boundary, with the sign of a gradient) and kee
 | `nesterov` | v ← μ·v + Δ; step = Δ + μ·v (torch.optim.SGD, nesterov=True)  | θ_ref − α·step     |
 | `slowmo`   | u ← μ·u + (θ_avg − θ_ref) [/η if lr_aware]                     | θ_ref + α·u [·η]   |
 
-and θ_ref ← θ_new. DiLoCo is `nesterov` with α = 0.7, μ = 0.9. `slowmo` is trainer/engine/slowmo.py
-(SlowMo, Wang et al. 2020): u = −v, and α is the paper's slow learning rate, which the
-`--slowmo-beta` spelling fixes at 1, so `slowmo` α = 1 equals `sgd` α = 1 bit for bit (the
-rounding of IEEE arithmetic is symmetric in sign). Its `lr_aware` form keeps u in units of the
-inner LR η in force (fairscale's), so a decaying η also shrinks the remembered momentum.
+and θ_ref ← θ_new, at scheduled boundaries only: an unscheduled sync (`sync_now()`, an epoch
+end the schedule did not make due) sets the replicas to θ_avg and leaves θ_ref and v as they
+were (docs/design.md §2, "Unscheduled syncs"). DiLoCo is `nesterov` with α = 0.7, μ = 0.9.
+`slowmo` is trainer/engine/slowmo.py (SlowMo, Wang et al. 2020): u = −v, and α is the
+paper's slow learning rate, which the `--slowmo-beta` spelling fixes at 1, so `slowmo` α = 1
+equals `sgd` α = 1 bit for bit (the rounding of IEEE arithmetic is symmetric in sign). Its
+`lr_aware` form keeps u in units of the inner LR η in force (fairscale's), so a decaying η also
+shrinks the remembered momentum.
 
 Where the update is θ_avg itself (α = 1 and μ = 0, or `average`), θ_avg is copied: computing
 θ_ref − (θ_ref − θ_avg) would round, and the copy is what keeps cpdp with K = 1 equal to ddp bit

@@ -28,7 +28,7 @@ from autok.trainer.engine.profiler import Interval
 
 INT_MAX = 2**62  # counters: beyond any run, and within a C long
 LIST_MAX = 1 << 20  # the longest list a state holds (a loss per step of an interval at K_MAX)
-# BoundaryStats fields a delayed average's record gets when it lands (Sync._finish_boundary)
+# BoundaryStats fields a delayed average's record gets when it lands (in_flight.finish_in_flight)
 _FILLED_AT_FINISH = {
     "compute_seconds",
     "exposed_sync_seconds",
@@ -228,6 +228,8 @@ def check_averager(s: Any, averager: Any, options: Any) -> None:
                 "compress 'none'"
             )
         tensor_like(residual, "averager.residual", averager.ref)
+        if s.get("residual2") is not None:  # (absent before the quantized all-reduce: zero)
+            tensor_like(s["residual2"], "averager.residual2", averager.ref)
     elif options.compress != "none" and boundaries > 0:
         raise BadState(
             f"averager.residual: none after {boundaries} boundaries: saved with compress "

@@ -21,89 +21,74 @@ wait is measured there, and a fused boundary captures g_i) and post-hook.
 Data flow is one way (docs/design.md §3): at a boundary the strategy's collective returns the
 reduced statistics; the controller turns them into a SyncDecision; the engine applies it from the
 next interval and hands stats + decision to the observers (sinks, exporters, user callbacks).
+
+`Sync` holds the step's state machine and the boundary's order of work; its parts live beside it
+(docs/design.md §3, the module table): the step object (step.py), ddp's boundary and fast close
+(ddp_path.py), an average in flight and its record (in_flight.py), auto's boundary form
+(boundary_form.py), the saved state (resume.py), what the constructor builds (build.py), and the
+observers (observer.py).
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from autok.controllers import build_controller
 from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.trainer.engine.averaging import (
     IntervalTotals,
     ParameterAverager,
-    Reconciled,
     reconcile_buffers,
 )
-from autok.trainer.engine.clock import VirtualClock
-from autok.trainer.engine.divergence import Diverged, DivergenceGuard, Rollback, params_finite
+from autok.trainer.engine.boundary_form import fused_sgd
+from autok.trainer.engine.build import build_averager, check_fragments, virtual_clock
+from autok.trainer.engine.ddp_path import close_ddp_lazily, ddp_boundary, read_kept
+from autok.trainer.engine.divergence import Diverged, DivergenceGuard, Rollback
 from autok.trainer.engine.fragments import WHOLE, fragment_gap
 from autok.trainer.engine.grad_hook import GradSyncState, install_grad_sync
 from autok.trainer.engine.grad_watch import UNCHECKED, GradWatch
-from autok.trainer.engine.link import LinkClock, LinkSchedule
-from autok.trainer.engine.loss_sum import LossSum, read_held
-from autok.trainer.engine.optim import delayed_state_problem, state_tensors
+from autok.trainer.engine.in_flight import InFlight, finish_in_flight
+from autok.trainer.engine.link import LinkClock
+from autok.trainer.engine.loss_sum import LossSum
+from autok.trainer.engine.observer import check_observers, emit
+from autok.trainer.engine.optim import delayed_state_problem
 from autok.trainer.engine.options import (
-    UNUSED_PARAMETERS_HINT,
     OptionError,
     SyncOptions,
     check_ddp_kwargs,
     flag,
+    fused_is_exact,
     sync_options,
 )
 from autok.trainer.engine.profiler import T1, T2, T3, DeviceMarks, Interval
-from autok.trainer.engine.state_check import (
-    BadState,
-    check_averager,
-    check_counters,
-    check_link,
-    check_pending,
-    k_values,
-    loads_into_copy,
+from autok.trainer.engine.resume import (
+    check_engine_state,
+    engine_kind,
+    engine_state,
+    load_engine_state,
+)
+from autok.trainer.engine.step import (
+    CLOSED,
+    MicroStep,
+    Step,
+    StepTimes,
+    TimedDDP,
+    lr_now,
+    no_report,
 )
 from autok.trainer.engine.strategies import STRATEGIES, fused
-
-# ddp has a boundary every step, and judging the parameters finite costs three ops and a host
-# sync (params_finite: 72-130 µs on the cnn1d at the end of a step on this 2-core machine,
-# against a 1.4-3 ms step; more on a large model): ddp judges them at every
-# DDP_PARAM_CHECK_EVERY-th boundary and at every forced (epoch-end) one, so a divergence is
-# caught at most that many steps late (64 steps, about 0.1-0.2 s of the cnn1d; at 16 the check
-# cost 5-8 µs a step, docs/design.md §3). Its other checks (drift, update) are zero by construction.
-DDP_PARAM_CHECK_EVERY = 64
-
-
-@dataclass(slots=True)
-class StepTimes:
-    """One `sync.step()` on this rank, for a loop's own accounting (seconds)."""
-
-    forward_seconds: float = 0.0
-    backward_seconds: float = 0.0  # backward compute; the wait for gradient buckets is sync
-    optimizer_seconds: float = 0.0
-    sync_seconds: float = 0.0  # exposed: gradient wait + this step's share of averaging
-    is_boundary: bool = False
-    grad_synced: bool = False
-
-
-class StepHandle:
-    """What `with sync.step() as s` gives the loop body."""
-
-    def __init__(self, is_boundary: bool) -> None:
-        self.is_boundary = is_boundary
-        self.loss: torch.Tensor | float | None = None
 
 
 def fused_boundary_is_exact(strategy: str, optimizer: torch.optim.Optimizer) -> bool:
     """The one-collective cpdp boundary is exact for SGD without dampening (linear in g)."""
     return (
-        strategy == "cpdp"
+        fused_is_exact(strategy, "sgd")  # the rule; what follows: this optimizer is that "sgd"
         and type(optimizer) is torch.optim.SGD
         and all(g.get("dampening", 0) == 0 for g in optimizer.param_groups)
     )
@@ -136,6 +121,7 @@ class Sync:
             raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
         opts = options if options is not None else sync_options(**kwargs)
         ddp_kwargs = check_ddp_kwargs(ddp_kwargs, opts.strategy, opts.accumulation_steps)
+        check_observers(observers or [])
         # With unused parameters a rank's gradient may be None where another's is not: its
         # local step then skips the parameter (no weight decay, no momentum buffer), which the
         # fused boundary's correction m_i += ḡ − g_i cannot repair. DDP, reducing first, gives
@@ -183,7 +169,11 @@ class Sync:
         self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
         # --clock virtual: the link is physically ideal (nothing sleeps) and the virtual clock
         # books what it would cost instead (trainer/engine/clock.py; docs/design.md §4)
-        self.virtual = self._virtual_clock(model, plan) if opts.clock == "virtual" else None
+        self.virtual = (
+            virtual_clock(opts, model, plan, self.world_size, self.rank)
+            if opts.clock == "virtual"
+            else None
+        )
         ideal = plan.is_ideal or self.virtual is not None
         self.clock = None if ideal else LinkClock(plan, self.world_size, opts.seed)
         # On the averaging strategies DDP's own per-forward buffer broadcast would bypass the
@@ -191,7 +181,7 @@ class Sync:
         # still start from rank 0's). ddp is DDP: rank 0's buffers at every forward, as plain
         # DDP broadcasts them, unless the policy keeps them local (docs/design.md, "Parameter
         # averaging").
-        self.model = _TimedDDP(
+        self.model = TimedDDP(
             model,
             forward_sync_buffers=opts.strategy == "ddp" and opts.buffer_policy != "local",
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -217,25 +207,16 @@ class Sync:
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self._params = list(model.parameters())  # DDP fixes them: no parameter joins later
         self.averager: ParameterAverager | None = None
-        numel = sum(p.numel() for p in model.parameters())
-        if opts.fragments > numel:
-            raise OptionError(
-                f"--fragments: {opts.fragments} fragments of a model with {numel} parameters; "
-                f"give at most {numel}"
-            )
+        check_fragments(opts, model)
         if self.strategy.averages_parameters:
-            extras = _Extras(optimizer, opts, self.float_buffers)
-            self.averager = ParameterAverager(
-                list(model.parameters()),
+            self.averager = build_averager(
+                model,
+                optimizer,
+                opts,
+                self.float_buffers,
                 rank=self.rank,
                 world_size=self.world_size,
-                outer=opts.outer,
-                compress=opts.compress,
-                averaged_extras=extras.averaged,
-                broadcast_extras=extras.broadcast,
-                fused_sgd=self._fused_sgd(optimizer),
-                fragments=opts.fragments,
-                offload=opts.outer_state_device == "cpu",
+                fused_sgd=fused_sgd(self, optimizer),
             )
         # the check a fused boundary, or auto's choice of it, needs at each boundary step
         self._watch = GradWatch(self._params) if self._fused or self._probing else None
@@ -253,10 +234,10 @@ class Sync:
         self.divergence = DivergenceGuard(
             factor=opts.divergence_factor, shared_loss=self.averager is not None
         )
-        self.observers: list[Any] = list(observers or [])
+        self.observers: list[Any] = list(observers or [])  # (Observer: trainer/engine/observer.py)
         # K after warmup; changes only at boundaries. The controller's own start (random: its
         # mean, rounded); the others start at --sync-period.
-        self.sync_period = int(getattr(self.controller, "sync_period", opts.sync_period))
+        self.sync_period = int(self.controller.sync_period)  # (the Controller protocol)
         self._period_cap: int | None = None
         self.warmup = False  # K is 1 while True (the built-in loop's warmup epochs)
         self.epoch = 0  # recorded in BoundaryStats; the loop sets it
@@ -268,6 +249,7 @@ class Sync:
         self.k_path = {}  # K -> seconds, boundaries, steps (a property: see there)
         self._last_boundary: BoundaryStats | None = None
         # ddp with no observers: the last record's field values, built only if it is read
+        # (trainer/engine/ddp_path.py: a DdpKept, or a plain tuple in its order)
         self._lazy_record: tuple | None = None
         self.last_decision: SyncDecision | None = None
         self._last_step: StepTimes | tuple = StepTimes()
@@ -275,38 +257,21 @@ class Sync:
         # The interval's loss sum (trainer/engine/loss_sum.py): read once per boundary, not per
         # step.
         self._loss = LossSum()
-        self._pending: _InFlight | None = None  # launched, not yet applied (--fragment-delay)
+        self._pending: InFlight | None = None  # launched, not yet applied (--fragment-delay)
         # Fragments (trainer/engine/fragments.py): the position 1..F in the round of the next
         # fragment sync; back to 1 after every sync of the whole model.
         self._position = 1
         self._fragments = opts.fragments
-        self._in_step: _Step | None = None
+        self._in_step: Step | None = None
         self._optimizer_hooks = (
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         )
 
-    def _fused_sgd(self, optimizer: torch.optim.Optimizer) -> torch.optim.SGD | None:
-        """The optimizer a fused boundary corrects (or auto probes for one): SGD, as the
-        exactness check (fused_boundary_is_exact) required of either."""
-        if not (self._fused or self._probing):
-            return None
-        assert isinstance(optimizer, torch.optim.SGD)
-        return optimizer
-
     def _the_averager(self) -> ParameterAverager:
         """The averager, on the paths only a parameter-averaging strategy takes."""
         assert self.averager is not None
         return self.averager
-
-    def _virtual_clock(self, model: nn.Module, plan: LinkSchedule) -> VirtualClock:
-        """--clock virtual's clock; --model-bytes scales every collective's bytes by the model's
-        own parameter bytes (a small model booked as the large one it stands for)."""
-        opts = self.options
-        own = sum(p.numel() * p.element_size() for p in model.parameters())
-        scale = opts.model_bytes / own if opts.model_bytes is not None and own else 1.0
-        compute_ms = opts.compute_ms or 0.0  # (set whenever virtual: trainer/engine/options.py)
-        return VirtualClock(plan, self.world_size, self.rank, opts.seed, compute_ms, scale)
 
     def _virtual_step(self, gs: GradSyncState) -> tuple[float, float, float, float | None]:
         """The step as _close_step reads it (forward, backward with its wait, optimizer, the
@@ -347,7 +312,7 @@ class Sync:
         if steps is not None:
             self.sync_period = min(self.sync_period, steps)
 
-    def step(self, boundary: bool = False, micro_batches: int | None = None) -> _Step:
+    def step(self, boundary: bool = False, micro_batches: int | None = None) -> Step:
         """One optimizer step of the loop, as `with sync.step() as s:`. `boundary=True` makes
         it a boundary whatever K says (the built-in loop does so at each epoch's last step, so
         epochs start identical). With `accumulation_steps` N, the step takes N forward and
@@ -355,13 +320,13 @@ class Sync:
         epoch's end); only the last all-reduces gradients, as DDP's no_sync() on the others.
         (With N > 1 the Sync's own `step` is _micro_step: a step of one pass tests nothing.)"""
         if micro_batches is None:
-            return _Step(self, boundary)
+            return Step(self, boundary)
         return self._micro_step(boundary, micro_batches)
 
-    def _micro_step(self, boundary: bool = False, micro_batches: int | None = None) -> _Step:
+    def _micro_step(self, boundary: bool = False, micro_batches: int | None = None) -> Step:
         n = self.accumulation_steps
         if micro_batches is None:
-            return _MicroStep(self, boundary, n)
+            return MicroStep(self, boundary, n)
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
             raise OptionError(f"micro_batches: {micro_batches!r:.40} is not a count of passes")
         if not 1 <= micro_batches <= n:
@@ -369,11 +334,11 @@ class Sync:
                 f"micro_batches: {micro_batches} passes in a step; give 1 to "
                 f"accumulation_steps ({n})"
             )
-        return _MicroStep(self, boundary, micro_batches) if n > 1 else _Step(self, boundary)
+        return MicroStep(self, boundary, micro_batches) if n > 1 else Step(self, boundary)
 
-    def _open_step(self, state: _Step) -> AbstractContextManager | None:
+    def _open_step(self, state: Step) -> AbstractContextManager | None:
         if self._in_step is not None:
-            if self._in_step is _CLOSED:
+            if self._in_step is CLOSED:
                 raise RuntimeError("sync.step() after sync.close(): make a new autok.Sync")
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
         if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
@@ -381,7 +346,9 @@ class Sync:
         else:
             gap, fragment = self._next_sync()
         is_boundary = state.is_boundary = state._last_of_epoch or self._interval.steps + 1 >= gap
-        if fragment != WHOLE and not state._last_of_epoch:
+        if state._last_of_epoch:  # the loop's boundary; the schedule's verdict: outer step or not
+            state._due = fragment if self._interval.steps + 1 >= gap else None
+        elif fragment != WHOLE:
             state._fragment = fragment
         if self.clock is not None:
             self.link_name = self.clock.move_to(self.global_step, self.epoch).name
@@ -411,11 +378,11 @@ class Sync:
     def _after_micro_forward(self, args: tuple) -> None:
         """`_after_forward` with accumulation: the step's forwards counted; the last pass's
         forward runs with DDP's gradient sync back on (DDP decides at a forward whether its
-        backward all-reduces), the earlier ones under no_sync() (_MicroStep.__enter__)."""
+        backward all-reduces), the earlier ones under no_sync() (MicroStep.__enter__)."""
         self._after_forward(args)
         state = self._in_step
-        # (installed with accumulation only: every step is a _MicroStep, _CLOSED none)
-        if isinstance(state, _MicroStep) and state._t2 is None and torch.is_grad_enabled():
+        # (installed with accumulation only: every step is a MicroStep, CLOSED none)
+        if isinstance(state, MicroStep) and state._t2 is None and torch.is_grad_enabled():
             state._passes += 1
             if state._passes == state._micro - 1 and state._held is not None:
                 self.model.__dict__["require_backward_grad_sync"] = state._held
@@ -430,7 +397,7 @@ class Sync:
             self._marks.mark(T2)
         lr = optimizer.param_groups[0]["lr"]
         # an LR held as a tensor is updated in place by the scheduler (fill_): kept as it is now
-        state._lr = lr if type(lr) is float else _lr_now(lr)
+        state._lr = lr if type(lr) is float else lr_now(lr)
         if self._watch is not None and state.is_boundary:
             self._watch.check()  # the gradients, changed since backward ended?
             if self._fused:
@@ -443,7 +410,7 @@ class Sync:
             if self._marks is not None:
                 self._marks.mark(T3)
 
-    def _close_step(self, state: _Step) -> None:
+    def _close_step(self, state: Step) -> None:
         end = self.now()
         t1 = state._t1 if state._t1 is not None else state._t0
         t2 = state._t2 if state._t2 is not None else end  # GradScaler skipped the step
@@ -474,8 +441,8 @@ class Sync:
         # with its time
         self._last_step = (forward, backward, optimizer, synced, state.is_boundary, grad_synced)
         interval = self._interval
-        if self.averager is None and self._close_ddp_lazily(
-            state, interval, compute, wait, grad_synced
+        if self.averager is None and close_ddp_lazily(
+            self, state, interval, compute, wait, grad_synced
         ):
             return
         if self._pending is not None:
@@ -483,7 +450,7 @@ class Sync:
             # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
             self._pending.age += 1
             if self._pending.age >= self._pending.delay or state.is_boundary:
-                finish = self._finish_boundary()
+                finish = finish_in_flight(self)
                 interval.exposed_sync_seconds += finish
                 synced += finish
                 self._last_step = (forward, backward, optimizer, synced, *self._last_step[4:])
@@ -513,6 +480,7 @@ class Sync:
                 delay,
                 fragment=state._fragment,
                 forced=state._last_of_epoch,
+                due=state._due,
             )
             self._interval = Interval(exposed_sync_seconds=carried)
             if carried:
@@ -531,19 +499,21 @@ class Sync:
         boundary_step: bool = True,
         fragment: int = WHOLE,
         forced: bool = False,
+        due: int | None = WHOLE,
     ) -> float:
         """Close the interval; return this rank's averaging wall time (counted in the next one).
-        With a `delay` τ > 0 the averaging only starts here; _finish_boundary() completes it τ
+        With a `delay` τ > 0 the averaging only starts here; finish_in_flight() completes it τ
         steps later. `boundary_step` is False for sync_now(): no step's gradients ride along.
         `fragment`: what the averaging moves (trainer/engine/fragments.py), or the whole model.
-        `forced`: a boundary the loop asked for (an epoch's end)."""
+        `forced`: a boundary the loop asked for (an epoch's end). `due`: what the schedule
+        syncs here, None for an unscheduled sync (ParameterAverager.start)."""
         lr = float(lr)  # the group's LR as the step read it, perhaps a tensor: a number here
         if self._fused and boundary_step:
             # the fused boundary's gradient AllReduce rides in the averaging
             self.grad_syncs += 1
             interval.grad_syncs += 1
         if self.averager is None:
-            self._ddp_boundary(interval, k, lr, forced)
+            ddp_boundary(self, interval, k, lr, forced)
             return 0.0
         loss_sum = self._loss.take()  # one host sync per boundary, not per step
         common = dict(
@@ -560,18 +530,38 @@ class Sync:
             grad_syncs=interval.grad_syncs,
             param_syncs=int(self.averager is not None),
             fragment=fragment,
+            # the interval's peer wait: booked on the virtual clock, 0 on the wall clock
+            peer_wait_seconds=self.virtual.take_peer_wait() if self.virtual is not None else 0.0,
         )
-        self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
+        emit(
+            self.observers,
+            "on_local_interval",
+            interval.compute_seconds,
+            interval.exposed_sync_seconds,
+        )
         grads = self._watch.take() if self._watch is not None and boundary_step else UNCHECKED
         totals = IntervalTotals(
             loss_sum, interval.steps, interval.compute_seconds, interval.exposed_sync_seconds, grads
         )
         pending = self.averager.start(
-            totals, lr, self.clock, delay > 0, fragment, boundary_step=boundary_step and self._fused
+            totals,
+            lr,
+            self.clock,
+            delay > 0,
+            fragment,
+            boundary_step=boundary_step and self._fused,
+            due=due,
         )
         self.param_syncs += 1
         self.collectives += 1  # the averaging: one collective, gradients riding in it if fused
-        self._pending = _InFlight(pending, common, interval.grad_bytes, k, interval.steps, delay)
+        self._pending = InFlight(
+            pending=pending,
+            common=common,
+            grad_bytes=interval.grad_bytes,
+            sync_period=k,
+            steps=interval.steps,
+            delay=delay,
+        )
         seconds = pending.seconds
         # booked once every rank has issued it (trainer/engine/clock.py)
         if self.virtual is not None:
@@ -582,178 +572,7 @@ class Sync:
         self._position = 1 if fragment == WHOLE else self._position % frags + 1
         if delay > 0:
             return seconds
-        return seconds + self._finish_boundary()
-
-    def _ddp_boundary(self, interval: Interval, k: int, lr: float, forced: bool) -> None:
-        """ddp's record, every step: written out rather than through the general path, whose
-        dictionaries and checks ddp would pay at every step (docs/design.md §4, Per step). ddp's
-        replicas never drift, and no averaging collective carries reduced scalars, so the record
-        holds this rank's own timing and loss. The guard judges the parameters, which the averaged
-        gradients keep identical on every rank, at every DDP_PARAM_CHECK_EVERY-th and every forced
-        boundary; its other checks (drift, update, a rank-local loss) cannot fire on ddp. Where
-        nobody reads the record now, its loss is read only if the record is (`last_boundary`)."""
-        if self.observers:
-            self._emit("on_local_interval", interval.compute_seconds, interval.exposed_sync_seconds)
-        kept = (
-            interval.steps,
-            self._loss,
-            self.boundary,
-            self.global_step,
-            self.epoch,
-            k,
-            interval.compute_seconds,
-            interval.exposed_sync_seconds,
-            interval.grad_bytes,
-            lr,
-            self.warmup,
-            interval.samples,
-            interval.grad_syncs,
-            self.link_name,
-        )
-        judge = forced or self.boundary % DDP_PARAM_CHECK_EVERY == 0
-        if judge or self.observers or self.last_decision is None:
-            stats = self._ddp_stats(kept, self._loss.take())
-            finite = not judge or params_finite(self._params)
-            self._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
-            return
-        # Nobody reads this record now and the guard has nothing to judge; ddp's controller is
-        # `fixed` (the options allow no other), so its decision stands. The record is kept as
-        # its values, its loss unread, and built if `last_boundary` is read.
-        self._lazy_record, self._loss = kept, LossSum()
-        seconds = interval.compute_seconds + interval.exposed_sync_seconds
-        self._count_k_path(k, seconds, interval.steps)
-        self.sync_period = self.last_decision.next_sync_period
-        self.boundary += 1
-
-    def _ddp_stats(self, kept: tuple, loss_sum: float) -> BoundaryStats:
-        """A ddp boundary's record from the values kept at its close (`_ddp_boundary`,
-        `_close_ddp_lazily`), with the interval's loss sum read from what [1] held."""
-        steps, _, boundary, global_step, epoch, k, compute, exposed, nbytes, lr = kept[:10]
-        warmup, samples, grad_syncs, link = kept[10:]
-        return BoundaryStats(
-            boundary,
-            global_step,
-            epoch,
-            k,
-            steps,
-            compute,
-            exposed,
-            0.0,  # drift: ddp's replicas never drift
-            0.0,  # update
-            0.0,  # drift ratio
-            loss_sum / steps,
-            nbytes,
-            float(lr),  # (read per step as the group holds it, perhaps a tensor)
-            warmup,
-            samples * self.world_size,  # DistributedSampler: equal samples per rank
-            grad_syncs,
-            0,  # parameter syncs
-            link,
-        )
-
-    def _close_ddp_lazily(
-        self, state: _Step, interval: Interval, compute: float, wait: float, grad_synced: bool
-    ) -> bool:
-        """ddp's step (a boundary of one step) where nobody reads its record now and the guard
-        has nothing to judge: `_ddp_boundary`'s lazy branch, written out for the hot path
-        (docs/design.md §4, Per step): the record kept as one tuple of its values, the K path's sums
-        kept as two numbers (`k_path` folds them in), the loss held as LossSum holds a CPU scalar
-        but no LossSum made per step; LossSum's test of what it holds is inlined (each call is paid
-        at every step; tests/test_hot_path.py counts the bytecodes). False, with nothing changed,
-        where the general path must run: observers, no decision yet, a boundary the guard
-        judges, an interval of more than this step, or a loss LossSum would not hold as it is.
-        A boundary at an interval's first step has K = 1 in force (ddp's options allow no other
-        K). `last_boundary` builds the record from what is kept."""
-        acc = self._loss  # anything added since the sum started: a restored state's
-        if (
-            self.observers
-            or self.last_decision is None
-            or not state.is_boundary  # (never on ddp, whose K is 1)
-            or interval.steps  # (never on ddp either: K = 1 is this close's assumption)
-            or state._last_of_epoch
-            or self.boundary % DDP_PARAM_CHECK_EVERY == 0
-            or acc.held
-            or acc.number
-            or acc.device_sum is not None
-        ):
-            return False
-        loss = state.loss
-        if loss is None:
-            held = []
-        elif (
-            isinstance(loss, torch.Tensor) and loss.is_cpu and not loss.dim() and loss._base is None
-        ):
-            t = loss.detach()  # as LossSum.add holds it: keep the two tests the same
-            held = [(t, t._version)]
-        else:
-            return False
-        gs = self.grad_state
-        compute += interval.compute_seconds
-        exposed = interval.exposed_sync_seconds + wait
-        self._lazy_record = (
-            1,  # the interval's steps
-            held,
-            self.boundary,
-            self.global_step,
-            self.epoch,
-            1,  # K
-            compute,
-            exposed,
-            interval.grad_bytes + gs.nbytes,
-            state._lr,
-            self.warmup,
-            interval.samples,
-            interval.grad_syncs + grad_synced,
-            self.link_name,
-        )
-        self._k1_seconds += compute + exposed
-        self._k1_boundaries += 1  # each of one step
-        self.collectives += gs.buckets
-        self.boundary += 1
-        self.global_step += 1
-        # the next interval: this one emptied in place, as Interval() makes it (its steps are 0
-        # already), without that frame at every step; nothing else holds it
-        interval.compute_seconds = interval.exposed_sync_seconds = interval.loss_sum = 0.0
-        interval.grad_bytes = interval.samples = interval.grad_syncs = 0
-        return True
-
-    def _finish_boundary(self, settle: bool = False) -> float:
-        """Complete the launched averaging; return the seconds this rank spent waiting for it
-        and applying it. `settle`: no step since it was launched (sync_now): θ_new exactly."""
-        flight, self._pending, averager = self._pending, None, self.averager
-        # its callers check that an averaging, which only an averager launches, is in flight
-        assert flight is not None and averager is not None
-        pending = flight.pending
-        rec = averager.finish(pending, settle=settle)
-        if self._probing and rec.grads_checked:
-            self._choose_boundary(rec)
-        finish_seconds = rec.wall_seconds - pending.seconds
-        if self.virtual is not None:  # the wait for what _boundary booked (trainer/engine/clock.py)
-            finish_seconds = self.virtual.wait(self.virtual.booked)
-        stats = BoundaryStats(
-            **flight.common,
-            compute_seconds=rec.compute_seconds,
-            exposed_sync_seconds=rec.exposed_sync_seconds,
-            drift_norm=rec.drift_norm,
-            update_norm=rec.update_norm,
-            drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
-            train_loss=rec.train_loss,
-            bytes_communicated=flight.grad_bytes + rec.nbytes,
-        )
-        self._close_boundary(stats, flight.sync_period, flight.steps)
-        return finish_seconds
-
-    def _choose_boundary(self, rec: Reconciled) -> None:
-        """auto's choice, from a two-phase boundary step whose gradients some rank checked (the
-        sums are every rank's, so every rank chooses alike): the fused boundary from the next
-        one where every rank checked and none found them changed after backward; two-phase for
-        good where one did (docs/design.md, "What the fused boundary needs unchanged")."""
-        if rec.grads_changed:
-            self._probing, self._watch = False, None
-        elif rec.grads_checked == self.world_size:
-            self._probing = False
-            self.strategy = fused(self.strategy)
-            self._fused = True
+        return seconds + finish_in_flight(self)
 
     def _close_boundary(
         self,
@@ -784,7 +603,7 @@ class Sync:
         self.sync_period = decision.next_sync_period
         self._last_boundary, self._lazy_record = stats, None
         self.last_decision = decision
-        self._emit("on_boundary", stats, decision)
+        emit(self.observers, "on_boundary", stats, decision)
         self.boundary += 1
 
     def _count_k_path(self, k: int, seconds: float, steps: int) -> None:
@@ -817,10 +636,7 @@ class Sync:
         until the next). Read it from the loop's own thread: on ddp it is built on reading (and
         reads the interval's loss)."""
         if self._lazy_record is not None:
-            loss = self._lazy_record[1]
-            # a LossSum (_ddp_boundary) or the held (tensor, version) list (_close_ddp_lazily)
-            total = loss.take() if isinstance(loss, LossSum) else read_held(loss)
-            self._last_boundary = self._ddp_stats(self._lazy_record, total)
+            self._last_boundary = read_kept(self._lazy_record, self.world_size)
             self._lazy_record = None
         return self._last_boundary
 
@@ -829,7 +645,7 @@ class Sync:
         return every rank holds identical parameters (and, by the buffer policy, buffers).
         Returns this rank's seconds spent. Collective: every rank must call it."""
         if self._in_step is not None:
-            if self._in_step is _CLOSED:
+            if self._in_step is CLOSED:
                 raise RuntimeError("sync.sync_now() after sync.close(): the replicas agree")
             raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
         # under --clock virtual the seconds spent are the booked ones (docs/design.md §4)
@@ -843,7 +659,7 @@ class Sync:
             # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
             # written as is (settled); otherwise the steps taken meanwhile are kept.
             settle = self._pending.age == 0
-            self._interval.exposed_sync_seconds += self._finish_boundary(settle)
+            self._interval.exposed_sync_seconds += finish_in_flight(self, settle)
         if self.averager is None or (
             self._interval.steps == 0 and self.averager.last_fragment == WHOLE
         ):
@@ -865,208 +681,60 @@ class Sync:
             return now() - t0
         k = self.k_in_force
         lr = self.optimizer.param_groups[0]["lr"]
-        carried = self._boundary(self._interval, k, lr, boundary_step=False)
+        # unscheduled: averages, injects no outer momentum (docs/design.md §2)
+        carried = self._boundary(self._interval, k, lr, boundary_step=False, due=None)
         self._interval = Interval(exposed_sync_seconds=carried)
         return now() - t0
 
-    def _emit(self, event: str, *args: Any) -> None:
-        for obs in self.observers:
-            fn = getattr(obs, event, None)
-            if fn is not None:
-                fn(*args)
-
-    # ----- state -------------------------------------------------------------------------------
+    # ----- state (trainer/engine/resume.py) ----------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the engine needs to continue exactly (this rank's part): SlowMo reference
         and velocity, the controller, the divergence guard, the link's jitter stream, counters
         and the open interval. Plain tensors, numbers and lists (loads with weights_only)."""
-        in_flight = None
-        if self._pending is not None:
-            # A delayed average (--fragment-delay, --overlap-boundary) is saved with its reduced
-            # buffer, and is applied after a resume at the step it would have been.
-            flight = self._pending
-            in_flight = {
-                "averager": self._the_averager().pending_state(flight.pending),
-                "common": flight.common,
-                "grad_bytes": flight.grad_bytes,
-                "sync_period": flight.sync_period,
-                "steps": flight.steps,
-                "delay": flight.delay,
-                "age": flight.age,
-            }
-        return {
-            "kind": self._kind(),
-            "pending": in_flight,
-            "averager": self.averager.state_dict() if self.averager else None,
-            "controller": self.controller.state_dict(),
-            "divergence": self.divergence.state_dict(),
-            "link": self.clock.state_dict() if self.clock else None,
-            "virtual": self.virtual.state_dict() if self.virtual else None,
-            "counters": {
-                "sync_period": self.sync_period,
-                "fragment_position": self._position,
-                "global_step": self.global_step,
-                "boundary": self.boundary,
-                "grad_syncs": self.grad_syncs,
-                "param_syncs": self.param_syncs,
-                "collectives": self.collectives,
-                "k_path": self.k_path,
-                "interval": {f.name: getattr(self._interval, f.name) for f in fields(Interval)},
-                **self._loss.state_dict(),  # loss_sum, loss_held
-                "boundary_form": self._boundary_form(),
-            },
-        }
-
-    def _boundary_form(self) -> str:
-        """The cpdp boundary taken now: auto's choice, so a resume continues on the same path."""
-        return "fused" if self._fused else "probing" if self._probing else "two-phase"
+        return engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Call after the model's own state is loaded. Saved at a boundary (an empty interval),
-        the replica check's digest is taken from the loaded weights, so replicas resumed from
-        differing files are caught at the first boundary; saved mid-interval, the replicas
-        rightly differ, and the digest of the last boundary is restored instead. A state that
-        is not this kind of engine's (another strategy, policy, world size, outer optimizer,
-        compression or fragments) raises an OptionError naming what differs, and a state with
-        any value of the wrong type, range or shape one naming its key
-        (trainer/engine/state_check.py):
-        checked whole before any of it is applied, so a refused state leaves the Sync as it
-        was."""
-        if why := self._foreign(state):
-            raise OptionError(f"load_state_dict: {why}")
-        try:
-            self._check_state(state)
-        except BadState as exc:
-            raise OptionError(f"load_state_dict: {exc}") from None
-        c = state["counters"]
-        form = c.get("boundary_form")  # absent from states saved before auto's check
-        if form is not None and form not in _BOUNDARY_FORMS:
-            raise OptionError(
-                f"load_state_dict: counters.boundary_form: {str(form)[:20]!r}; one of "
-                f"{', '.join(_BOUNDARY_FORMS)}"
-            )
-        in_flight = state.get("pending")
-        if self.averager is not None:
-            # (with an average in flight, the digest is the one it carries: not recomputed)
-            at_boundary = c["interval"]["steps"] == 0 and in_flight is None
-            self.averager.load_state_dict(state["averager"], recompute_digest=at_boundary)
-        self._pending = None
-        if in_flight is not None:
-            self._pending = _InFlight(
-                self._the_averager().restore_pending(in_flight["averager"]),
-                dict(in_flight["common"]),
-                in_flight["grad_bytes"],
-                in_flight["sync_period"],
-                in_flight["steps"],
-                in_flight["delay"],
-                in_flight["age"],
-            )
-        self.controller.load_state_dict(state["controller"])
-        self.divergence.load_state_dict(state["divergence"])
-        if self.clock is not None and state["link"] is not None:
-            self.clock.load_state_dict(state["link"])
-        if self.virtual is not None and state.get("virtual") is not None:
-            self.virtual.load_state_dict(state["virtual"])
-        self.sync_period = c["sync_period"]
-        self._position = c.get("fragment_position", 1)  # absent before fragments existed
-        self.global_step, self.boundary = c["global_step"], c["boundary"]
-        self.grad_syncs, self.param_syncs = c["grad_syncs"], c["param_syncs"]
-        self.collectives = c.get("collectives", 0)  # absent from checkpoints before it existed
-        self.k_path = {int(k): dict(v) for k, v in c["k_path"].items()}
-        self._interval = Interval(**c["interval"])
-        self._last_boundary = self._lazy_record = None  # the record before the load is not this
-        self._loss = LossSum()
-        self._loss.load_state_dict(c)  # loss_held: absent from states saved before it
-        if form is not None and self._auto:
-            self._restore_boundary_form(form)
-
-    def _restore_boundary_form(self, form: str) -> None:
-        """auto's choice as saved (an explicit --boundary is the user's and stays)."""
-        self._probing, self._fused = form == "probing", form == "fused"
-        base = STRATEGIES[self.options.strategy]
-        self.strategy = fused(base) if self._fused else base
-        if form == "two-phase":
-            self._watch = None
-        elif self._watch is None:
-            self._watch = GradWatch(self._params)
+        the replica check's digest is taken from the loaded weights; saved mid-interval, the
+        digest of the last boundary is restored. A state that is not this kind of engine's
+        (`_kind`), or with any value of the wrong type, range or shape, raises an OptionError
+        naming what differs, checked whole before any of it is applied
+        (trainer/engine/resume.py, load_engine_state)."""
+        load_engine_state(self, state)
 
     def _kind(self) -> dict[str, Any]:
         """What a saved state must match to load here (checked by load_state_dict)."""
-        return {
-            "strategy": self.options.strategy,
-            "policy": self.options.policy,
-            "world_size": self.world_size,
-            "numel": self.averager.numel if self.averager is not None else None,
-            # the settings that shape the averager's state: its velocity, residual, fragments
-            "outer_optimizer": self.options.outer.kind,
-            "compress": self.options.compress,
-            "fragments": self.options.fragments,
-            "clock": self.options.clock,  # a virtual time line continues only a virtual one
-        }
+        return engine_kind(self)
 
     def _check_state(self, state: dict[str, Any]) -> None:
-        """Every part of a saved state against this engine (trainer/engine/state_check.py); raises
-        BadState naming the first fault. Applies nothing."""
-        check_counters(state["counters"], self.options.strategy, self.options.fragments)
-        if self.averager is not None:
-            check_averager(state["averager"], self.averager, self.options)
-        if state.get("pending") is not None:
-            check_pending(state["pending"], self.averager)
-        k_values(state["controller"], "controller")
-        loads_into_copy(self.controller, state["controller"], "controller")
-        loads_into_copy(self.divergence, state["divergence"], "divergence", optional=("first",))
-        if self.clock is not None and state["link"] is not None:
-            check_link(state["link"])
-        if self.virtual is not None and state.get("virtual") is not None:
-            try:
-                self.virtual.check_state(state["virtual"])
-            except ValueError as exc:
-                raise BadState(str(exc)) from None
-
-    def _foreign(self, state: Any) -> str | None:
-        if not isinstance(state, dict):
-            return f"expected the dict sync.state_dict() returns, got {type(state).__name__}"
-        keys = ("counters", "averager", "controller", "divergence", "link")
-        if missing := [k for k in keys if k not in state]:
-            return f"not an autok.Sync state (no {missing[0]!r})"
-        if (state["averager"] is None) != (self.averager is None):
-            saved = "ddp (no parameter averaging)" if state["averager"] is None else "averaging"
-            return f"saved by {saved}; this Sync's strategy is {self.options.strategy}"
-        kind = state.get("kind")  # absent from states saved before it was recorded
-        if isinstance(kind, dict):
-            mine = self._kind()
-            for k, v in mine.items():
-                if k in kind and kind[k] != v:
-                    return f"saved with {k} {kind[k]!r}; this Sync has {v!r}"
-        return None
+        """Every part of a saved state against this engine; raises BadState naming the first
+        fault. Applies nothing."""
+        check_engine_state(self, state)
 
     def close(self) -> None:
         """End with a boundary (identical replicas), then stop what the engine runs. After it,
         neither sync.model nor the optimizer reports to the Sync, and sync.step() or
         sync_now() raises; state_dict() still gives the final state. A second close does
         nothing."""
-        if self._in_step is _CLOSED:
+        if self._in_step is CLOSED:
             return
         try:
             self.sync_now()
         finally:  # (a failed boundary still stops the observers, the exporter's server among them)
-            for obs in self.observers:
-                close = getattr(obs, "close", None)
-                if close is not None:
-                    close()
+            emit(self.observers, "close")
             # sync.model reports each forward to this Sync, and the optimizer each step: cycles
             # only the cyclic GC would free, with DDP's reducer and the process group it holds,
             # perhaps not until the interpreter finalizes, where a gloo group's teardown is not
             # safe. Broken here, they go when the loop drops them.
-            self.model._after_forward = _no_report
+            self.model._after_forward = no_report
             self.__dict__.pop("step", None)  # accumulation's bound _micro_step: a cycle too
             self.grad_state.release()
             if self._watch is not None:
                 self._watch.disarm()
             for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
                 hook.remove()
-            self._in_step = _CLOSED  # no step opens again: its optimizer step would go unseen
+            self._in_step = CLOSED  # no step opens again: its optimizer step would go unseen
 
 
 def _add_to_path(
@@ -1079,166 +747,3 @@ def _add_to_path(
     at_k["seconds"] += seconds
     at_k["boundaries"] += boundaries
     at_k["steps"] += steps
-
-
-# What DDP's error at a forward says when the last synchronized backward left a parameter unused
-_UNFINISHED_REDUCTION = "Expected to have finished reduction in the prior iteration"
-
-_CLOSED: Any = object()  # Sync._in_step once closed: no step opens, no boundary runs
-
-_BOUNDARY_FORMS = ("fused", "probing", "two-phase")  # Sync._boundary_form
-
-
-@dataclass
-class _Extras:
-    """What rides with the parameters at a boundary, for the averager. Its own object, not
-    methods of the Sync: the averager would hold the Sync in a cycle (see Sync.close)."""
-
-    optimizer: torch.optim.Optimizer
-    options: SyncOptions
-    float_buffers: list[torch.Tensor]
-
-    def averaged(self) -> list[torch.Tensor]:
-        extras = state_tensors(self.optimizer) if self.options.sync_optimizer_state else []
-        if self.options.buffer_policy == "average":
-            extras = extras + self.float_buffers
-        return extras
-
-    def broadcast(self) -> list[torch.Tensor]:
-        return self.float_buffers if self.options.buffer_policy == "broadcast" else []
-
-
-def _lr_now(lr: Any) -> Any:
-    """The step's LR as it is now, where the group holds it as a tensor (CUDA graphs, a compiled
-    step), which a scheduler then updates in place: a number read now on the CPU, a copy on an
-    accelerator (no host sync per step; read at the boundary)."""
-    if isinstance(lr, torch.Tensor):
-        return float(lr) if lr.device.type == "cpu" else lr.detach().clone()
-    return lr
-
-
-def _no_report(args: tuple) -> None:
-    """A closed Sync's `_after_forward`: forwards of sync.model are no longer timed."""
-
-
-class _TimedDDP(DistributedDataParallel):
-    """`sync.model`: DDP that reports the end of each forward to the engine. A forward hook on
-    the module would do the same, but any module hook sends every call through nn.Module's slow
-    path (about 5 µs a step on the cnn1d in a one-process test; docs/design.md §4, Per step); this
-    is one frame."""
-
-    _after_forward: Any = None
-
-    # Never traced by torch.compile: the report reads the host clock, which a compiled
-    # sync.model would break its graph on (docs/design.md §4). recursive=False: the frames this
-    # one calls (DDP's forward, the user's module) are compiled as they would be without autok.
-    @torch.compiler.disable(recursive=False)
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().forward(*args, **kwargs)
-        self._after_forward(args)
-        return out
-
-
-@dataclass
-class _InFlight:
-    """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
-
-    pending: Any  # autok.trainer.engine.averaging._Pending
-    common: dict[str, Any]  # the boundary's BoundaryStats fields known at launch
-    grad_bytes: int
-    sync_period: int  # the K of the interval it closed
-    steps: int
-    delay: int
-    age: int = 0  # steps closed since it was launched
-
-
-class _Step(StepHandle):
-    """`with sync.step() as s`: the handle the loop body gets, and the step's state (its clock
-    points), one object per step (each object a step makes is paid at every step).
-    A class rather than a generator context manager, which costs a generator and its frames on
-    every step. The state's fields are private (the body sets `loss` alone) and read their
-    class defaults until the step sets them; one object serves one step."""
-
-    _opened = False  # entered once: the object serves no other step
-    _ctx: AbstractContextManager | None = None  # the backward context of a local step
-    _last_of_epoch = False  # a boundary the loop asked for (`boundary=True`)
-    _fragment = WHOLE  # what the step's boundary moves
-    _t0 = _fwd_start = _forward = 0.0
-    _t1: float | None = None
-    _t2: float | None = None
-    _t3: float | None = None
-    _lr: float | None = None
-
-    def __init__(self, sync: Sync, boundary: bool) -> None:
-        self._sync, self.loss = sync, None
-        if boundary:
-            self._last_of_epoch = True
-
-    def __enter__(self) -> StepHandle:
-        if self._opened:
-            raise RuntimeError("a sync.step() serves one step: open a new one for each")
-        self._opened = True  # first: an opening that raised leaves nothing to enter again
-        sync = self._sync
-        ctx = sync._open_step(self)
-        if ctx is not None:
-            try:
-                ctx.__enter__()
-            except BaseException:
-                sync._in_step = None
-                raise
-            self._ctx = ctx
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        sync = self._sync
-        sync._in_step = None
-        if self._ctx is not None:
-            self._ctx.__exit__(exc_type, exc, tb)
-        if exc_type is None:
-            sync._close_step(self)
-        elif exc_type is RuntimeError and _UNFINISHED_REDUCTION in str(exc):
-            # DDP's many-line account of a parameter that got no gradient in the last
-            # synchronized backward, as one line naming the argument that fixes it
-            raise OptionError(
-                f"ddp_kwargs: a parameter of the model got no gradient in a synchronized "
-                f"backward (unused); {UNUSED_PARAMETERS_HINT}"
-            ) from exc
-        return False
-
-
-class _MicroStep(_Step):
-    """A step of `micro` forward/backward passes through sync.model (accumulation_steps, or
-    fewer where the loop says so): only the last pass's backward all-reduces gradients; the
-    others accumulate them locally, as under DDP's no_sync(). K counts the step once, and its
-    collectives are those of one pass (docs/design.md §2). A step that saw another number of
-    passes is refused at its close: its gradients would have been all-reduced never, or twice."""
-
-    _passes = 0  # forwards with autograd on, before the optimizer step
-    _held: bool | None = None  # DDP's gradient sync, held off until the last pass's forward
-
-    def __init__(self, sync: Sync, boundary: bool, micro: int) -> None:
-        super().__init__(sync, boundary)
-        self._micro = micro
-
-    def __enter__(self) -> StepHandle:
-        super().__enter__()
-        attrs = self._sync.model.__dict__
-        if self._ctx is None and self._micro > 1:  # this step's backward all-reduces
-            self._held = attrs["require_backward_grad_sync"]
-            attrs["require_backward_grad_sync"] = False
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        sync = self._sync
-        if self._held is not None:  # fewer passes than announced: DDP's flag back as it was
-            sync.model.__dict__["require_backward_grad_sync"] = self._held
-            self._held = None
-        if exc_type is None and self._passes != self._micro:
-            sync._in_step = None
-            if self._ctx is not None:
-                self._ctx.__exit__(None, None, None)
-            raise RuntimeError(
-                f"accumulation_steps: {self._passes} forward passes through sync.model in this "
-                f"step, expected {self._micro}; give sync.step(micro_batches=n) for a short step"
-            )
-        return super().__exit__(exc_type, exc, tb)

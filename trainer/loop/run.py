@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from autok.trainer.engine.averaging import ReplicaMismatch, param_digest
 from autok.trainer.engine.divergence import Diverged, Rollback, params_finite
 from autok.trainer.engine.link import allreduce_sum_
+from autok.trainer.engine.observer import StepInfo, emit
 from autok.trainer.engine.optim import build_optimizer, build_scheduler
 from autok.trainer.engine.options import OptionError
 from autok.trainer.engine.profiler import EpochTimes, clock
@@ -205,12 +206,6 @@ class Trainer:
 
     # ----- the run -----------------------------------------------------------------------------
 
-    def _emit(self, event: str, *args: Any) -> None:
-        for obs in self.observers:
-            fn = getattr(obs, event, None)
-            if fn is not None:
-                fn(*args)
-
     def k_in_force(self, epoch: int) -> int:
         return 1 if epoch < self.cfg.warmup_epochs else self.sync.sync_period  # already capped
 
@@ -239,7 +234,7 @@ class Trainer:
             if self.out_dir is not None and (last or stop or (every and (epoch + 1) % every == 0)):
                 self.save_checkpoint(epoch)
             if stop and not last:
-                self._emit("on_stop", epoch)
+                emit(self.observers, "on_stop", epoch)
                 return None
             epoch += 1
         summary = self._summary(self.history, self.wall_before + time.perf_counter() - self.wall0)
@@ -247,7 +242,7 @@ class Trainer:
         if self.virtual is not None:  # the modelled training time (docs/design.md §4)
             summary["virtual_seconds"] = self.virtual.now()
         summary["total_seconds"] = time.time() - self.started
-        self._emit("on_end", summary)
+        emit(self.observers, "on_end", summary)
         return summary
 
     def _train_epoch(self, epoch: int) -> None:
@@ -305,7 +300,13 @@ class Trainer:
                     times.train_counted += _on_device_or_read(acc[2], count)
             times.train_seen += len(y)
             times.steps += 1
-            self._emit("on_step", self, step.is_boundary)
+            info = StepInfo(
+                global_step=sync.global_step,
+                is_boundary=step.is_boundary,
+                times=step,
+                next_lr=self.optimizer.param_groups[0]["lr"],  # the scheduler has stepped
+            )
+            emit(self.observers, "on_step", info)
             if acc is None:  # on an accelerator the end is read once, below, with a device sync
                 step_end = self.now()
         if acc is not None:  # the epoch's one device sync: its end, and its sums
@@ -319,7 +320,7 @@ class Trainer:
         # `lr` is the LR of the epoch's last step
         row = self._end_epoch(epoch, times, counts0, lr)
         self.history.append(row["test_metric"])
-        self._emit("on_epoch", row)
+        emit(self.observers, "on_epoch", row)
 
     # ----- checkpoints, resume, rollback -------------------------------------------------------
 
@@ -433,10 +434,8 @@ class Trainer:
             )
         self.rollbacks = rollbacks
         self.sync.sync_period = max(1, rb.sync_period // 2)
-        rollback = getattr(self.sync.controller, "rollback", None)
-        if rollback is not None:
-            rollback(self.sync.sync_period)
-        self._emit("on_rewind", epoch)
+        self.sync.controller.rollback(self.sync.sync_period)  # (the Controller protocol)
+        emit(self.observers, "on_rewind", epoch)
         self.log.info(
             f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
             f"K -> {self.sync.sync_period} (rollback {self.rollbacks} of "

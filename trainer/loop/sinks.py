@@ -13,6 +13,7 @@ from typing import Any
 
 from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.trainer.engine.link import exposed_wait
+from autok.trainer.engine.observer import StepInfo
 
 EPOCH_COLUMNS = [
     "epoch",
@@ -258,10 +259,10 @@ class FileSink:
         self._path.append((start, stats.global_step, stats.sync_period, stats.lr, stats.epoch))
         self._jsonl.write(json.dumps(boundary_record(stats, decision)) + "\n")
 
-    def on_step(self, trainer: Any, is_boundary: bool) -> None:
+    def on_step(self, info: StepInfo) -> None:
         """The LR of the next step (the scheduler has just stepped): k_lr.png shows the schedule
         at every step, not only at boundaries. A Python float read, no device sync, O(1)."""
-        step, lr = trainer.global_step, trainer.optimizer.param_groups[0]["lr"]
+        step, lr = info.global_step, info.next_lr
         if self._lr_first is None or step < self._lr_first:
             self._lr_first, self._lrs = step, self._lrs[:0]
         i = step - self._lr_first

@@ -1,0 +1,83 @@
+"""An average in flight (docs/design.md §2): launched at a boundary and applied at once, or,
+delayed (--fragment-delay, --overlap-boundary), `delay` closed steps later; saved with the engine's
+state so that a resume applies it at the step it would have been. `finish_in_flight` applies it and
+builds the boundary's record from what was known at launch and what the collective reduced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autok.controllers.base import BoundaryStats
+from autok.trainer.engine.boundary_form import choose_boundary_form
+
+if TYPE_CHECKING:
+    from autok.trainer.engine.averaging import ParameterAverager
+    from autok.trainer.engine.sync import Sync
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
+
+    pending: Any  # autok.trainer.engine.averaging._Pending
+    common: dict[str, Any]  # the boundary's BoundaryStats fields known at launch
+    grad_bytes: int
+    sync_period: int  # the K of the interval it closed
+    steps: int
+    delay: int
+    age: int = 0  # steps closed since it was launched
+
+    def state_dict(self, averager: ParameterAverager) -> dict[str, Any]:
+        """Saved with its reduced buffer (the averager's part), in plain types."""
+        return {
+            "averager": averager.pending_state(self.pending),
+            "common": self.common,
+            "grad_bytes": self.grad_bytes,
+            "sync_period": self.sync_period,
+            "steps": self.steps,
+            "delay": self.delay,
+            "age": self.age,
+        }
+
+    @classmethod
+    def from_state(cls, averager: ParameterAverager, saved: dict[str, Any]) -> InFlight:
+        """The averaging `state_dict` saved, launched again (already checked:
+        trainer/engine/state_check.py, check_pending)."""
+        return cls(
+            pending=averager.restore_pending(saved["averager"]),
+            common=dict(saved["common"]),
+            grad_bytes=saved["grad_bytes"],
+            sync_period=saved["sync_period"],
+            steps=saved["steps"],
+            delay=saved["delay"],
+            age=saved["age"],
+        )
+
+
+def finish_in_flight(sync: Sync, settle: bool = False) -> float:
+    """Complete the launched averaging (`sync._pending`) and close its boundary with its record;
+    return the seconds this rank spent waiting for it and applying it. `settle`: no step since it
+    was launched (sync_now): θ_new exactly."""
+    flight, sync._pending, averager = sync._pending, None, sync.averager
+    # its callers check that an averaging, which only an averager launches, is in flight
+    assert flight is not None and averager is not None
+    pending = flight.pending
+    rec = averager.finish(pending, settle=settle)
+    if sync._probing and rec.grads_checked:
+        choose_boundary_form(sync, rec)
+    finish_seconds = rec.wall_seconds - pending.seconds
+    if sync.virtual is not None:  # the wait for what _boundary booked (trainer/engine/clock.py)
+        finish_seconds = sync.virtual.wait(sync.virtual.booked)
+    stats = BoundaryStats(
+        **flight.common,
+        compute_seconds=rec.compute_seconds,
+        exposed_sync_seconds=rec.exposed_sync_seconds,
+        drift_norm=rec.drift_norm,
+        update_norm=rec.update_norm,
+        drift_ratio=rec.drift_norm / rec.update_norm if rec.update_norm > 0 else 0.0,
+        train_loss=rec.train_loss,
+        bytes_communicated=flight.grad_bytes + rec.nbytes,
+    )
+    sync._close_boundary(stats, flight.sync_period, flight.steps)
+    return finish_seconds
