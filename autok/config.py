@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from autok.controllers import PolicyOptions
 from autok.metrics_http import MetricsHost
+from autok.trainer.engine.build import tensors_refusal
 from autok.trainer.engine.link import LinkSchedule
 from autok.trainer.engine.options import (
     COUNT_MAX,
@@ -659,7 +660,8 @@ def check_task(cfg: TrainConfig) -> Metric:
     autok.Task (built once here, in the launching process); its metric. One line naming --task
     otherwise, or --fragments when the model has fewer parameters than fragments (every
     built-in model has more than FRAGMENTS_MAX: `tests/test_fragments.py`)."""
-    if cfg.task is None and cfg.dataset not in PROBED_DATASETS:
+    by_tensor = cfg.fragment_by != "element"  # F is bounded by the model's tensor count
+    if cfg.task is None and cfg.dataset not in PROBED_DATASETS and not by_tensor:
         # the built-in classification: embedded data, or CIFAR-100 files whose checksums the
         # config checked; image files are decoded only when read, so those are probed here
         return ACCURACY
@@ -667,6 +669,8 @@ def check_task(cfg: TrainConfig) -> Metric:
         task = load_task(cfg)
     except TaskError as exc:
         raise ConfigError(str(exc)) from None
+    if why := tensors_refusal(task.model, cfg.fragments, cfg.fragment_by):
+        raise ConfigError(why)
     if cfg.task is None:
         return metric_of(task)
     if cfg.partition == "dirichlet":  # the built-in data sets all have class labels

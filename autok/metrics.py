@@ -74,6 +74,10 @@ GAUGES = {
     "(--target-sync-share; exposed-sync and composite only)",
     "start_time_seconds": "unix time the exporter started serving: the run's start",
 }
+# Gauges of what the last boundary moved: with --fragments each is the fragment's slice, so they
+# carry a `fragment` label ("0".."F-1", "whole" for the whole model), one series per fragment,
+# each its own last value; a fragment's drift is never compared with another's on one line.
+PER_FRAGMENT = ("drift_norm", "drift_ratio", "update_norm")
 # The policies that steer K by --target-sync-share (controllers/__init__.py's `_share`); only
 # they get autok_target_sync_share_ratio, the reference line of the dashboard's share panel.
 TARGET_SHARE_POLICIES = frozenset({"exposed-sync", "composite"})
@@ -174,6 +178,7 @@ class MetricsExporter:
         self._version = 0
         self._cache: tuple[int, bytes] = (-1, b"")
         self._gauges: dict[str, float] = {}
+        self._per_fragment: dict[str, dict[str, float]] = {}  # PER_FRAGMENT: {fragment: value}
         self._metric_name = "accuracy"  # the task's, labelled on autok_test_metric
         self._counters = {name: 0.0 for name in COUNTERS}
         self._k_changes: dict[str, int] = {}
@@ -203,8 +208,10 @@ class MetricsExporter:
             g["next_sync_period"] = decision.next_sync_period
             g["learning_rate"] = stats.lr
             g["sync_share_ratio"] = stats.sync_share
-            g["drift_norm"], g["drift_ratio"] = stats.drift_norm, stats.drift_ratio
-            g["update_norm"], g["train_loss"] = stats.update_norm, stats.train_loss
+            g["train_loss"] = stats.train_loss
+            moved = "whole" if stats.fragment < 0 else str(stats.fragment)
+            for name in PER_FRAGMENT:
+                self._per_fragment.setdefault(name, {})[moved] = getattr(stats, name)
             g["epoch"] = stats.epoch
             if self.link is not None and stats.link in PROFILES and stats.link != self.link.name:
                 self.link = PROFILES[stats.link]  # a --link-schedule moved on: label the new one
@@ -267,7 +274,12 @@ class MetricsExporter:
         with self._lock:
             if self.cluster:
                 for name, doc in GAUGES.items():
-                    if name in self._gauges:
+                    if name in PER_FRAGMENT and name in self._per_fragment:
+                        g = GaugeMetricFamily(f"autok_{name}", doc, labels=[*names, "fragment"])
+                        for moved, v in sorted(self._per_fragment[name].items()):
+                            g.add_metric([*values, moved], v)
+                        yield g
+                    elif name in self._gauges:
                         extra = {"metric": self._metric_name} if name == "test_metric" else {}
                         g = GaugeMetricFamily(f"autok_{name}", doc, labels=[*names, *extra])
                         g.add_metric([*values, *extra.values()], self._gauges[name])

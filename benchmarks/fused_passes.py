@@ -144,7 +144,7 @@ def main(rounds: int = MIN_ROUNDS, calls: int = 15) -> None:
         averager.reconcile(totals, 0.1, None)
         return time.perf_counter() - t0
 
-    grads = averager._grads_segment()[0]  # what capture() writes, the compiled side copies
+    grads = averager.fused.segment()[0]  # what capture() writes, the compiled side copies
 
     def compiled() -> float:
         vec.theta.add_(kick)

@@ -9,7 +9,8 @@ level F_0. η_l / η_0 is the LR in force over the LR at F_0 (the paper's learni
 a decayed LR lowers the error floor of local updates, so K may grow back. With a constant LR the
 factor is 1 and the rule is the paper's plain one. F_l is the mean loss over a window of
 `--sync-window` boundaries; K is recomputed once per window (the paper's interval T_0, counted
-in boundaries rather than wall-clock seconds, so every rank decides on the same numbers).
+in boundaries rather than wall-clock seconds, so every rank decides on the same numbers). With
+`--fragments F` the window counts rounds (`BoundaryStats.closes_round`), not fragment boundaries.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class AdaCommController:
     initial_loss: float | None = None
     initial_lr: float | None = None
     _sum: float = 0.0
-    _n: int = 0
+    _n: int = 0  # boundaries in the window, for the mean
+    _rounds: int = 0  # rounds closed in the window: its length
 
     def __post_init__(self) -> None:
         self.sync_period = self.sync_period or self.k0
@@ -60,9 +62,10 @@ class AdaCommController:
             return SyncDecision(self.sync_period, "warmup")
         self._sum += stats.train_loss
         self._n += 1
-        if self._n < self.window:
-            return SyncDecision(self.sync_period, f"measuring ({self._n}/{self.window})")
-        loss, self._sum, self._n = self._sum / self._n, 0.0, 0
+        self._rounds += stats.closes_round
+        if self._rounds < self.window:
+            return SyncDecision(self.sync_period, f"measuring ({self._rounds}/{self.window})")
+        loss, self._sum, self._n, self._rounds = self._sum / self._n, 0.0, 0, 0
         if self.initial_loss is None:
             self.initial_loss = loss
         if self.initial_lr is None:
@@ -94,6 +97,7 @@ class AdaCommController:
             "initial_lr": self.initial_lr,
             "sum": self._sum,
             "n": self._n,
+            "rounds": self._rounds,
             "max_sync_period": self.max_sync_period,
         }
 
@@ -104,4 +108,5 @@ class AdaCommController:
         # from the resume on; the loss factor still from the first window)
         self.initial_lr = state.get("initial_lr")
         self._sum, self._n = float(state["sum"]), int(state["n"])
+        self._rounds = int(state.get("rounds", self._n))  # saved before rounds: one a boundary
         self.max_sync_period = int(state["max_sync_period"])

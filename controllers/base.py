@@ -48,6 +48,14 @@ class BoundaryStats:
     peer_wait_seconds: float = 0.0
 
     @property
+    def closes_round(self) -> bool:
+        """Whether this boundary ends a round: the whole model synced, or fragment 0, the last
+        of a round's order 1, 2, …, F−1, 0 (docs/design.md §2, Fragments). A controller's
+        window counts rounds, so that with F fragments it spans as many steps, and its drift is
+        compared over the same intervals, as without them, not F-times-shorter ones."""
+        return self.fragment <= 0
+
+    @property
     def sync_share(self) -> float:
         """Exposed-sync share f = exposed / (compute + exposed) of this interval."""
         total = self.compute_seconds + self.exposed_sync_seconds

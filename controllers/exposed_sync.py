@@ -23,8 +23,17 @@ best K in the panel; without it, not below the starting K (the floor).
 target·(1 − margin)).
 
 Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
-at least `window` boundaries and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
-K may not exceed that value until `cooldown` boundaries pass without it firing again.
+at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
+K may not exceed that value until `cooldown` rounds pass without it firing again.
+
+With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
+cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model
+sync) rather than boundaries, and K changes only where a round ends, so a window spans the same
+steps at any F and the guard's drift is compared over like intervals. With F = 1 a round is a
+boundary.
+
+K does not follow the LR: with the link rule's K times η_peak/η (STL-SGD) or its square (QSR),
+the controller panel's skew-decay pilot reached the target later (docs/results.md).
 """
 
 from __future__ import annotations
@@ -107,14 +116,15 @@ def direct_sync_period(
 
 # The guard judges the loss over windows of at least this many optimizer steps: at K = 1 a window
 # of 4 boundaries is 4 steps, whose mean loss is noise, and the best window of many such is
-# biased low, so the guard fired on noise and held K at 1 (the controller panel's es-lowering
-# K path on flip-link, docs/controller-panel/). A non-finite loss is judged at once.
+# biased low, so the guard fired on noise and held K at 1 (the es-lowering K path on flip-link
+# in the controller panel's first run). A non-finite loss is judged once its window closes.
 GUARD_MIN_STEPS = 32
 
 
 @dataclass
 class _Window:
-    n: int = 0
+    n: int = 0  # boundaries, for the means
+    rounds: int = 0  # rounds closed (BoundaryStats.closes_round): a window's length
     compute: float = 0.0
     exposed: float = 0.0
     drift_ratio: float = 0.0
@@ -124,6 +134,7 @@ class _Window:
 
     def add(self, s: BoundaryStats) -> None:
         self.n += 1
+        self.rounds += s.closes_round
         self.compute += s.compute_seconds
         self.exposed += s.exposed_sync_seconds
         self.drift_ratio += s.drift_ratio
@@ -136,6 +147,11 @@ class _Window:
         """The network's share: a wait for a slower peer is neither compute nor link time that
         a larger K amortizes (every K waits for a slow rank alike), so it is left out of both."""
         return network_share(self.compute, self.exposed, self.peer)
+
+
+def _window(saved: dict[str, Any]) -> _Window:
+    """A saved window; one saved before windows counted rounds had a round per boundary."""
+    return _Window(**{"rounds": saved.get("n", 0), **saved})
 
 
 def network_share(compute: float, exposed: float, peer_wait: float) -> float:
@@ -172,10 +188,10 @@ class ExposedSyncController:
             self.floor = 1 if self.lower else self.sync_period
 
     def _judge_guard(self) -> str | None:
-        """The guard's verdict on its own window, once it spans `window` boundaries and
+        """The guard's verdict on its own window, once it spans `window` rounds and
         GUARD_MIN_STEPS steps (any length on a non-finite loss); None before."""
         g = self._guard_win
-        if g.n < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
+        if g.rounds < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
             return None
         self._guard_win = _Window()
         return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
@@ -185,14 +201,16 @@ class ExposedSyncController:
             return SyncDecision(self.sync_period, "warmup")
         self._win.add(stats)
         self._guard_win.add(stats)
+        if not stats.closes_round:  # windows and the cooldown count whole rounds
+            return SyncDecision(self.sync_period, f"measuring (fragment {stats.fragment})")
         if self.ceiling is not None:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
                 self.ceiling = None
         reason = self._judge_guard()
         needed = self.window if self.estimated or self.rule != "direct" else 1
-        if reason is None and self._win.n < needed:
-            return SyncDecision(self.sync_period, f"measuring ({self._win.n}/{needed})")
+        if reason is None and self._win.rounds < needed:
+            return SyncDecision(self.sync_period, f"measuring ({self._win.rounds}/{needed})")
         w, self._win = self._win, _Window()
         self.estimated = True
         if self.rule == "direct":
@@ -248,7 +266,7 @@ class ExposedSyncController:
         self.ceiling = state["ceiling"]
         self.since_fire = int(state["since_fire"])
         self.guard.load_state_dict(state["guard"])
-        self._win = _Window(**state["window"])
+        self._win = _window(state["window"])
         # a state saved before the guard had its own window: it starts one, the estimate made
-        self._guard_win = _Window(**state.get("guard_window", {}))
+        self._guard_win = _window(state.get("guard_window", {}))
         self.estimated = bool(state.get("estimated", True))

@@ -294,11 +294,12 @@ GRAPHS = [
         "Drift",
         "At each boundary, before the averaging: drift norm sqrt(mean_i ||theta_i - "
         "theta_avg||^2) and update norm ||theta_avg - theta_ref|| (left, parameter-space "
-        "norms), and their ratio (right), which the guard caps (docs/design.md §4).",
+        "norms), and their ratio (right), which the guard caps (docs/design.md §4); with "
+        "--fragments, one line per fragment (label fragment; whole: the whole model).",
         units.NoUnit,
-        q(sel("autok_drift_norm"), "drift norm {{run_id}}", "A"),
-        q(sel("autok_update_norm"), "update norm {{run_id}}", "B"),
-        q(sel("autok_drift_ratio"), "drift ratio {{run_id}}", "C"),
+        q(sel("autok_drift_norm"), "drift norm {{run_id}} {{fragment}}", "A"),
+        q(sel("autok_update_norm"), "update norm {{run_id}} {{fragment}}", "B"),
+        q(sel("autok_drift_ratio"), "drift ratio {{run_id}} {{fragment}}", "C"),
         axis="norm",
     )
     .min(0)

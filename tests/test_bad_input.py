@@ -563,6 +563,24 @@ TRAIN = [
         "--overlap-boundary",
         id="overlap+fragment-delay",
     ),
+    R(localsgd("--fragment-merge", "lerp"), "--fragment-merge: lerp mixes", id="lerp-no-delay"),
+    R(
+        localsgd("--fragment-delay", "1", "--fragment-alpha", "0.5"),
+        "--fragment-alpha: --fragment-merge keep does not read it",
+        id="alpha+keep",
+    ),
+    R(
+        localsgd("--overlap-boundary", "--fragment-merge", "lerp", "--fragment-alpha", "2"),
+        "--fragment-alpha: input should be less than or equal to 1",
+        id="alpha>1",
+    ),
+    R(localsgd("--fragment-by", "module"), "--fragment-by: module cuts", id="fragment-by+F1"),
+    R(
+        localsgd("--task", "tests.task_fixtures:linear", "--sync-period", "8", "--fragments", "3")
+        + ["--fragment-by", "strided"],
+        "--fragments: 3 fragments by strided of a model with 2 parameter tensors",
+        id="fragments>tensors",
+    ),
     R(
         ["train", "--strategy", "ddp", "--outer-state-device", "cpu", "--out", "{out}"],
         "--outer-state-device: cpu: ddp keeps no outer state",

@@ -210,6 +210,56 @@ def test_share_prediction():
     assert share_rule(8, 0.5, target=0.2, growth=2, max_k=64, ceiling=8)[0] == 8
 
 
+# ----- windows count rounds with --fragments ---------------------------------------------------
+
+
+def round_stats(k, frags, *, i, **kw):
+    """One round at K as the engine reports it with F fragments: F boundaries of gaps
+    ⌊jK/F⌋ − ⌊(j−1)K/F⌋ in the order 1, …, F−1, 0, that together time and drift as one F = 1
+    boundary `stats(k, ...)`; the whole model in one boundary while K < F."""
+    whole = stats(k, i=i, **kw)
+    if k < frags:
+        return [whole]
+    out = []
+    for j in range(1, frags + 1):
+        steps = (j * k) // frags - ((j - 1) * k) // frags
+        out.append(
+            dataclasses.replace(
+                whole,
+                interval_steps=steps,
+                compute_seconds=whole.compute_seconds * steps / k,
+                exposed_sync_seconds=whole.exposed_sync_seconds / frags,
+                fragment=j % frags,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", ["exposed-sync", "adacomm"])
+def test_windows_count_whole_rounds_not_fragment_boundaries(name):
+    # The link slows after 8 rounds and the drift spikes after 24: with F = 4 the K path, read
+    # where each round ends, is the F = 1 path, and K never changes inside a round.
+    def path(frags):
+        c = build_controller(name, 8, PolicyOptions(max_sync_period=32))
+        k, ks = c.sync_period, []
+        for i in range(40):
+            kw = {  # powers of 2: a round's parts sum to the F = 1 boundary exactly
+                "step_compute": 2**-6,
+                "sync": 2**-7 if i < 8 else 2**-3,
+                "drift_ratio": 1.0 if i < 24 else 5.0,
+                "loss": 2.0 / (1 + i),
+            }
+            ds = [c.observe(s) for s in round_stats(k, frags, i=i, **kw)]
+            assert {d.next_sync_period for d in ds[:-1]} <= {k}
+            k = ds[-1].next_sync_period
+            ks.append(k)
+        return ks
+
+    one = path(1)
+    assert changes(one) >= 2
+    assert path(4) == one
+
+
 # ----- QSR -------------------------------------------------------------------------------------
 
 

@@ -379,6 +379,21 @@ RESUME_CASES = {
         {"strategy": "localsgd", "sync_period": 7, "fragments": 3, "fragment_delay": 2},
         5,
     ),
+    # the lerp merge, strided fragments: stopped after 5 steps, fragment 2's average launched
+    # at 4 and one step old; it lands after the resume as lerp (the saved state says so)
+    "F4-tau2-lerp-strided-in-flight": (
+        {
+            "strategy": "localsgd",
+            "sync_period": 8,
+            "fragments": 4,
+            "fragment_delay": 2,
+            "fragment_merge": "lerp",
+            "fragment_alpha": 0.5,
+            "fragment_by": "strided",
+            "outer_optimizer": "nesterov",
+        },
+        5,
+    ),
     # --overlap-boundary, stopped right after a boundary launched its average (age 0)
     "overlap-in-flight": ({"strategy": "localsgd", "sync_period": 4, "overlap_boundary": True}, 4),
 }
@@ -428,3 +443,227 @@ def test_the_built_in_loop_streams_fragments_after_warmup_and_ends_epochs_whole(
         else:
             assert got == [f for f in walk(steps - 1, k, 4) if f is not None] + [WHOLE], got
     assert len(set(summary["param_digest_per_rank"])) == 1
+
+
+# ----- what a fragment is (--fragment-by) and how a delayed average lands (--fragment-merge) ----
+
+
+def test_module_fragments_cut_only_between_tensors_near_equal_by_bytes():
+    from autok.trainer.engine.fragments import fragment_plan
+
+    numels = [10, 3, 3, 10, 1]  # ends 10, 13, 16, 26, 27 elements
+    order, bounds = fragment_plan(numels, [4] * 5, 2, "module")
+    assert order == [0, 1, 2, 3, 4] and bounds == [(0, 13), (13, 27)]  # 13 nearest 13.5
+    # every cut falls on a tensor's end, and F = T gives one tensor each
+    _, bounds = fragment_plan(numels, [4] * 5, 5, "module")
+    assert bounds == [(0, 10), (10, 13), (13, 16), (16, 26), (26, 27)]
+    # by bytes, not elements: a float64 tensor weighs twice its count
+    _, bounds = fragment_plan([4, 4, 4], [8, 4, 4], 2, "module")
+    assert bounds == [(0, 4), (4, 12)]
+    # a fragment is never empty, however lopsided the sizes
+    _, bounds = fragment_plan([1, 1, 1, 100], [4] * 4, 3, "module")
+    assert bounds == [(0, 2), (2, 3), (3, 103)]
+    with pytest.raises(ValueError):
+        fragment_plan(numels, [4] * 5, 6, "module")
+
+
+def test_strided_fragments_take_every_fth_tensor_laid_out_fragment_by_fragment():
+    from autok.trainer.engine.fragments import fragment_plan
+
+    order, bounds = fragment_plan([10, 3, 3, 10, 1], [4] * 5, 2, "strided")
+    assert order == [0, 2, 4, 1, 3]  # fragment 0: tensors 0, 2, 4; fragment 1: 1, 3
+    assert bounds == [(0, 14), (14, 27)]
+    order, bounds = fragment_plan([5] * 7, [4] * 7, 3, "strided")
+    assert order == [0, 3, 6, 1, 4, 2, 5] and bounds == [(0, 15), (15, 25), (25, 35)]
+    # element is the contiguous near-equal split, in model order
+    order, bounds = fragment_plan([10, 3, 3, 10, 1], [4] * 5, 3, "element")
+    assert order == [0, 1, 2, 3, 4] and bounds == fragment_bounds(27, 3)
+
+
+def test_merge_and_fragment_by_options_and_their_defaults():
+    o = sync_options(strategy="localsgd", fragments=4, sync_period=8, fragment_delay=2)
+    assert (o.fragment_merge, o.fragment_alpha, o.fragment_by) == ("keep", 0.0, "element")
+    o = sync_options(
+        strategy="localsgd",
+        fragments=4,
+        sync_period=8,
+        fragment_delay=2,
+        fragment_merge="lerp",
+        fragment_alpha=0.5,
+        fragment_by="strided",
+    )
+    dumped = o.model_dump()  # a saved config validates again unchanged (a resume)
+    assert sync_options(**dumped).model_dump() == dumped
+    # lerp on --overlap-boundary's delay (F = 1, τ = 1), with torchft's default α = 0
+    assert sync_options(strategy="localsgd", overlap_boundary=True, fragment_merge="lerp")
+
+
+@pytest.mark.parametrize(
+    "options, start",
+    [
+        ({"strategy": "localsgd", "fragment_merge": "lerp"}, "--fragment-merge: lerp mixes"),
+        (
+            {"strategy": "localsgd", "fragments": 2, "fragment_merge": "lerp"},
+            "--fragment-merge: lerp mixes",
+        ),
+        (
+            {"strategy": "localsgd", "fragment_delay": 1, "fragment_alpha": 0.5},
+            "--fragment-alpha: --fragment-merge keep does not read it",
+        ),
+        (
+            {
+                "strategy": "localsgd",
+                "overlap_boundary": True,
+                "fragment_merge": "lerp",
+                "fragment_alpha": 1.5,
+            },
+            "--fragment-alpha",
+        ),
+        ({"strategy": "localsgd", "fragment_merge": "mix"}, "--fragment-merge"),
+        ({"strategy": "localsgd", "fragment_by": "module"}, "--fragment-by: module cuts"),
+        ({"strategy": "localsgd", "fragments": 2, "fragment_by": "layer"}, "--fragment-by"),
+    ],
+)
+def test_bad_merge_and_fragment_by_settings_are_refused_in_one_line(options, start):
+    with pytest.raises(OptionError) as info:
+        sync_options(**options)
+    msg = str(info.value)
+    assert msg.startswith(start) and "\n" not in msg, msg
+    assert "not an option" not in msg  # (the flag exists)
+
+
+def test_a_pending_average_saved_with_another_merge_is_refused_before_it_lands():
+    from autok.trainer.engine.averaging import ParameterAverager
+    from autok.trainer.engine.pending import pending_refusal
+
+    params = [torch.zeros(3), torch.zeros(2)]
+    lerp = ParameterAverager(params, rank=0, world_size=2, fragments=2, merge_alpha=0.5)
+    saved = {  # a state that passes every check before the merge's
+        "reduced": None,
+        "snapshot": None,
+        "n_grads": 0,
+        "n_avg": 0,
+        "n_bc": 0,
+        "lr": 0.1,
+        "overlap": True,
+        "fragment": 0,
+        "nbytes": 0,
+        "compressed": False,
+    }
+    why = pending_refusal(lerp, saved)  # saved before the merge existed: keep
+    assert why is not None and why.startswith("merge: saved in flight with --fragment-merge keep")
+    keep = ParameterAverager(params, rank=0, world_size=2, fragments=2)
+    why = pending_refusal(keep, saved | {"merge_alpha": 0.25})
+    assert why is not None and "lerp with α = 0.25" in why and "with keep" in why
+    assert not (pending_refusal(lerp, saved | {"merge_alpha": 0.5}) or "").startswith("merge")
+
+
+def _merge_worker(rank, world, alpha):
+    """K = 4, F = 2, τ = 1 with DiLoCo's outer step: at each step where a delayed average lands
+    (a record appears), compare the landed fragment with θ_local just before it landed and
+    θ_global (θ_ref after it, the outer step's result)."""
+    import autok
+    from tests.test_api import _agree, _batches, _flat, _model
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    rec = Records()
+    merge = {} if alpha is None else {"fragment_merge": "lerp", "fragment_alpha": alpha}
+    sync = autok.Sync(
+        model,
+        opt,
+        strategy="localsgd",
+        sync_period=4,
+        fragments=2,
+        fragment_delay=1,
+        outer_optimizer="nesterov",
+        link="none",
+        observers=[rec],
+        **merge,
+    )
+    landed = []
+    for x, y in _batches(rank, 12):
+        before = len(rec.rows)
+        with sync.step() as s:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = loss
+            local = _flat(model).clone()  # θ_local: the step taken, the average not yet landed
+        if len(rec.rows) > before:
+            a, b = sync.averager.bounds[rec.rows[-1]["fragment"]]
+            now, ref = _flat(model)[a:b], sync.averager.ref[a:b].clone()
+            landed.append((local[a:b], ref, now.clone(), _agree(now), not torch.equal(ref, now)))
+    sync.close()
+    return landed
+
+
+@pytest.mark.dist
+def test_lerp_merge_lands_as_torchfts_mix_of_global_and_local_and_keep_is_unchanged():
+    for alpha in (0.0, 0.5):
+        for landed in run_dist(_merge_worker, 2, alpha):
+            assert len(landed) == 5  # syncs at steps 2, 4, 6, 8, 10 land at 3, 5, 7, 9, 11
+            for local, ref, now, agree, _ in landed:
+                # (1 − α)·θ_global + α·θ_local, as θ_global.lerp_(θ_local, α)
+                assert torch.equal(now, torch.lerp(ref, local, alpha))
+                if alpha == 0.0:  # the local steps are discarded: θ_global on every rank
+                    assert torch.equal(now, ref) and agree
+                else:
+                    assert not agree
+    for landed in run_dist(_merge_worker, 2, None):  # keep: the local steps stay on top
+        assert len(landed) == 5
+        assert all(differs and not agree for _, _, _, agree, differs in landed)
+
+
+def _by_worker(rank, world, by):
+    """τ = 0, K = 4, F = 2: right after fragment 1's sync at step 2, exactly its tensors agree
+    across the ranks; the bytes of each record are its fragment's."""
+    import autok
+    from tests.test_api import _agree, _batches, _model
+
+    model = _model()  # tensors of 128, 16, 16, 1 elements
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    rec = Records()
+    sync = autok.Sync(
+        model,
+        opt,
+        strategy="localsgd",
+        sync_period=4,
+        fragments=2,
+        fragment_by=by,
+        link="none",
+        observers=[rec],
+    )
+    for x, y in _batches(rank, 2):
+        with sync.step():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(sync.model(x), y).backward()
+            opt.step()
+    agree = [_agree(p.detach()) for p in model.parameters()]
+    sync.close()
+    return agree, [(r["fragment"], r["bytes_communicated"]) for r in rec.rows]
+
+
+@pytest.mark.dist
+def test_module_and_strided_fragments_move_whole_tensors_through_the_engine():
+    (agree, rows), _ = run_dist(_by_worker, 2, "strided")
+    assert agree == [False, True, False, True]  # fragment 1: tensors 1 and 3
+    assert rows[0] == (1, 4 * (16 + 1 + N_SCALARS))
+    (agree, rows), _ = run_dist(_by_worker, 2, "module")
+    # module: 161 elements cut nearest 80.5 at a tensor end: [128 | 16, 16, 1]
+    assert agree == [False, True, True, True]
+    assert rows[0] == (1, 4 * (16 + 16 + 1 + N_SCALARS))
+    (agree, rows), _ = run_dist(_by_worker, 2, "element")  # today's: a cut inside tensor 0
+    assert agree == [False, True, True, True] and rows[0] == (1, 4 * (81 + N_SCALARS))
+
+
+def test_module_fragments_above_the_tensor_count_are_refused_naming_the_flag():
+    from autok.trainer.engine.build import check_fragments
+    from tests.test_api import _model
+
+    opts = sync_options(strategy="localsgd", sync_period=8, fragments=5, fragment_by="module")
+    with pytest.raises(OptionError) as info:
+        check_fragments(opts, _model())  # 4 tensors
+    assert str(info.value).startswith("--fragments: 5 fragments by module of a model with 4 ")
+    check_fragments(opts.model_copy(update={"fragment_by": "element"}), _model())

@@ -10,6 +10,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import autok
 from autok.trainer.engine.averaging import N_SCALARS
+from autok.trainer.engine.flat_buffer import FlatBuffer
+from autok.trainer.engine.fused_grads import FusedGrads
 from tests.dist import run_dist
 
 pytestmark = pytest.mark.dist
@@ -233,8 +235,9 @@ def test_bad_idiom_options_are_refused_in_one_line_naming_them(options, said):
 
 
 def _held(obj, params, depth: int = 3, seen=None) -> dict[int, torch.Tensor]:
-    """The tensors `obj` holds (its attributes, and their tuples, lists and dicts), by storage,
-    but the parameters' own storages (views of them are no memory of the holder's)."""
+    """The tensors `obj` holds (its attributes, and their tuples, lists and dicts, and the
+    averager's parts that hold its buffers), by storage, but the parameters' own storages
+    (views of them are no memory of the holder's)."""
     seen = {} if seen is None else seen
     values = obj.values() if isinstance(obj, dict) else obj
     if not isinstance(obj, dict | list | tuple):
@@ -244,7 +247,7 @@ def _held(obj, params, depth: int = 3, seen=None) -> dict[int, torch.Tensor]:
             ptr = v.untyped_storage().data_ptr()
             if ptr not in params and v.untyped_storage().nbytes():
                 seen[ptr] = v
-        elif depth and isinstance(v, dict | list | tuple):
+        elif depth and isinstance(v, dict | list | tuple | FlatBuffer | FusedGrads):
             _held(v, params, depth - 1, seen)
     return seen
 

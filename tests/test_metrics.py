@@ -132,6 +132,7 @@ def test_names_types_and_labels():
                 "change",
                 "old_k",
                 "new_k",
+                "fragment",
             }
     assert sample(fams, "autok_boundaries", "_total") == 3
     assert sample(fams, "autok_samples", "_total") == 384
@@ -491,3 +492,27 @@ def test_the_link_info_follows_a_changing_link():
     assert sample(after, "autok_link_info", profile="slow-wan", rtt_ms="100") == 1
     with pytest.raises(KeyError):  # one series: the profile in force
         sample(after, "autok_link_info", profile="lan")
+
+
+def test_norms_of_a_boundary_carry_the_fragment_it_moved_one_series_each():
+    """--fragments: drift and update norms are of the fragment's slice, so each fragment is
+    its own series (label fragment, `whole` for the whole model) holding its last value."""
+    exp = MetricsExporter(0, run_id="r1", strategy="localsgd", policy="fixed", host="127.0.0.1")
+    try:
+        exp.on_boundary(*stats(0, drift_norm=0.1, fragment=1))
+        exp.on_boundary(*stats(1, drift_norm=0.2, fragment=0))
+        exp.on_boundary(*stats(2, drift_norm=0.3, fragment=1, update_norm=0.6, drift_ratio=0.5))
+        exp.on_boundary(*stats(3, drift_norm=0.4, fragment=-1))
+        text = exp.render().decode()
+    finally:
+        exp.close()
+    promtool_check(text)
+    fams = families(text)
+    for name in ("autok_drift_norm", "autok_update_norm", "autok_drift_ratio"):
+        assert {s.labels["fragment"] for s in fams[name].samples} == {"0", "1", "whole"}, name
+    assert sample(fams, "autok_drift_norm", fragment="1") == 0.3
+    assert sample(fams, "autok_drift_norm", fragment="0") == 0.2
+    assert sample(fams, "autok_drift_norm", fragment="whole") == 0.4
+    assert sample(fams, "autok_update_norm", fragment="1") == 0.6
+    # what is not of a fragment stays one series
+    assert "fragment" not in fams["autok_train_loss"].samples[0].labels

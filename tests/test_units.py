@@ -151,7 +151,7 @@ def test_drift_skips_the_split_only_where_the_split_is_exact(world, monkeypatch)
     import random
     import struct
 
-    import autok.trainer.engine.averaging as averaging
+    import autok.trainer.engine.exact_sums as exact_sums
 
     rng = random.Random(world)
 
@@ -170,7 +170,7 @@ def test_drift_skips_the_split_only_where_the_split_is_exact(world, monkeypatch)
             got, want = drift_sq_from(reduced, world, x), by_split(reduced, x)
             assert got == want or (math.isnan(got) and math.isnan(want)), x
     # and the shortcut is taken: inside its range the split (here None) is not called
-    monkeypatch.setattr(averaging, "split_exact", None)
+    monkeypatch.setattr(exact_sums, "split_exact", None)
     if world <= 512:
         assert drift_sq_from([world * 0.75, 0.0, 0.0, 0.0], world, 0.5) == 0.25
     for x in (0.5, 2.0**-70) if world > 512 else (2.0**-70,):  # outside it, the split is
@@ -309,7 +309,7 @@ def test_captured_gradients_survive_the_averaging_buffer_growing():
         p.grad = torch.randn_like(p)
     averager.capture_boundary_grads()
     extras.append(torch.zeros(10_000))  # larger than the buffer: a new allocation
-    got = averager._boundary_grads()
+    got = averager.fused.boundary_grads()
     assert all(torch.equal(g, p.grad) for g, p in zip(got, model.parameters(), strict=True))
 
 
@@ -764,7 +764,7 @@ def test_the_fused_boundary_captures_every_kind_of_gradient():
     for p in params:
         p.grad = torch.randn_like(p).t().contiguous().t()  # strided like some kernels leave them
     averager.capture_boundary_grads()
-    got = averager._boundary_grads()
+    got = averager.fused.boundary_grads()
     assert all(torch.equal(g, p.grad) for g, p in zip(got, params, strict=True))
     params[0].grad = torch.randn_like(params[0]).requires_grad_()  # kept with its graph
     params[2].grad = None
@@ -773,7 +773,7 @@ def test_the_fused_boundary_captures_every_kind_of_gradient():
         averager.capture_boundary_grads()
     params[2].requires_grad_(False)  # a frozen one has none: a zero
     averager.capture_boundary_grads()
-    got = averager._boundary_grads()
+    got = averager.fused.boundary_grads()
     assert torch.equal(got[0], params[0].grad.detach()) and not got[0].requires_grad
     assert torch.equal(got[2], torch.zeros_like(params[2]))
     assert torch.equal(got[1], params[1].grad)

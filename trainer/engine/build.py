@@ -36,13 +36,29 @@ class Extras:
 
 
 def check_fragments(opts: SyncOptions, model: nn.Module) -> None:
-    """--fragments: at most one fragment per parameter element."""
+    """--fragments: at most one fragment per parameter element (per parameter tensor, where
+    --fragment-by cuts between tensors)."""
     numel = sum(p.numel() for p in model.parameters())
     if opts.fragments > numel:
         raise OptionError(
             f"--fragments: {opts.fragments} fragments of a model with {numel} parameters; "
             f"give at most {numel}"
         )
+    if why := tensors_refusal(model, opts.fragments, opts.fragment_by):
+        raise OptionError(why)
+
+
+def tensors_refusal(model: nn.Module, fragments: int, by: str) -> str | None:
+    """Why `fragments` fragments by `by` cannot cut this model, or None: module and strided
+    fragments hold whole parameter tensors, so F is at most their count T
+    (trainer/engine/fragments.py, fragment_plan)."""
+    count = sum(1 for _ in model.parameters())
+    if by == "element" or fragments <= count:
+        return None
+    return (
+        f"--fragments: {fragments} fragments by {by} of a model with {count} parameter "
+        f"tensors; give at most {count}, or --fragment-by element"
+    )
 
 
 def build_averager(
@@ -68,6 +84,8 @@ def build_averager(
         fused_sgd=fused_sgd,
         fragments=opts.fragments,
         offload=opts.outer_state_device == "cpu",
+        fragment_by=opts.fragment_by,
+        merge_alpha=float(opts.fragment_alpha) if opts.fragment_merge == "lerp" else None,
     )
 
 

@@ -5,7 +5,10 @@ averager (trainer/engine/averaging.py) moves the slice.
 **The split.** The parameters, flattened in `model.parameters()` order (the averager's flat
 vector of N elements), are cut into F contiguous fragments of near-equal element count:
 fragment j is [⌊j·N/F⌋, ⌊(j+1)·N/F⌋), so sizes differ by at most one element and a cut may
-fall inside a tensor. F ≤ N (an empty fragment would sync nothing).
+fall inside a tensor. F ≤ N (an empty fragment would sync nothing). That is `--fragment-by
+element`; `module` cuts only between parameter tensors (near-equal bytes), and `strided` gives
+fragment j every F-th tensor from j, laid out fragment by fragment (`fragment_plan`): F ≤ T, the
+number of parameter tensors, for both.
 
 **The schedule.** Counting p = 1, 2, ... the optimizer steps since the last sync of the whole
 model (an epoch end, `sync_now()`), fragment j syncs at the steps where p − o_j is a multiple
@@ -31,6 +34,8 @@ a step before moves no further than the replicas' mean.
 
 from __future__ import annotations
 
+import bisect
+
 FRAGMENTS_MAX = 1024  # more fragments only add per-sync latency; every built-in model is larger
 WHOLE = -1  # the fragment id of a boundary that synced the whole model (records: "fragment")
 
@@ -41,6 +46,65 @@ def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
         raise ValueError(f"{fragments} fragments of {numel} elements: need 1 <= F <= N")
     cuts = [j * numel // fragments for j in range(fragments + 1)]
     return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+FRAGMENT_BY = ("element", "module", "strided")
+
+
+def tensor_bounds(nbytes: list[int], fragments: int) -> list[int]:
+    """Cuts c_0 = 0 < c_1 < ... < c_F = T between whole tensors (tensors [c_j, c_{j+1}) form
+    fragment j), each c_j the tensor boundary nearest j·B/F bytes (B the total) that leaves
+    every fragment at least one tensor. Needs 1 <= F <= T."""
+    count = len(nbytes)
+    if not 1 <= fragments <= count:
+        raise ValueError(f"{fragments} fragments of {count} parameter tensors: need 1 <= F <= T")
+    ends = [0]
+    for size in nbytes:
+        ends.append(ends[-1] + size)
+    total, cuts = ends[-1], [0]
+    for j in range(1, fragments):
+        target = j * total / fragments
+        lo, hi = cuts[-1] + 1, count - (fragments - j)  # room for the fragments still to come
+        c = bisect.bisect_left(ends, target)  # ends rise: the nearest is c − 1 or c, clamped
+        near = min((c - 1, c), key=lambda i: abs(ends[min(max(i, 0), count)] - target))
+        cuts.append(min(max(near, lo), hi))
+    return [*cuts, count]
+
+
+def fragment_plan(
+    numels: list[int], element_sizes: list[int], fragments: int, by: str = "element"
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The order in which the averager lays the parameter tensors into its flat vector (a
+    permutation of 0..T−1), and [start, end) of each fragment in that vector, by `by`:
+    element: model order, fragment_bounds (near-equal element counts, a cut may fall inside a
+    tensor). module: model order, cut only between tensors (tensor_bounds, near-equal bytes).
+    strided: fragment j holds tensors j, j + F, j + 2F, ... (the papers' interleaving, by
+    parameter tensor), laid out fragment after fragment so each is still one slice of the
+    flat vector: the averager moves slices only."""
+    numel = sum(numels)
+    identity = list(range(len(numels)))
+    if by == "element":
+        return identity, fragment_bounds(numel, fragments)
+    if by == "module":
+        cuts = tensor_bounds([n * e for n, e in zip(numels, element_sizes, strict=True)], fragments)
+        order = identity
+    elif by == "strided":
+        if not 1 <= fragments <= len(numels):
+            raise ValueError(
+                f"{fragments} fragments of {len(numels)} parameter tensors: need 1 <= F <= T"
+            )
+        groups = [identity[j::fragments] for j in range(fragments)]
+        order = [i for g in groups for i in g]
+        cuts = [0]
+        for g in groups:
+            cuts.append(cuts[-1] + len(g))
+    else:
+        raise ValueError(f"fragments by {by!r}: choose from {FRAGMENT_BY}")
+    starts = [0]
+    for i in order:
+        starts.append(starts[-1] + numels[i])
+    bounds = [(starts[a], starts[b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    return order, bounds
 
 
 def fragment_offsets(sync_period: int, fragments: int) -> list[int]:

@@ -35,7 +35,7 @@ _queue_callback = Variable._execution_engine.queue_callback
 _GRAD, _VERSION = attrgetter("grad"), attrgetter("_version")
 
 # What a boundary step's check found, summed over ranks in the averaging collective's scalars
-# (trainer/engine/averaging.py, GRADS_CHECKED and GRADS_CHANGED).
+# (trainer/engine/exact_sums.py, GRADS_CHECKED and GRADS_CHANGED).
 UNCHECKED, CLEAN, CHANGED = 0, 1, 2
 
 

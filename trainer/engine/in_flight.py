@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autok.controllers.base import BoundaryStats
 from autok.trainer.engine.boundary_form import choose_boundary_form
+from autok.trainer.engine.pending import Pending, pending_state, restore_pending
 
 if TYPE_CHECKING:
     from autok.trainer.engine.averaging import ParameterAverager
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class InFlight:
     """A delayed averaging: launched at a boundary, applied `delay` closed steps later."""
 
-    pending: Any  # autok.trainer.engine.averaging._Pending
+    pending: Pending
     common: dict[str, Any]  # the boundary's BoundaryStats fields known at launch
     grad_bytes: int
     sync_period: int  # the K of the interval it closed
@@ -31,7 +32,7 @@ class InFlight:
     def state_dict(self, averager: ParameterAverager) -> dict[str, Any]:
         """Saved with its reduced buffer (the averager's part), in plain types."""
         return {
-            "averager": averager.pending_state(self.pending),
+            "averager": pending_state(averager, self.pending),
             "common": self.common,
             "grad_bytes": self.grad_bytes,
             "sync_period": self.sync_period,
@@ -45,7 +46,7 @@ class InFlight:
         """The averaging `state_dict` saved, launched again (already checked:
         trainer/engine/state_check.py, check_pending)."""
         return cls(
-            pending=averager.restore_pending(saved["averager"]),
+            pending=restore_pending(averager, saved["averager"]),
             common=dict(saved["common"]),
             grad_bytes=saved["grad_bytes"],
             sync_period=saved["sync_period"],

@@ -147,6 +147,11 @@ READ_ONLY_UNDER: dict[str, tuple[str, frozenset[str], str]] = {
         frozenset({"cpdp"}),
         "only a cpdp boundary has both a gradient and a parameter collective to fuse or split",
     ),
+    "fragment_alpha": (
+        "fragment_merge",
+        frozenset({"lerp"}),
+        "keep adds the local steps to θ_global and mixes nothing",
+    ),
     "compute_ms": ("clock", frozenset({"virtual"}), "the wall clock measures compute"),
     "model_bytes": ("clock", frozenset({"virtual"}), "the wall clock's link moves real bytes"),
 }
@@ -425,6 +430,34 @@ class SyncOptions(BaseModel):
         description="τ: apply a sync's average τ local steps after it started, keeping the "
         "steps taken meanwhile; τ <= K/F; --overlap-boundary is F = 1, τ = 1 (default: 0)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
+    )
+    # How a delayed average lands on the local steps taken meanwhile (docs/design.md §2,
+    # "Fragments", the merge): keep is autok's own (overlap local SGD), lerp torchft's and
+    # Streaming DiLoCo's mix. Two settings, not α alone: α = 1 is no merge at all, and keep is
+    # no α, so neither can be spelled by a value of the other.
+    fragment_merge: Literal["keep", "lerp"] = Field(
+        "keep",
+        description="how a delayed average (--fragment-delay, --overlap-boundary) lands: keep "
+        "(θ_global plus the local steps taken since it started) or lerp ((1 − α)·θ_global + "
+        "α·θ_local, α = --fragment-alpha, torchft's fragment_update_alpha) (default: keep)",
+        json_schema_extra=about(_SYNC),
+    )
+    fragment_alpha: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="α of --fragment-merge lerp: the share of θ_local kept where a delayed "
+        "average lands (0 discards the local steps, torchft's default) (default: 0)",
+        json_schema_extra=about(_SYNC),
+    )
+    # What a fragment is (trainer/engine/fragments.py, fragment_plan)
+    fragment_by: Literal["element", "module", "strided"] = Field(
+        "element",
+        description="how --fragments cuts the parameters: element (near-equal contiguous "
+        "slices, a cut may fall inside a tensor), module (contiguous runs of whole parameter "
+        "tensors, near-equal by bytes) or strided (fragment j takes tensors j, j + F, j + 2F, "
+        "...) (default: element)",
+        json_schema_extra=about(_SYNC),
     )
     # --- K policy options (see controllers/): their defaults are the controllers' own
     target_sync_share: float = Field(
@@ -782,6 +815,19 @@ class SyncOptions(BaseModel):
                 f"--fragment-delay: τ = {tau} is above K/F = {k}/{frags}: a fragment's average "
                 "must land no later than the next fragment sync starts; lower it or raise "
                 "--sync-period"
+            )
+        if self.fragment_merge == "lerp" and self.delay == 0:
+            # without a delay the average lands where it was taken: a mix with θ_local would
+            # only leave the replicas differing (docs/design.md §2, the merge)
+            raise ValueError(
+                "--fragment-merge: lerp mixes θ_global with the local steps a delayed average "
+                "spans, and nothing is delayed; give --fragment-delay (or --overlap-boundary), "
+                "or drop it"
+            )
+        if self.fragment_by != "element" and frags == 1:
+            raise ValueError(
+                f"--fragment-by: {self.fragment_by} cuts --fragments F > 1, and F is 1 (one "
+                "fragment is the whole model); give --fragments or drop it"
             )
 
     def _check_outer_state_device(self) -> None:

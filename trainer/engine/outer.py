@@ -127,6 +127,34 @@ def outer_step_(
     return ref
 
 
+def unscheduled_(
+    spec: OuterOptimizer,
+    stepped: tuple[int, int],
+    inner_lr: float,
+    ref: torch.Tensor,
+    velocity: torch.Tensor | None,
+    theta_avg: torch.Tensor | None,
+    delta: torch.Tensor,
+) -> torch.Tensor:
+    """θ_new of an unscheduled sync over a moved slice, in a buffer (not θ_ref): θ_avg, with
+    θ_ref and the velocity (or a torch optimizer's state) untouched, so the next scheduled
+    boundary's Δ spans everything since the last one, as if this sync had not been
+    (docs/design.md §2, "Unscheduled syncs"). Only `stepped`, [lo, hi) of the slice (the
+    fragment due at an epoch end), takes the outer step. `theta_avg` is None where the buffer
+    holds Δ̄ = θ_avg − θ_ref (`delta`, compressed); the θ_i were sent otherwise, so θ_avg is
+    their mean, and identical replicas stay as they are bit for bit (N = 2)."""
+    lo, hi = stepped
+    if lo < hi:  # (a torch optimizer moves the whole model: never a slice of it)
+        assert spec.kind != "torch"
+        vel = velocity[lo:hi] if velocity is not None else None
+        avg = theta_avg[lo:hi] if theta_avg is not None else None
+        outer_step_(spec, ref[lo:hi], vel, avg, inner_lr, delta=delta[lo:hi])
+    if theta_avg is None:  # θ_ref + Δ̄ (the stepped slice is overwritten just below)
+        theta_avg = delta.add_(ref)
+    theta_avg[lo:hi].copy_(ref[lo:hi])
+    return theta_avg
+
+
 class TorchOuter:
     """A torch.optim.Optimizer as the outer step, as torchft's DiLoCo applies one: its
     parameters are θ_ref, as views of the averager's flat θ_ref shaped as the model's

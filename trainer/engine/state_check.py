@@ -24,6 +24,7 @@ import torch
 from autok.controllers.base import BoundaryStats
 from autok.trainer.engine.fragments import WHOLE
 from autok.trainer.engine.options import K_MAX
+from autok.trainer.engine.pending import pending_refusal
 from autok.trainer.engine.profiler import Interval
 
 INT_MAX = 2**62  # counters: beyond any run, and within a C long
@@ -246,7 +247,7 @@ def check_pending(p: Any, averager: Any) -> None:
         "pending",
         ("averager", "common", "grad_bytes", "sync_period", "steps", "delay", "age"),
     )
-    if why := averager.pending_refusal(p["averager"]):
+    if why := pending_refusal(averager, p["averager"]):
         raise BadState(f"pending.averager: {why}")
     common = mapping(p["common"], "pending.common")
     allowed = {f.name for f in fields(BoundaryStats)} - _FILLED_AT_FINISH
