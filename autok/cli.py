@@ -957,13 +957,24 @@ def _checkout_with_benchmarks() -> Path | None:
     in editable mode, else the one that holds the working directory."""
     source = Path(__file__).resolve().parents[1]
     for folder in (source, Path.cwd(), *Path.cwd().parents):
-        project = folder / "pyproject.toml"
-        bench = folder / "benchmarks" / "bench_cli.py"
-        if bench.is_file() and project.is_file() and re.search(
-            r'^name = "autok"$', project.read_text(encoding="utf-8"), re.M
-        ):
+        if (folder / "benchmarks" / "bench_cli.py").is_file() and _names_autok(folder):
             return folder
     return None
+
+
+def _names_autok(folder: Path) -> bool:
+    """Whether folder/pyproject.toml is autok's own ([project] name), read bounded; anything
+    unreadable or malformed is not."""
+    import tomllib
+
+    try:
+        with open(folder / "pyproject.toml", "rb") as f:
+            data = f.read(YAML_MAX_BYTES + 1)
+        project = tomllib.loads(data.decode("utf-8")).get("project")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    named = isinstance(project, dict) and project.get("name") == "autok"
+    return named and len(data) <= YAML_MAX_BYTES
 
 
 def main(argv: list[str] | None = None) -> int:

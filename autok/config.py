@@ -560,13 +560,6 @@ class TrainConfig(SyncSettings):
         dampening), checked before anything is launched."""
         return fused_is_exact(self.strategy, self.optimizer)
 
-    @property
-    def fused_boundary(self) -> bool:
-        """auto: fused whenever it is exact (and no delay asks for the two-phase path)."""
-        if self.boundary == "auto":
-            return self.fused_is_exact and self.delay == 0
-        return self.boundary == "fused"
-
     def policy_options(self, peak_lr: float | None = None) -> PolicyOptions:
         """The policy's options; its peak LR is --lr."""
         return super().policy_options(self.lr if peak_lr is None else peak_lr)

@@ -69,9 +69,17 @@ def render(page: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    page = PAGE.read_text(encoding="utf-8")
-    text = render(page)
-    if argv == ["--check"]:
+    parser = argparse.ArgumentParser(
+        prog="python -m autok.flagdoc", description=f"write the flag tables of {PAGE}"
+    )
+    parser.add_argument("--check", action="store_true", help="compare only; write nothing")
+    args = parser.parse_args(argv)  # an unknown argument: exit 2, nothing written
+    try:
+        text = render(page := PAGE.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # no checkout's docs/ (an installed autok), no markers
+        print(f"autok.flagdoc: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
         if page != text:
             print(f"{PAGE} is stale: run python -m autok.flagdoc", file=sys.stderr)
             return 1

@@ -61,11 +61,6 @@ class BoundaryStats:
         total = self.compute_seconds + self.exposed_sync_seconds
         return self.exposed_sync_seconds / total if total > 0 else 0.0
 
-    @property
-    def network_seconds(self) -> float:
-        """The exposed seconds spent waiting for the network: exposed minus the peer wait."""
-        return max(0.0, self.exposed_sync_seconds - self.peer_wait_seconds)
-
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -92,12 +92,13 @@ def direct_sync_period(
     guard_reason: str | None = None,
     ceiling: int | None = None,
     floor: int = 1,
+    growth: int = 2,
 ) -> tuple[int, str]:
     """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away;
-    lowering stops at `floor`."""
+    lowering stops at `floor`. The guard backs off by `growth`, as under the doubling rule."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:
-        return max(1, k // 2), f"back off: {guard_reason}"
+        return max(1, k // growth), f"back off: {guard_reason}"
     r_t = target / (1.0 - target)
     want = math.inf if share >= 1.0 else k * (share / (1.0 - share)) / r_t
     if want > k * (1.0 + margin):
@@ -223,6 +224,7 @@ class ExposedSyncController:
                 guard_reason=reason,
                 ceiling=self.ceiling,
                 floor=self.floor or 1,
+                growth=self.growth,
             )
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0

@@ -445,13 +445,13 @@ def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
         assert "not an option of autok.Sync" in msg, msg
 
 
-def _delayed_state_worker(rank, world, beta2):
+def _delayed_state_worker(rank, world, beta2, late=None):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, beta2))
     try:
         autok.Sync(
-            model, opt, strategy="cpdp", sync_period=2, overlap_boundary=True,
-            sync_optimizer_state=True,
+            model, opt, strategy="cpdp", sync_period=4, sync_optimizer_state=True,
+            **(late or {"overlap_boundary": True}),
         )  # fmt: skip
     except autok.OptionError as exc:
         return str(exc)
@@ -466,6 +466,17 @@ def test_a_delayed_state_average_is_refused_where_adams_second_moment_can_turn_n
     assert all(s is not None and s.startswith("--sync-optimizer-state: ") for s in said), said
     assert "\n" not in said[0] and "2 ranks" in said[0]
     assert run_dist(_delayed_state_worker, 2, 0.999) == [None, None]
+
+
+def test_a_fragment_delay_is_the_same_late_state_average_and_is_refused_alike():
+    """--fragment-delay τ takes the overlapped path too (τ = 1 is --overlap-boundary); after τ
+    steps the bound is N > 1/(1 − β2^τ): β2 = 0.6 keeps 2 ranks at τ = 1 (2.5), not at τ = 2
+    (1.56)."""
+    said = run_dist(_delayed_state_worker, 2, 0.4, {"fragment_delay": 1})
+    assert all(s is not None and s.startswith("--sync-optimizer-state: ") for s in said), said
+    assert run_dist(_delayed_state_worker, 2, 0.6) == [None, None]
+    said = run_dist(_delayed_state_worker, 2, 0.6, {"fragment_delay": 2})
+    assert said[0] is not None and "--fragment-delay 2" in said[0] and "\n" not in said[0], said
 
 
 def _service_args_worker(rank, world, tmp):

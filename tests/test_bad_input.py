@@ -571,8 +571,13 @@ TRAIN = [
     ),
     R(
         localsgd("--overlap-boundary", "--fragment-merge", "lerp", "--fragment-alpha", "2"),
-        "--fragment-alpha: input should be less than or equal to 1",
+        "--fragment-alpha: input should be less than 1",
         id="alpha>1",
+    ),
+    R(
+        localsgd("--overlap-boundary", "--fragment-merge", "lerp", "--fragment-alpha", "1"),
+        "--fragment-alpha: input should be less than 1 (got 1.0): α = 1 keeps θ_local whole",
+        id="alpha=1",
     ),
     R(localsgd("--fragment-by", "module"), "--fragment-by: module cuts", id="fragment-by+F1"),
     R(

@@ -101,7 +101,7 @@ def test_a_saved_virtual_clock_continues_exactly_and_a_bad_state_is_refused():
         w.load_state_dict({**state, "link_free": math.nan})
 
 
-def _peer_wait_worker(rank, world):
+def _peer_wait_worker(rank, world, strategy="cpdp"):
     from autok.trainer.loop.run import Trainer
     from tests.helpers import tiny_cfg
 
@@ -116,8 +116,8 @@ def _peer_wait_worker(rank, world):
     for mode in ("none", "slow-rank"):
         slow = {"straggler": mode, "straggler_ms": 30.0} if mode != "none" else {}
         cfg = tiny_cfg(
-            clock="virtual", compute_ms=20.0, link="wan", warmup_epochs=0, strategy="cpdp",
-            sync_period=2, slowmo_beta=0.0, workers=world, **slow,
+            clock="virtual", compute_ms=20.0, link="wan", warmup_epochs=0, strategy=strategy,
+            sync_period=2 if strategy == "cpdp" else 1, slowmo_beta=0.0, workers=world, **slow,
         )  # fmt: skip
         log = Records()
         Trainer(cfg, rank, world, None, observers=[log]).run()
@@ -143,6 +143,19 @@ def test_the_engine_records_a_slow_ranks_wait_as_peer_wait_and_the_links_apart()
         steps = [n for n, _, _ in slow]
         total = sum(peer for _, _, peer in slow)
         assert total == pytest.approx(0.015 * (sum(steps) - steps[-1]), abs=1e-6)
+
+
+@pytest.mark.dist
+def test_ddp_records_carry_the_slow_ranks_wait_as_peer_wait_too():
+    """ddp books its gradient all-reduce per step, and its records hold this rank's own times:
+    rank 0 waits 30 ms a step for rank 1, rank 1 waits for no peer, and what is left of each
+    record's exposed time is the even run's (the link's)."""
+    for rank, runs in enumerate(run_dist(_peer_wait_worker, 2, "ddp")):
+        even, slow = runs["none"], runs["slow-rank"]
+        assert len(even) == len(slow) > 3
+        for (n, exposed, peer), (_, even_exposed, _) in zip(slow, even, strict=True):
+            assert peer == pytest.approx(0.030 * n if rank == 0 else 0.0, abs=1e-6)
+            assert exposed - peer == pytest.approx(even_exposed, abs=1e-6)
 
 
 # ----- autok train --clock virtual -------------------------------------------------------------

@@ -47,6 +47,17 @@ def test_quantization_error_is_within_half_a_step_of_each_block(kind, rel):
     assert ((dec - x).abs() <= amax * rel * 1.001).all(), ((dec - x).abs() / amax).max()
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp16"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_value_decodes_non_finite_so_the_divergence_guard_sees_it(kind, bad):
+    """int8 turns a nan into 0: only a scale that stays non-finite keeps the block non-finite."""
+    x = torch.linspace(-1, 1, 2 * CHUNK)
+    x[CHUNK + 5] = bad
+    dec = _roundtrip(Layout(kind, (2 * CHUNK,), 0, 1), x)
+    assert torch.isfinite(dec[:CHUNK]).all()  # the other block is untouched
+    assert not torch.isfinite(dec[CHUNK:]).all()
+
+
 def test_fp16_keeps_its_relative_precision_for_values_far_below_the_blocks_largest():
     """Scaled to ±1, a value under 2^-14 of its block's largest would be an fp16 subnormal (1e-6
     of it: a relative error up to 3%); scaled to ±2^15 it is normal down to 2^-29 of it."""
@@ -144,8 +155,11 @@ def _compress_worker(rank, world):
         "none": {"strategy": "localsgd", "compress": "none"},
         "fp16": {"strategy": "localsgd", "compress": "fp16"},
         "int8": {"strategy": "localsgd", "compress": "int8"},
-        "int8-fused": {"strategy": "cpdp", "compress": "int8"},  # gradients compressed too
+        # asked for: the gradients ride the quantized collective too
+        "int8-fused": {"strategy": "cpdp", "compress": "int8", "boundary": "fused"},
         "none-fused": {"strategy": "cpdp"},
+        # auto never quantizes the gradients: under --compress it keeps two-phase
+        "int8-auto": {"strategy": "cpdp", "compress": "int8"},
         "int8-overlap": {"strategy": "localsgd", "compress": "int8", "overlap_boundary": True},
         "none-overlap": {"strategy": "localsgd", "overlap_boundary": True},
         "int8-nesterov": {
@@ -177,7 +191,8 @@ def test_compressed_averaging_keeps_replicas_identical_and_close_to_fp32():
     for res in results:
         # compress none is today's boundary, bit for bit
         assert torch.equal(res["none"]["params"], res["default"]["params"])
-        assert res["int8-fused"]["fused"]
+        assert res["int8-fused"]["fused"] and res["none-fused"]["fused"]
+        assert not res["int8-auto"]["fused"]
         for name in ("fp16", "int8", "int8-fused", "int8-overlap", "int8-nesterov"):
             got = res[name]
             base = res["none-" + name.split("-")[1] if "-" in name else "none"]

@@ -667,3 +667,39 @@ def test_module_fragments_above_the_tensor_count_are_refused_naming_the_flag():
         check_fragments(opts, _model())  # 4 tensors
     assert str(info.value).startswith("--fragments: 5 fragments by module of a model with 4 ")
     check_fragments(opts.model_copy(update={"fragment_by": "element"}), _model())
+
+
+def _fragment_by_resume_worker(rank: int, world_size: int) -> list[str]:
+    import autok
+    from tests.test_api import _model
+
+    def build(by: str) -> autok.Sync:
+        torch.manual_seed(0)
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return autok.Sync(
+            model, opt, strategy="localsgd", sync_period=4, fragments=2, fragment_by=by,
+            link="none",
+        )  # fmt: skip
+
+    said = []
+    strided, element = build("strided"), build("element")
+    old = element.state_dict()
+    del old["kind"]["fragment_by"]  # as saved before the layout was recorded: element order
+    for state, into in ((strided.state_dict(), element), (old, strided)):
+        with pytest.raises(OptionError) as info:
+            into.load_state_dict(state)
+        said.append(str(info.value))
+    element.load_state_dict(old)  # an old state loads where its layout is the engine's
+    strided.close()
+    element.close()
+    return said
+
+
+@pytest.mark.dist
+def test_a_state_laid_out_by_another_fragment_by_is_refused_not_loaded_scrambled():
+    """strided lays θ_ref, the velocity and the residuals out fragment by fragment: a state of
+    one layout loaded into the other would measure Δ against a permuted θ_ref."""
+    (said,) = run_dist(_fragment_by_resume_worker, 1)
+    assert "saved with fragment_by 'strided'; this Sync has 'element'" in said[0]
+    assert "saved with fragment_by 'element'; this Sync has 'strided'" in said[1]

@@ -84,6 +84,23 @@ def test_an_observer_with_the_old_on_step_is_refused_in_one_line_before_anything
             pass
 
     check_observers([Optional()])
+
+    class OldWithDefault:  # the old signature with a default: is_boundary would be always False
+        def on_step(self, trainer, is_boundary=False):
+            pass
+
+    class KeywordOnly:  # cannot take the one StepInfo a step passes
+        def on_step(self, trainer, *, is_boundary):
+            pass
+
+    for bad in (OldWithDefault(), KeywordOnly()):
+        with pytest.raises(autok.OptionError, match=r"^observers: \w+\.on_step takes \(trainer"):
+            check_observers([bad])
+    for bad, says in ((BaseObserver, "BaseObserver is not an observer; pass an instance "
+                       "(BaseObserver())"), (None, "None is not an observer")):  # fmt: skip
+        with pytest.raises(autok.OptionError) as info:
+            check_observers([bad])
+        assert str(info.value) == f"observers: {says}"
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -523,3 +523,24 @@ def test_ray_job_submit_runs_a_sweep_on_a_local_head(tmp_path):
     assert len(rows) == 2 and "COMPLETE" in rows[1], rows
     assert (out / "best.yaml").is_file()
     assert (shared.read_text() if shared.exists() else None) == shared_before
+
+
+def test_bench_runs_a_checkout_only_where_its_pyproject_names_autok_as_its_project(tmp_path):
+    """`autok bench` imports benchmarks/ from a checkout: another project's folder is never
+    taken for one, whatever else its pyproject holds, and an unreadable one is skipped."""
+    from autok.cli import _names_autok
+
+    def folder(name: str, text: bytes) -> Path:
+        d = tmp_path / name
+        (d / "benchmarks").mkdir(parents=True)
+        (d / "benchmarks" / "bench_cli.py").write_text("raise SystemExit('ran')\n")
+        (d / "pyproject.toml").write_bytes(text)
+        return d
+
+    assert _names_autok(ROOT)
+    assert _names_autok(folder("autok", b'[project]\nname = "autok"\n'))
+    poetry = b'[project]\nname = "other"\n[tool.poetry]\nname = "autok"\n'
+    assert not _names_autok(folder("poetry", poetry))
+    assert not _names_autok(folder("binary", b'[project]\nname = "\xff\xfe"\n'))
+    assert not _names_autok(folder("broken", b"[project\n"))
+    assert not _names_autok(tmp_path)  # no pyproject at all

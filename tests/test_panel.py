@@ -107,6 +107,8 @@ def test_direct_rule_jumps_to_the_k_that_meets_the_target():
     assert direct_sync_period(16, 0.05, target=0.2, max_k=64)[0] == 3  # K* = 3.37: lowered
     assert direct_sync_period(4, 0.22, target=0.2, max_k=64)[0] == 4  # within the margin
     assert direct_sync_period(1, 0.01, target=0.2, max_k=64)[0] == 1
+    # the guard backs off by --k-growth under either rule (it was K/2 whatever the flag)
+    assert direct_sync_period(16, 0.9, target=0.2, max_k=64, guard_reason="drift", growth=4)[0] == 4
     k, why = direct_sync_period(8, 0.9, target=0.2, max_k=64, guard_reason="drift")
     assert k == 4 and why.startswith("back off")
 

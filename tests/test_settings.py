@@ -109,3 +109,19 @@ def test_the_k_policy_settings_default_as_the_policies_own_options():
     from autok.controllers import PolicyOptions
 
     assert SyncOptions().policy_options(peak_lr=0.3) == PolicyOptions(peak_lr=0.3)
+
+
+def test_flagdoc_writes_nothing_on_a_bad_argument_or_a_page_without_its_markers(
+    tmp_path, monkeypatch, capsys
+):
+    import autok.flagdoc as flagdoc
+
+    page = tmp_path / "flags.md"
+    page.write_text("no markers here\n", encoding="utf-8")
+    monkeypatch.setattr(flagdoc, "PAGE", page)
+    with pytest.raises(SystemExit) as info:
+        flagdoc.main(["--chek"])
+    assert info.value.code == 2
+    assert flagdoc.main([]) == 2  # the markers are missing: one line, nothing written
+    assert page.read_text(encoding="utf-8") == "no markers here\n"
+    assert "markers" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -32,7 +32,8 @@ rank knows every rank's compute without a collective):
   collective (the last bucket ready, the averaging issued), the rest being the network's. Every
   rank knows every rank's time, so the mean over ranks is known without a collective; the
   records carry it (`peer_wait_seconds`) so that a K policy can tell a slow peer, which no K
-  hides, from a slow link, which a larger K amortizes (docs/design.md §6, "Judging a policy").
+  hides, from a slow link, which a larger K amortizes (docs/design.md §6, the exposed-sync
+  policy).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class VirtualClock:
         self.booked = 0.0  # the completion of the last collective booked (an averaging)
         self._issued = 0.0  # when the last rank issued it (the slowest rank's time at book)
         self.peer_wait = 0.0  # mean over ranks, since take_peer_wait() last emptied it
+        self.own_peer_wait = 0.0  # this rank's, likewise (ddp's records are this rank's own)
 
     def now(self) -> float:
         """This rank's virtual time (seconds since the run started)."""
@@ -148,10 +150,13 @@ class VirtualClock:
 
     def _add_peer_wait(self, per_rank: list[float]) -> None:
         self.peer_wait += sum(per_rank) / self.world_size
+        self.own_peer_wait += per_rank[self.rank]
 
-    def take_peer_wait(self) -> float:
-        """The mean peer wait booked since the last take (one record's interval)."""
-        seconds, self.peer_wait = self.peer_wait, 0.0
+    def take_peer_wait(self, own: bool = False) -> float:
+        """The peer wait booked since the last take (one record's interval): the mean over
+        ranks, as averaging records hold their times, or `own`, this rank's, as ddp's do."""
+        seconds = self.own_peer_wait if own else self.peer_wait
+        self.peer_wait = self.own_peer_wait = 0.0
         return seconds
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,18 +167,21 @@ class VirtualClock:
             "rng": self._rng.getstate(),
             "issued": self._issued,
             "peer_wait": self.peer_wait,
+            "own_peer_wait": self.own_peer_wait,
         }
 
     def check_state(self, state: Any) -> None:
         """A ValueError naming the first fault of a saved state; applies nothing. A state saved
         before the peer wait was booked (no `issued`, `peer_wait`) continues with them 0."""
         keys = {"t", "link_free", "booked", "rng"}
-        if not isinstance(state, dict) or set(state) not in (keys, keys | _PEER_KEYS):
+        if not isinstance(state, dict) or set(state) not in (
+            keys, keys | _PEER_KEYS, keys | _PEER_KEYS | {"own_peer_wait"}
+        ):
             raise ValueError("virtual: not a virtual clock's state")
         t = state["t"]
         if not isinstance(t, list) or len(t) != self.world_size:
             raise ValueError(f"virtual.t: not {self.world_size} ranks' times")
-        peer = [state[k] for k in sorted(_PEER_KEYS) if k in state]
+        peer = [state[k] for k in sorted(_PEER_KEYS | {"own_peer_wait"}) if k in state]
         for x in [*t, state["link_free"], state["booked"], *peer]:
             if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < math.inf:
                 raise ValueError(f"virtual: {x!r:.40} is not a time")
@@ -192,6 +200,7 @@ class VirtualClock:
         self.booked = float(state["booked"])
         self._issued = float(state.get("issued", 0.0))
         self.peer_wait = float(state.get("peer_wait", 0.0))
+        self.own_peer_wait = float(state.get("own_peer_wait", 0.0))
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
 

@@ -13,10 +13,16 @@ its share and sums them in rank order in float32, quantizes that sum again (its 
 sends it to every rank (one all-gather); every rank decodes the N summed shares. Every rank
 decodes the same bytes, so the result is identical on every rank. Per rank, each phase sends and
 receives (N − 1)/N·P bytes for a payload P ≈ S/4 (int8) or S/2 (fp16) of the fp32 size S: a ring
-all-reduce of P, whatever N (docs/design.md §7). `bytes_communicated` counts P, as it counts the
-buffer's size S of an uncompressed all-reduce, and the link emulator books the two phases
-(`LinkProfile.quantized_allreduce_seconds`). The averaged segments' shares are cut at their
-seams (`segments`): the fused cpdp boundary's Δ and gradients never share a scale.
+all-reduce of P, whatever N (docs/design.md §2, Compression). `bytes_communicated` counts P,
+as it counts the buffer's size S of an uncompressed all-reduce, and the link emulator books the
+two phases (`LinkProfile.quantized_allreduce_seconds`). The averaged segments' shares are cut at
+their seams (`segments`): the fused cpdp boundary's Δ and gradients never share a scale.
+
+The second error-feedback term (`residual2`) is held where each rank's share lies in the layout
+in force; where the layout changes (the fused boundary's [Δ | g] against Δ alone), a rank keeps
+what it owes for positions it no longer owns until that layout returns (never, if it does not).
+Each block owes at most half a quantization step of its sum, so what is held back is bounded and
+does not grow.
 
 **Error feedback, twice.** Each rank keeps what its quantization of Δᵢ dropped,
 e = x − decode(encode(x)), and adds it to its next Δᵢ (`residual`); rank r keeps what its
@@ -126,9 +132,10 @@ def _quantize(
         padded[: b - a].copy_(x[a - lo : b - lo])
         grid = padded.view(blocks, CHUNK)
         # an all-zero block (or one whose scale underflows) keeps scale 1: no division by zero;
-        # a non-finite one stays non-finite, so the divergence guard sees it
+        # a non-finite one keeps its nan or inf scale, so the whole block decodes non-finite
+        # and the divergence guard sees it (a `scale > 0` test would reset a nan scale to 1)
         scale = grid.abs().amax(dim=1).div_(qmax)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         scales[first : first + blocks].copy_(scale)
         grid.div_(scale[:, None])
         if layout.kind == "int8":

@@ -7,6 +7,7 @@ work beside it here, behind DdpKept's named fields."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -85,6 +86,9 @@ def ddp_boundary(sync: Sync, interval: Interval, k: int, lr: float, forced: bool
     judge = forced or sync.boundary % DDP_PARAM_CHECK_EVERY == 0
     if judge or sync.observers or sync.last_decision is None:
         stats = ddp_stats(kept, sync._loss.take(), sync.world_size)
+        if sync.virtual is not None:  # the modelled wait for a slower rank (docs/design.md §4),
+            # since the last record built: a lazily kept one below leaves it for the next
+            stats = replace(stats, peer_wait_seconds=sync.virtual.take_peer_wait(own=True))
         finite = not judge or params_finite(sync._params)
         sync._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
         return

@@ -109,18 +109,34 @@ def emit(observers: Iterable[Any], event: str, *args: Any) -> None:
 
 
 def check_observers(observers: Iterable[Any]) -> None:
-    """An OptionError naming the observer whose `on_step` has the signature before StepInfo
-    (`on_step(trainer, is_boundary)`): it would fail at the first step, after the run started."""
+    """An OptionError naming an observer that would fail or mislead once the run started: a
+    class or None where an instance belongs, or an `on_step` with the signature before StepInfo
+    (`on_step(trainer, is_boundary)`, with or without a default) or one that cannot take one
+    StepInfo."""
     for obs in observers:
+        if obs is None or isinstance(obs, type):
+            name = getattr(obs, "__name__", "None")
+            hint = f"; pass an instance ({name}())" if obs is not None else ""
+            raise OptionError(f"observers: {name} is not an observer{hint}")
         fn = getattr(obs, "on_step", None)
         if fn is None or not callable(fn):
             continue
         try:
-            params = inspect.signature(fn).parameters.values()
+            sig = inspect.signature(fn)
         except (TypeError, ValueError):  # a builtin without a signature: not judged
             continue
+        params = sig.parameters.values()
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) >= 2 and positional[1].default is inspect.Parameter.empty:
+        old = len(positional) >= 2 and (
+            positional[1].default is inspect.Parameter.empty
+            or positional[1].name == "is_boundary"
+            or positional[0].name == "trainer"
+        )
+        try:
+            sig.bind(None)  # the one StepInfo every step passes
+        except TypeError:
+            old = True
+        if old:
             raise OptionError(
                 f"observers: {type(obs).__name__}.on_step takes (trainer, is_boundary), the old "
                 "signature; define on_step(step), which gets a StepInfo (docs/api.md, Observers)"

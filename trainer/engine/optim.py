@@ -76,21 +76,28 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return out
 
 
-def delayed_state_problem(optimizer: torch.optim.Optimizer, world_size: int) -> str | None:
-    """Why the optimizer's state cannot be averaged one step late (`--sync-optimizer-state` with
-    `--overlap-boundary`), or None. The average lands as v_i + (v̄ − v_i,sent), after one step
-    of v ← β·v + (1 − β)·g²: at worst (g = 0, every other rank's v near 0) v̄ − (1 − β)·v_i ≥
-    v_i·(1/N − (1 − β)), negative once N > 1/(1 − β), and its square root is then NaN. Adam's
-    family (β = betas[1]) and RMSprop (β = alpha) keep such a second moment (docs/design.md §2)."""
+def delayed_state_problem(
+    optimizer: torch.optim.Optimizer, world_size: int, tau: int = 1
+) -> str | None:
+    """Why the optimizer's state cannot be averaged τ steps late (`--sync-optimizer-state` with
+    `--overlap-boundary` or `--fragment-delay τ`), or None. The average lands as
+    v_i + (v̄ − v_i,sent), after τ steps of v ← β·v + (1 − β)·g²: at worst (g = 0, every other
+    rank's v near 0) it is ≥ v_i,sent·(β^τ + 1/N − 1), negative once N > 1/(1 − β^τ), and its
+    square root is then NaN. Adam's family (β = betas[1]) and RMSprop (β = alpha) keep such a
+    second moment (docs/design.md §2)."""
     for group in optimizer.param_groups:
         betas = group.get("betas")
         beta = betas[1] if isinstance(betas, (tuple, list)) and len(betas) == 2 else None
         if isinstance(optimizer, torch.optim.RMSprop):
             beta = group.get("alpha")
-        if isinstance(beta, (int, float)) and beta < 1 and world_size > 1 / (1 - beta):
+        if not isinstance(beta, (int, float)) or not beta < 1:
+            continue
+        bound = 1 / (1 - beta**tau)
+        if world_size > bound:
+            late = "--overlap-boundary" if tau == 1 else f"--fragment-delay {tau}"
             return (
-                f"--sync-optimizer-state: with --overlap-boundary, {type(optimizer).__name__}'s "
-                f"second moment (decay {beta:g}) can turn negative on {world_size} ranks (more "
-                f"than 1/(1 - {beta:g}) = {1 / (1 - beta):.4g}); drop one of the two"
+                f"--sync-optimizer-state: with {late}, {type(optimizer).__name__}'s second "
+                f"moment (decay {beta:g}) can turn negative on {world_size} ranks (more than "
+                f"1/(1 - {beta:g}^{tau}) = {bound:.4g}); drop one of the two"
             )
     return None

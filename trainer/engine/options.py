@@ -361,7 +361,8 @@ class SyncOptions(BaseModel):
     compress: Literal["none", "fp16", "int8"] = Field(
         "none",
         description="what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
-        "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback (default: none)",
+        "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback; with --boundary "
+        "fused the gradients ride it too, quantized without error feedback (default: none)",
         json_schema_extra=about(_SYNC),
     )
     sync_optimizer_state: bool = Field(
@@ -378,7 +379,7 @@ class SyncOptions(BaseModel):
         "auto",
         description="cpdp boundary: fused (one collective carrying parameters and gradients, "
         "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
-        "(fused when exact)",
+        "(fused when exact, and not under --compress)",
         json_schema_extra=about(_SYNC),
     )
     overlap_boundary: bool = Field(
@@ -445,10 +446,12 @@ class SyncOptions(BaseModel):
     fragment_alpha: float = Field(
         0.0,
         ge=0.0,
-        le=1.0,
+        lt=1.0,
         description="α of --fragment-merge lerp: the share of θ_local kept where a delayed "
         "average lands (0 discards the local steps, torchft's default) (default: 0)",
-        json_schema_extra=about(_SYNC),
+        json_schema_extra=about(
+            _SYNC, too_high="α = 1 keeps θ_local whole: every average would be thrown away"
+        ),
     )
     # What a fragment is (trainer/engine/fragments.py, fragment_plan)
     fragment_by: Literal["element", "module", "strided"] = Field(
@@ -486,7 +489,8 @@ class SyncOptions(BaseModel):
         _POLICY_DEFAULTS.k_growth,
         ge=2,
         le=1024,
-        description="factor by which exposed-sync raises or lowers K",
+        description="factor by which exposed-sync steps K under --k-rule double, and by which "
+        "its guard backs off under either rule",
         json_schema_extra=about(_POLICY),
     )
     drift_limit: float = Field(

@@ -124,6 +124,8 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         "outer_optimizer": sync.options.outer.kind,
         "compress": sync.options.compress,
         "fragments": sync.options.fragments,
+        # strided lays θ_ref, the velocity and the residuals out fragment by fragment
+        "fragment_by": sync.options.fragment_by,
         "clock": sync.options.clock,  # a virtual time line continues only a virtual one
     }
 
@@ -163,6 +165,11 @@ def foreign(sync: Sync, state: Any) -> str | None:
     if isinstance(kind, dict):
         mine = sync._kind()
         for k, v in mine.items():
-            if k in kind and kind[k] != v:
-                return f"saved with {k} {kind[k]!r}; this Sync has {v!r}"
+            saved = kind.get(k, KIND_BEFORE.get(k, v))
+            if saved != v:
+                return f"saved with {k} {saved!r}; this Sync has {v!r}"
     return None
+
+
+# What a state saved before a key of `engine_kind` existed had: the only value there was then.
+KIND_BEFORE = {"fragment_by": "element"}

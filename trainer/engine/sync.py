@@ -144,8 +144,8 @@ class Sync:
             )
         self.options: SyncOptions = opts
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        delayed = opts.sync_optimizer_state and opts.overlap_boundary  # a late state average
-        if delayed and (why := delayed_state_problem(optimizer, self.world_size)):
+        delayed = opts.sync_optimizer_state and opts.delay > 0  # a late state average
+        if delayed and (why := delayed_state_problem(optimizer, self.world_size, opts.delay)):
             raise OptionError(why)
         self.device = device or next(model.parameters()).device
         self.optimizer = optimizer
@@ -156,7 +156,10 @@ class Sync:
         # two-phase, and for good if a rank changed them (trainer/engine/grad_watch.py;
         # docs/design.md,
         # "What the fused boundary needs unchanged")
-        self._probing = self._auto = opts.boundary == "auto" and exact and opts.delay == 0
+        # auto keeps the gradients' all-reduce exact: fused would quantize them under --compress
+        self._probing = self._auto = (
+            opts.boundary == "auto" and exact and opts.delay == 0 and opts.compress == "none"
+        )
         if opts.boundary == "fused":
             self.strategy = fused(self.strategy)
         self._fused = self.strategy.fused_gradients  # (asked at every step)
