@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 
 from autok.controllers import PolicyOptions
 from autok.metrics_http import MetricsHost
-from autok.trainer.engine.build import tensors_refusal
+from autok.trainer.engine.fragments import tensors_refusal
 from autok.trainer.engine.link import LinkSchedule
 from autok.trainer.engine.options import (
     COUNT_MAX,

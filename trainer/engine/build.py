@@ -11,6 +11,7 @@ from torch import nn
 
 from autok.trainer.engine.averaging import ParameterAverager
 from autok.trainer.engine.clock import VirtualClock
+from autok.trainer.engine.fragments import tensors_refusal
 from autok.trainer.engine.link import LinkSchedule
 from autok.trainer.engine.optim import state_tensors
 from autok.trainer.engine.options import OptionError, SyncOptions
@@ -46,19 +47,6 @@ def check_fragments(opts: SyncOptions, model: nn.Module) -> None:
         )
     if why := tensors_refusal(model, opts.fragments, opts.fragment_by):
         raise OptionError(why)
-
-
-def tensors_refusal(model: nn.Module, fragments: int, by: str) -> str | None:
-    """Why `fragments` fragments by `by` cannot cut this model, or None: module and strided
-    fragments hold whole parameter tensors, so F is at most their count T
-    (trainer/engine/fragments.py, fragment_plan)."""
-    count = sum(1 for _ in model.parameters())
-    if by == "element" or fragments <= count:
-        return None
-    return (
-        f"--fragments: {fragments} fragments by {by} of a model with {count} parameter "
-        f"tensors; give at most {count}, or --fragment-by element"
-    )
 
 
 def build_averager(

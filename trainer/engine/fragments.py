@@ -35,6 +35,7 @@ a step before moves no further than the replicas' mean.
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 FRAGMENTS_MAX = 1024  # more fragments only add per-sync latency; every built-in model is larger
 WHOLE = -1  # the fragment id of a boundary that synced the whole model (records: "fragment")
@@ -150,3 +151,17 @@ def walk(steps: int, sync_periods: list[int] | int, fragments: int) -> list[int 
         since = 0
         position = 1 if frag == WHOLE else position % fragments + 1
     return out
+
+
+def tensors_refusal(model: Any, fragments: int, by: str) -> str | None:
+    """Why `fragments` fragments by `by` cannot cut this model, or None: module and strided
+    fragments hold whole parameter tensors, so F is at most their count T
+    (`fragment_plan`). `model`: an nn.Module (this module imports no torch: the CLI's checks
+    read it before torch is needed)."""
+    count = sum(1 for _ in model.parameters())
+    if by == "element" or fragments <= count:
+        return None
+    return (
+        f"--fragments: {fragments} fragments by {by} of a model with {count} parameter "
+        f"tensors; give at most {count}, or --fragment-by element"
+    )

@@ -448,7 +448,7 @@ class SyncOptions(BaseModel):
         ge=0.0,
         lt=1.0,
         description="α of --fragment-merge lerp: the share of θ_local kept where a delayed "
-        "average lands (0 discards the local steps, torchft's default) (default: 0)",
+        "average lands (0 discards the local steps, torchft's default) (default: 0.0)",
         json_schema_extra=about(
             _SYNC, too_high="α = 1 keeps θ_local whole: every average would be thrown away"
         ),
