@@ -28,15 +28,10 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autok.trainer.engine.averaging import (
-    N_SCALARS,
-    IntervalTotals,
-    ParameterAverager,
-    param_digest,
-    replica_digest,
-    sq_norm,
-)
+from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager
+from autok.trainer.engine.digest import param_digest, replica_digest
 from autok.trainer.engine.divergence import params_finite
+from autok.trainer.engine.exact_sums import N_SCALARS, sq_norm
 from autok.trainer.engine.outer import OuterOptimizer
 from autok.trainer.loop.models import build_model
 from benchmarks.engine import mlp_3m

@@ -425,7 +425,7 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     # buffer"): one allocation for both sides, so its placement cannot favour either. Between
     # boundaries the buffer holds nothing the engine reads; zeroed (untimed) so the sums stay
     # ordinary numbers.
-    flat = sync.averager._buf
+    flat = sync.averager.flat.buf
     assert flat.numel() == numel
 
     # How busy the bare all_reduce keeps this rank's cores: CPU time of all its threads (gloo's
@@ -435,7 +435,7 @@ def _boundaries(rank: int, world: int, cfg_json: str, model_name: str, rounds: i
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
     def bare() -> float:
-        assert flat.data_ptr() == sync.averager._buf.data_ptr()  # still the boundary's buffer
+        assert flat.data_ptr() == sync.averager.flat.buf.data_ptr()  # still the boundary's buffer
         flat.zero_()
         dist.barrier()
         c0, t0 = time.process_time(), time.perf_counter()

@@ -609,7 +609,7 @@ def test_the_own_loop_example_runs_under_torchrun_and_resumes_bit_for_bit(tmp_pa
 
 
 def _sync_now_bytes_worker(rank, world):
-    from autok.trainer.engine.averaging import N_SCALARS
+    from autok.trainer.engine.exact_sums import N_SCALARS
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -262,7 +262,7 @@ def _narrow_worker(rank, world, dtype_name):
         got = torch.cat([p.detach().reshape(-1) for p in params])
         out[b] = (drift, rec.drift_norm, torch.equal(got, expected), got.dtype)
         out[f"ref{b}"] = torch.equal(averager.ref, got.float())  # θ_ref: what the replicas hold
-    out["buffer"] = averager._buf.dtype
+    out["buffer"] = averager.flat.buf.dtype
     if rank == 1:  # a faulty write-back (as in _mismatch_worker): caught at the next boundary
         write_back = averager._copy_into
 
@@ -298,7 +298,7 @@ def test_narrow_parameters_average_in_float32_and_their_replica_check_holds(dtyp
 def _narrow_sync_worker(rank, world):
     """A bfloat16 model under autok.Sync: cpdp K=4, the fused boundary with SlowMo."""
     import autok
-    from autok.trainer.engine.averaging import param_digest
+    from autok.trainer.engine.digest import param_digest
     from autok.trainer.loop.models import build_model
 
     torch.manual_seed(0)
@@ -498,7 +498,7 @@ def _overlap_worker(rank, world):
     def watched(pending, settle=False):
         if not pending.overlap or settle:
             return finish(pending, settle=settle)
-        before, sent = _flat(tr.model).clone(), av._snapshot[: av.numel].clone()
+        before, sent = _flat(tr.model).clone(), av.flat.snapshot[: av.numel].clone()
         rec = finish(pending)
         after, theta_new = _flat(tr.model), av.ref.clone()
         news, sents = gather(theta_new), gather(sent)
@@ -566,7 +566,7 @@ def _count_worker(rank, world, strategy, boundary, link):
             counted.append(tr.sync.collectives - self.last_counted)
             self.last_counted = tr.sync.collectives
             if tr.averager is not None:
-                ptrs.add(tr.averager._buf.data_ptr())
+                ptrs.add(tr.averager.flat.buf.data_ptr())
 
     class CountingGroup:
         """The gradient hook's process group: it calls the group's allreduce directly."""
@@ -700,7 +700,7 @@ def test_the_fused_passes_bench_times_the_boundarys_own_arithmetic():
     """benchmarks/fused_passes.py times its own functions as the fused boundary's host passes:
     they must compute what ParameterAverager's start and finish compute, bit for bit for the
     state (θ, θ_ref, momentum, velocity), to rounding for the norms, and the digest's sum."""
-    from autok.trainer.engine.averaging import _MIX
+    from autok.trainer.engine.digest import _MIX
 
     results = run_dist(_bench_passes_worker, 2)
     for r in results:

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from autok.trainer.engine.averaging import N_SCALARS
+from autok.trainer.engine.exact_sums import N_SCALARS
 from autok.trainer.engine.fragments import (
     FRAGMENTS_MAX,
     WHOLE,

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import autok
-from autok.trainer.engine.averaging import N_SCALARS
+from autok.trainer.engine.exact_sums import N_SCALARS
 from autok.trainer.engine.flat_buffer import FlatBuffer
 from autok.trainer.engine.fused_grads import FusedGrads
 from tests.dist import run_dist

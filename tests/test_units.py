@@ -11,15 +11,9 @@ import pytest
 import torch
 
 from autok.config import ConfigError, load_config
-from autok.trainer.engine.averaging import (
-    ParameterAverager,
-    digest_bits,
-    digest_of_words,
-    drift_sq_from,
-    replica_digest,
-    split_exact,
-    sq_norm,
-)
+from autok.trainer.engine.averaging import ParameterAverager
+from autok.trainer.engine.digest import digest_bits, digest_of_words, replica_digest
+from autok.trainer.engine.exact_sums import drift_sq_from, split_exact, sq_norm
 from autok.trainer.engine.link import PROFILES, LinkClock, LinkProfile, resolve_profile
 from autok.trainer.engine.optim import lr_factor
 from autok.trainer.engine.options import OptionError

@@ -26,13 +26,11 @@ from autok.trainer.engine.averager_state import averager_state, load_averager_st
 from autok.trainer.engine.compress import Buffers, Layout
 from autok.trainer.engine.compressed import start_compressed
 from autok.trainer.engine.digest import (
-    _MIX,
     _PIECEWISE_MIN,
     digest_bits,
     digest_of_words,
     digest_words,
     one_copy,
-    param_digest,
     replica_digest,
 )
 from autok.trainer.engine.exact_sums import (
@@ -67,15 +65,7 @@ from autok.trainer.engine.options import OptionError
 from autok.trainer.engine.outer import OuterOptimizer, TorchOuter, outer_step_, unscheduled_
 from autok.trainer.engine.pending import Pending
 
-__all__ = [  # re-exported: the averager's pure parts live in digest.py and exact_sums.py
-    "N_SCALARS",
-    "_MIX",
-    "digest_bits",
-    "drift_sq_from",
-    "param_digest",
-    "replica_digest",
-    "split_exact",
-    "sq_norm",
+__all__ = [
     "IntervalTotals",
     "ParameterAverager",
     "Reconciled",
@@ -231,7 +221,7 @@ class ParameterAverager:
         self._offload = offload
         self.ref = flat.clone() if not offload else host_copy(flat)  # θ_ref, from θ_0
         # θ_ref as the parameters' shapes: the whole model's write-back source (θ_new is θ_ref)
-        self._ref_views = self._views(self.ref, params)
+        self._ref_views = views_of(self.ref, params)
         self._ptrs: list[int] | None = None  # _whole()'s cache: the storages it was cut from
         self._flats: list[torch.Tensor] | None = None  # _whole()'s 1-D views of the parameters
         self.velocity = torch.zeros_like(self.ref) if outer.needs_velocity else None
@@ -268,16 +258,6 @@ class ParameterAverager:
             self.fused.capture if self.fused is not None else _no_fused_boundary
         )
 
-    @property
-    def _buf(self) -> torch.Tensor:
-        """The collective's buffer as the last boundary sized it (flat_buffer.py)."""
-        return self.flat.buf
-
-    @property
-    def _snapshot(self) -> torch.Tensor:
-        """What this rank sent, at the head (flat_buffer.py)."""
-        return self.flat.snapshot
-
     def use_outer(self, outer: TorchOuter) -> None:
         """Take a torch optimizer as the outer step (autok.Sync's `outer_optimizer=FACTORY`),
         before any boundary: its flat parameter becomes θ_ref (this θ_ref's values). Its
@@ -290,7 +270,7 @@ class ParameterAverager:
             raise ValueError(f"use_outer: θ_ref is {self.ref.dtype} x {self.ref.numel()}")
         flat.copy_(self.ref)
         self.ref = flat
-        self._ref_views = self._views(self.ref, self.params)
+        self._ref_views = views_of(self.ref, self.params)
         self.outer, self._torch_outer, self.velocity = OuterOptimizer("torch"), outer, None
         self.flat.retarget(self.ref, None)  # the cuts held slices of the old θ_ref
 
@@ -589,9 +569,9 @@ class ParameterAverager:
             # along (buffers, optimizer state) keeps its steps: (target − what was sent) added.
             self._merge_(pieces, theta_new, theta_now, scratch, pending.merge_alpha)
             if rest_tensors:
-                self._add_back(rest_tensors, avg_seg[rest:].sub_(self.flat.snapshot[rest:n_avg]))
+                add_back(rest_tensors, avg_seg[rest:].sub_(self.flat.snapshot[rest:n_avg]))
             if n_bc:
-                self._add_back(pending.bc_tensors, bc_seg.sub_(self.flat.snapshot[n_avg:]))
+                add_back(pending.bc_tensors, bc_seg.sub_(self.flat.snapshot[n_avg:]))
             # Replicas now differ by their step since the boundary; what they agree on is θ_new.
             self.last_digest = replica_digest([theta_new], self._bits)
         else:
@@ -599,19 +579,19 @@ class ParameterAverager:
                 # θ_new is θ_ref, cut already (an unscheduled sync's is a buffer)
                 self._copy_into(pieces, self._ref_views)
             else:
-                self._write_back(pieces, theta_new)
+                write_back(pieces, theta_new)
             if self._narrow:  # θ_ref as the replicas hold it: rounding θ_new to the parameters'
                 # dtype is no update of theirs (the next Δ_i, and SlowMo's velocity, would carry it)
-                self._copy_into(self._views(theta_new, pieces), pieces)
+                self._copy_into(views_of(theta_new, pieces), pieces)
                 if pending.outer_at is not None:  # θ_new is a buffer: its stepped slice home
                     lo, hi = (i - a for i in pending.outer_at)
                     ref[lo:hi].copy_(theta_new[lo:hi])
             if pending.momenta is not None:  # the gradient views hold Σ g now
                 _add_to_momentum(pending.momenta, 1.0 / n)
             if rest_tensors:
-                self._write_back(rest_tensors, avg_seg[rest:])
+                write_back(rest_tensors, avg_seg[rest:])
             if n_bc:
-                self._write_back(pending.bc_tensors, bc_seg)
+                write_back(pending.bc_tensors, bc_seg)
             # of the parameters as written, not of θ_new: a faulty write-back is caught too.
             # start() has just cut their words (a boundary whose average lands later may have
             # waited past a change of storage: cut again)
@@ -653,17 +633,13 @@ class ParameterAverager:
         α·θ_i as torchft's θ_global.lerp_(θ_i, α), so α = 0 is θ_global exactly."""
         if alpha is None:
             torch.sub(theta_new, theta_sent, out=scratch)
-            self._add_back(pieces, scratch)
+            add_back(pieces, scratch)
             return
-        self._copy_into(self._views(scratch, pieces), pieces)  # θ_i, in the averaging's dtype
+        self._copy_into(views_of(scratch, pieces), pieces)  # θ_i, in the averaging's dtype
         torch.lerp(theta_new, scratch, alpha, out=scratch)
-        self._write_back(pieces, scratch)
+        write_back(pieces, scratch)
 
-    # flat_buffer.py's, looked up on the averager: a test puts a faulty write-back in
-    # `_copy_into`'s place
-    _views = staticmethod(views_of)
-    _add_back = staticmethod(add_back)
-    _write_back = staticmethod(write_back)
+    # flat_buffer.py's, looked up on the averager: a test puts a faulty write-back in its place
     _copy_into = staticmethod(copy_into)
 
     def state_dict(self) -> dict:

@@ -47,7 +47,7 @@ from autok.trainer.engine.straggler import Straggler, straggler_rank
 
 CLOCKS = ("wall", "virtual")
 FORWARD_SHARE = 1.0 / 3.0  # of a step's compute; the rest is backward (overlapped by buckets)
-_PEER_KEYS = frozenset({"issued", "peer_wait"})
+_PEER_KEYS = frozenset({"issued", "peer_wait", "own_peer_wait"})  # absent from older states
 
 
 class VirtualClock:
@@ -174,14 +174,12 @@ class VirtualClock:
         """A ValueError naming the first fault of a saved state; applies nothing. A state saved
         before the peer wait was booked (no `issued`, `peer_wait`) continues with them 0."""
         keys = {"t", "link_free", "booked", "rng"}
-        if not isinstance(state, dict) or set(state) not in (
-            keys, keys | _PEER_KEYS, keys | _PEER_KEYS | {"own_peer_wait"}
-        ):
+        if not isinstance(state, dict) or not keys <= set(state) <= keys | _PEER_KEYS:
             raise ValueError("virtual: not a virtual clock's state")
         t = state["t"]
         if not isinstance(t, list) or len(t) != self.world_size:
             raise ValueError(f"virtual.t: not {self.world_size} ranks' times")
-        peer = [state[k] for k in sorted(_PEER_KEYS | {"own_peer_wait"}) if k in state]
+        peer = [state[k] for k in sorted(_PEER_KEYS) if k in state]
         for x in [*t, state["link_free"], state["booked"], *peer]:
             if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < math.inf:
                 raise ValueError(f"virtual: {x!r:.40} is not a time")

@@ -7,7 +7,6 @@ work beside it here, behind DdpKept's named fields."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -85,10 +84,10 @@ def ddp_boundary(sync: Sync, interval: Interval, k: int, lr: float, forced: bool
     )
     judge = forced or sync.boundary % DDP_PARAM_CHECK_EVERY == 0
     if judge or sync.observers or sync.last_decision is None:
-        stats = ddp_stats(kept, sync._loss.take(), sync.world_size)
-        if sync.virtual is not None:  # the modelled wait for a slower rank (docs/design.md §4),
-            # since the last record built: a lazily kept one below leaves it for the next
-            stats = replace(stats, peer_wait_seconds=sync.virtual.take_peer_wait(own=True))
+        # the modelled wait for a slower rank (docs/design.md §4), since the last record built:
+        # a lazily kept one below leaves it for the next
+        peer = sync.virtual.take_peer_wait(own=True) if sync.virtual is not None else 0.0
+        stats = ddp_stats(kept, sync._loss.take(), sync.world_size, peer)
         finite = not judge or params_finite(sync._params)
         sync._close_boundary(stats, k, interval.steps, params_finite=finite, judge=judge)
         return
@@ -102,7 +101,9 @@ def ddp_boundary(sync: Sync, interval: Interval, k: int, lr: float, forced: bool
     sync.boundary += 1
 
 
-def ddp_stats(values: tuple, loss_sum: float, world_size: int) -> BoundaryStats:
+def ddp_stats(
+    values: tuple, loss_sum: float, world_size: int, peer_wait: float = 0.0
+) -> BoundaryStats:
     """A ddp boundary's record from the values kept at its close (`ddp_boundary`,
     `close_ddp_lazily`: a DdpKept, or a plain tuple in its order), with the interval's loss sum
     read from what `kept.loss` held."""
@@ -126,6 +127,7 @@ def ddp_stats(values: tuple, loss_sum: float, world_size: int) -> BoundaryStats:
         grad_syncs=kept.grad_syncs,
         param_syncs=0,
         link=kept.link,
+        peer_wait_seconds=peer_wait,
     )
 
 

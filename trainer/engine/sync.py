@@ -41,11 +41,7 @@ from torch import nn
 
 from autok.controllers import build_controller
 from autok.controllers.base import BoundaryStats, SyncDecision
-from autok.trainer.engine.averaging import (
-    IntervalTotals,
-    ParameterAverager,
-    reconcile_buffers,
-)
+from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
 from autok.trainer.engine.boundary_form import fused_sgd
 from autok.trainer.engine.build import build_averager, check_fragments, virtual_clock
 from autok.trainer.engine.ddp_path import close_ddp_lazily, ddp_boundary, read_kept

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from autok.trainer.engine.averaging import ReplicaMismatch, param_digest
+from autok.trainer.engine.averaging import ReplicaMismatch
+from autok.trainer.engine.digest import param_digest
 from autok.trainer.engine.divergence import Diverged, Rollback, params_finite
 from autok.trainer.engine.link import allreduce_sum_
 from autok.trainer.engine.observer import StepInfo, emit
