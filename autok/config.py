@@ -18,7 +18,6 @@ from autok.trainer.engine.link import LinkSchedule
 from autok.trainer.engine.options import (
     COUNT_MAX,
     GROUPS,
-    READ_ONLY_UNDER,
     SEED_MAX,
     STRATEGIES,
     OptionError,
@@ -28,6 +27,7 @@ from autok.trainer.engine.options import (
     describe,
     flag,
     fused_is_exact,
+    read_only_under,
 )
 from autok.trainer.loop.data import DATASETS, check_data_dir, class_labels
 from autok.trainer.loop.models import DEFAULT_MODEL, MODELS, incompatibility
@@ -53,6 +53,12 @@ class ConfigError(OptionError):
 MAX_LOCAL_WORKERS = 256
 MAX_LOCAL_PROCESSES = 1024  # workers and their DataLoader processes together
 _SYNC, _OPTIM, _DATA, _FAILURES = GROUPS[0], GROUPS[3], GROUPS[4], GROUPS[7]
+# SGD's own options (--momentum, --nesterov): AdamW would silently ignore them
+_SGDS = (
+    "optimizer",
+    frozenset({"sgd"}),
+    "it is SGD's; AdamW keeps its own moments, betas 0.9 and 0.999",
+)
 
 
 MILESTONES_MAX = 16  # LR drops in one run; schedules in the literature have two or three
@@ -83,23 +89,6 @@ TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
 # The engine's options that `autok train`'s loop does not take (autok.Sync's alone: no group,
 # so no flag), refused from a --config file (docs/design.md §2).
 LIBRARY_ONLY = tuple(n for n, f in SyncOptions.model_fields.items() if about_of(f, n).group is None)
-# The run's settings read only under some values of another (the engine's are in
-# trainer/engine/options.py): refused elsewhere, drawn and dropped by sweeps and resumes alike.
-READ_ONLY_UNDER.update(
-    {
-        "max_rollbacks": (
-            "on_divergence",
-            frozenset({"rollback"}),
-            "stop ends the run at the first divergence",
-        ),
-        "mnist1d_samples": ("dataset", frozenset({"mnist1d"}), "only mnist1d is generated"),
-        "image_size": (
-            "dataset",
-            frozenset({"imagefolder"}),
-            "only imagefolder images are cropped to a size",
-        ),
-    }
-)
 
 
 def schedule_past_run(plan: LinkSchedule, epochs: int) -> str | None:
@@ -191,10 +180,16 @@ class TrainConfig(SyncSettings):
         ),
     )
     momentum: float = Field(
-        0.9, ge=0.0, lt=1.0, description="SGD momentum", json_schema_extra=about(_OPTIM)
+        0.9,
+        ge=0.0,
+        lt=1.0,
+        description="SGD momentum",
+        json_schema_extra=about(_OPTIM, read_only_under=_SGDS),
     )
     nesterov: bool = Field(
-        False, description="Nesterov momentum (sgd)", json_schema_extra=about(_OPTIM)
+        False,
+        description="Nesterov momentum (sgd)",
+        json_schema_extra=about(_OPTIM, read_only_under=_SGDS),
     )
     weight_decay: float = Field(
         5e-4,
@@ -281,7 +276,9 @@ class TrainConfig(SyncSettings):
         le=1_000_000,
         description="samples generated for mnist1d (80% train, 20% test)",
         json_schema_extra=about(
-            _DATA, too_high="mnist1d is generated on one core at about 2,000 samples/s"
+            _DATA,
+            too_high="mnist1d is generated on one core at about 2,000 samples/s",
+            read_only_under=("dataset", frozenset({"mnist1d"}), "only mnist1d is generated"),
         ),
     )
     image_size: int = Field(
@@ -289,7 +286,15 @@ class TrainConfig(SyncSettings):
         ge=8,
         le=1024,
         description="crop size for imagefolder",
-        json_schema_extra=about(_DATA, too_high="larger crops exhaust memory at any batch size"),
+        json_schema_extra=about(
+            _DATA,
+            too_high="larger crops exhaust memory at any batch size",
+            read_only_under=(
+                "dataset",
+                frozenset({"imagefolder"}),
+                "only imagefolder images are cropped to a size",
+            ),
+        ),
     )
     loader_workers: int = Field(
         0,
@@ -399,7 +404,14 @@ class TrainConfig(SyncSettings):
         ge=0,
         le=1000,
         description="rollbacks before giving up (with --on-divergence rollback)",
-        json_schema_extra=about(_FAILURES),
+        json_schema_extra=about(
+            _FAILURES,
+            read_only_under=(
+                "on_divergence",
+                frozenset({"rollback"}),
+                "stop ends the run at the first divergence",
+            ),
+        ),
     )
 
     @field_validator("out", "data_dir", "tensorboard", mode="before")
@@ -441,15 +453,8 @@ class TrainConfig(SyncSettings):
             self._check_builtin_task()
         if why := schedule_past_run(self.link_plan, self.epochs):
             raise ValueError(f"--link-schedule: {why}")
-        if self.optimizer == "adamw":  # SGD's options: AdamW would silently ignore them
-            defaults = type(self).model_fields
-            for name in ("momentum", "nesterov"):
-                if getattr(self, name) != defaults[name].default:
-                    raise ValueError(
-                        f"{flag(name)}: is SGD's; AdamW keeps its own moments (betas 0.9, "
-                        "0.999); drop it or use --optimizer sgd"
-                    )
-        elif self.nesterov and self.momentum == 0.0:  # torch's SGD refuses it; it was dropped
+        # SGD's options under AdamW are refused as unread (their about(read_only_under=...))
+        if self.nesterov and self.momentum == 0.0:  # torch's SGD refuses it; it was dropped
             raise ValueError(
                 "--nesterov: looks ahead along the momentum, and --momentum is 0; "
                 "give --momentum > 0 or drop --nesterov"
@@ -563,6 +568,12 @@ class TrainConfig(SyncSettings):
     def policy_options(self, peak_lr: float | None = None) -> PolicyOptions:
         """The policy's options; its peak LR is --lr."""
         return super().policy_options(self.lr if peak_lr is None else peak_lr)
+
+
+# The run's settings read only under some values of another, the engine's among them: refused
+# elsewhere, drawn and dropped by sweeps and resumes alike (autok/space.py). Read from the
+# fields' about(read_only_under=...), never kept by hand.
+READ_ONLY_UNDER = read_only_under(TrainConfig)
 
 
 YAML_MAX_BYTES = 1 << 20  # settings, spaces and grids are a few KB

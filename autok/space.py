@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeGuard
@@ -75,20 +76,26 @@ class Dim:
         return trial.suggest_float(self.name, low, high, log=self.log)
 
 
-# Settings read only under some values of another: name -> (the choosing setting, the values
-# under which it is read). A sweep draws such a setting only in trials where it is read, and
-# drops a fixed one from the trials where it is not (TrainConfig refuses it there).
-CONDITIONAL: dict[str, tuple[str, frozenset]] = {
-    **{
-        name: ("policy", frozenset(p for p, reads in READS.items() if name in reads))
-        for name in POLICY_OPTIONS
-        if name not in CAPS
-    },
-    "momentum": ("optimizer", frozenset({"sgd"})),
-    "nesterov": ("optimizer", frozenset({"sgd"})),
-    # the strategy's, the data set's, the divergence reaction's (trainer/engine/options.py)
-    **{name: (chooser, readers) for name, (chooser, readers, _) in READ_ONLY_UNDER.items()},
-}
+def conditional(
+    read_only_under: Mapping[str, tuple[str, frozenset[str], str]] = READ_ONLY_UNDER,
+) -> dict[str, tuple[str, frozenset]]:
+    """Settings read only under some values of another: name -> (the choosing setting, the
+    values under which it is read). Both are derived, never kept by hand: the K-policy options
+    from the policies' registry entries (their `reads`), the others from the fields'
+    `about(read_only_under=...)` (the strategy's, the optimizer's, the data set's, ...)."""
+    return {
+        **{
+            name: ("policy", frozenset(p for p, reads in READS.items() if name in reads))
+            for name in POLICY_OPTIONS
+            if name not in CAPS
+        },
+        **{name: (chooser, readers) for name, (chooser, readers, _) in read_only_under.items()},
+    }
+
+
+# A sweep draws such a setting only in trials where it is read, and drops a fixed one from the
+# trials where it is not (TrainConfig refuses it there).
+CONDITIONAL = conditional()
 _CHOOSERS = frozenset(chooser for chooser, _ in CONDITIONAL.values())
 
 

@@ -6,8 +6,7 @@ Each policy is registered by name with a factory taking the starting K and a `Po
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Literal
+from dataclasses import dataclass
 
 from autok.controllers.adacomm import AdaCommController
 from autok.controllers.base import BoundaryStats, Controller, SyncDecision
@@ -16,28 +15,15 @@ from autok.controllers.exposed_sync import ExposedSyncController
 from autok.controllers.fixed import FixedController
 from autok.controllers.guard import Guard
 from autok.controllers.inverse_lr import InverseLRController
+from autok.controllers.options import (
+    POLICY_OPTIONS,
+    RUN_OPTIONS,
+    PolicyOptions,
+    PolicySettings,
+)
 from autok.controllers.post_local import PostLocalController
 from autok.controllers.qsr import QSRController, default_alpha
 from autok.controllers.random_k import RandomController
-
-
-@dataclass(frozen=True)
-class PolicyOptions:
-    peak_lr: float = 0.1
-    target_sync_share: float = 0.2
-    max_sync_period: int = 64
-    sync_window: int = 4
-    k_growth: int = 2
-    drift_limit: float = 3.0
-    loss_rise: float = 0.1
-    guard_cooldown: int = 32
-    # the direct rule with lowering: the panel's default adaptive policy (docs/policies.md)
-    k_lowering: bool = True
-    k_rule: Literal["double", "direct"] = "direct"
-    qsr_base: int | None = None  # default: the starting K
-    qsr_alpha: float | None = None  # default: peak LR * sqrt(K_base)
-    random_mean: float | None = None  # default: the starting K
-    seed: int = 42
 
 
 def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
@@ -51,6 +37,8 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         lower=o.k_lowering,
         rule=o.k_rule,
         guard=Guard(drift_limit=o.drift_limit, loss_rise=o.loss_rise),
+        skew_drift=o.skew_drift,
+        skew_cap=o.skew_cap,
     )
 
 
@@ -60,23 +48,20 @@ def _qsr(k: int, o: PolicyOptions) -> QSRController:
     return QSRController(base=base, alpha=alpha, max_sync_period=o.max_sync_period)
 
 
-RUN_OPTIONS = frozenset({"peak_lr", "seed"})  # not policy options: every policy gets them
-
-
 @dataclass(frozen=True)
 class Policy:
     """A K policy as registered: its factory, and the PolicyOptions the factory reads besides
-    RUN_OPTIONS. An option the chosen policy does not read is refused when given
-    (trainer/engine/options.py), not silently ignored; a sweep draws it only under the policies
-    that read it (autok/space.py); tests/test_controllers.py checks `reads` against what the
-    factory reads."""
+    RUN_OPTIONS, and what `--policy`'s help line says of it besides its name. An option the
+    chosen policy does not read is refused when given (trainer/engine/options.py), not silently
+    ignored; a sweep draws it only under the policies that read it (autok/space.py);
+    tests/test_controllers.py checks `reads` against what the factory reads."""
 
     build: Callable[[int, PolicyOptions], Controller]
     reads: frozenset[str] = frozenset()
+    note: str | None = None
 
     def __post_init__(self) -> None:
-        known = {f.name for f in fields(PolicyOptions)} - RUN_OPTIONS
-        if unknown := sorted(self.reads - known):
+        if unknown := sorted(self.reads - set(POLICY_OPTIONS)):
             raise ValueError(f"Policy: {unknown} are not PolicyOptions fields of a policy")
 
 
@@ -92,6 +77,8 @@ _SHARE_READS = frozenset(
         "k_rule",
         "drift_limit",
         "loss_rise",
+        "skew_drift",
+        "skew_cap",
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})
@@ -108,6 +95,10 @@ POLICIES: dict[str, Policy] = {
         ),
         frozenset({"sync_window"}) | _CAPPED,
     ),
+    "composite": Policy(
+        lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
+        _SHARE_READS | _QSR_READS,
+    ),
     "post-local": Policy(
         lambda k, o: PostLocalController(local_period=k, max_sync_period=o.max_sync_period),
         _CAPPED,
@@ -118,10 +109,6 @@ POLICIES: dict[str, Policy] = {
         ),
         _CAPPED,
     ),
-    "composite": Policy(
-        lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
-        _SHARE_READS | _QSR_READS,
-    ),
     "random": Policy(
         lambda k, o: RandomController(
             mean=o.random_mean if o.random_mean is not None else k,
@@ -129,6 +116,7 @@ POLICIES: dict[str, Policy] = {
             seed=o.seed,
         ),
         frozenset({"random_mean"}) | _CAPPED,
+        note="a baseline: K drawn with a given mean",
     ),
 }
 # Read from POLICIES: each policy's factory, and the options it reads.
@@ -140,8 +128,6 @@ READS: dict[str, frozenset[str]] = {name: policy.reads for name, policy in POLIC
 # where it is given (a fixed K above 64 has always been given with it raised), so it is never
 # refused as unread.
 CAPS = frozenset({"max_sync_period"})
-# The K-policy options, in PolicyOptions' order (each is also a setting of the same name).
-POLICY_OPTIONS = tuple(f.name for f in fields(PolicyOptions) if f.name not in RUN_OPTIONS)
 
 
 def build_controller(
@@ -165,6 +151,7 @@ __all__ = [
     "Controller",
     "Policy",
     "PolicyOptions",
+    "PolicySettings",
     "SyncDecision",
     "build_controller",
 ]

@@ -1,6 +1,7 @@
 """`composite`: the larger of the QSR K and the K that keeps the exposed-sync share under target,
-capped by the drift/loss guard. QSR supplies the generalization-driven floor as the LR decays;
-the share rule supplies the network-driven floor; the guard caps both before drift hurts."""
+capped by the drift/loss guard and, on skewed data, the skew cap (controllers/exposed_sync.py).
+QSR supplies the generalization-driven floor as the LR decays; the share rule supplies the
+network-driven floor; the guard caps both before drift hurts."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ class CompositeController:
             self.share.sync_period = q.next_sync_period
             return SyncDecision(q.next_sync_period, "warmup")
         s = self.share.observe(stats)  # judges the share at the K that was actually in force
+        share = self.share
         k = next_sync_period(
-            q.next_sync_period, s.next_sync_period, self.share.ceiling, self.share.max_sync_period
+            q.next_sync_period, s.next_sync_period, share.k_ceiling(), share.max_sync_period
         )
         self.share.sync_period = k
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"

@@ -122,6 +122,30 @@ def test_backs_off_on_a_drift_spike_and_stays_capped_for_the_cooldown():
     assert ks == [16, 16, 16, 32]  # cooldown over at the 12th boundary: the share rule raises
 
 
+def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
+    """The first judged window's drift ratio tells skewed shards from iid ones: above
+    skew_drift K is capped at skew_cap there and then, and the link rule may not raise it."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    skewed = ExposedSyncController(sync_period=4, **kw)
+    iid = ExposedSyncController(sync_period=4, **kw)
+    # a slow link: the direct rule's K* is far above 4 (sync 0.1 s per boundary, 5 ms a step)
+    ks_skewed = drive(skewed, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
+    ks_iid = drive(iid, 40, drift_ratio=0.8, step_compute=0.005, sync=0.1)
+    assert skewed.skewed and not iid.skewed
+    assert max(ks_iid[-10:]) > 4 and set(ks_skewed[-30:]) == {4}
+    # the cap came at the boundary whose window judged the drift, not a window later
+    d = ExposedSyncController(sync_period=4, **kw)
+    reasons = [d.observe(stats(d.sync_period, drift_ratio=2.0, i=i)) for i in range(40)]
+    first = next(i for i, r in enumerate(reasons) if r.next_sync_period == 4 and i > 0)
+    assert reasons[first].reason.startswith("skewed data: drift ratio 2 > 1.4: K capped at 4")
+    # it survives a resume, and skew_drift = 0 turns it off
+    again = ExposedSyncController(sync_period=4, **kw)
+    again.load_state_dict(skewed.state_dict())
+    assert again.skewed and again.observe(stats(4, drift_ratio=0.5)).next_sync_period <= 4
+    off = ExposedSyncController(sync_period=4, skew_drift=0.0, **kw)
+    assert not off.skewed and max(drive(off, 40, drift_ratio=2.0, sync=0.1)[-10:]) > 4
+
+
 def test_backs_off_when_the_loss_rises_over_a_window():
     c = ExposedSyncController(sync_period=8, target=0.2, max_sync_period=8, window=4)
     drive(c, 4, loss=1.0)

@@ -473,3 +473,27 @@ def test_summary_json_pairs_seeds_against_the_best_fixed_k_and_marks_censored_ru
     assert r["random"]["reached"] == 0.0 and r["random"]["censored"]
     assert r["k8"]["ratio"] == 1.0 and r["k8"]["p_holm"] is None
     assert set(es) >= {"ratio", "ci_low", "ci_high", "p_holm", "reached"}
+
+
+def test_the_evidence_table_gives_the_policy_s_k_network_share_and_drift_beside_the_best_k():
+    """Why a goal is met or missed, from the records: the network share leaves out the wait for a
+    slower rank (what exposed-sync steers), and the drift ratio is the records' mean."""
+    from autok import panel
+
+    def with_records(r, drift, peer):
+        for b in r.boundaries:
+            b["drift_ratio"], b["peer_wait_seconds"] = drift, peer
+        return r
+
+    runs = [
+        *[with_records(_run("k8", s, [0.6, 0.88, 0.9], 1.0, ks=(8, 8)), 2.0, 0.0) for s in (1, 2)],
+        *[with_records(_run("exposed-sync", s, [0.6, 0.7, 0.8], 1.0, "exposed-sync", ks=(4, 16)),
+                       3.0, 0.025) for s in (1, 2)],
+    ]  # fmt: skip
+    regimes = panel.build_regimes(runs)
+    text = panel.render_evidence(regimes)
+    # k8, after warmup: compute 0.8 + 0.8, exposed 0.05 + 0.05, no peer wait: 0.1 / 1.7 = 6%
+    assert "| r | k8 | 8.0 | 6% | 2.00 | 2/2 | 90.00 |" in text
+    # exposed-sync: compute 0.4 + 1.6, network (0.05 - 0.025) x 2 = 0.05: 0.05 / 2.05 = 2%
+    assert "| r | exposed-sync | 10.0 | 2% | 3.00 | 0/2 | 80.00 |" in text
+    assert panel.render(regimes, panel.summary_data(regimes)).count("### The evidence") == 1

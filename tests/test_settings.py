@@ -6,7 +6,6 @@ registry entry says which options it reads. The fused boundary's exactness is on
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 
 import pytest
 import torch
@@ -83,7 +82,7 @@ def test_each_policy_declares_the_options_it_reads_in_its_registry_entry():
 
     assert {name: policy.reads for name, policy in POLICIES.items()} == READS
     assert {name: policy.build for name, policy in POLICIES.items()} == REGISTRY
-    assert "peak_lr" in {f.name for f in fields(PolicyOptions)}
+    assert "peak_lr" in PolicyOptions.model_fields
     for name in ("not_an_option", "peak_lr"):  # peak_lr is the run's, given to every policy
         with pytest.raises(ValueError, match=name):
             Policy(lambda k, o: FixedController(k), frozenset({name}))
@@ -92,9 +91,9 @@ def test_each_policy_declares_the_options_it_reads_in_its_registry_entry():
 @pytest.mark.parametrize("strategy", ["ddp", "localsgd", "cpdp"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_the_run_and_the_engine_judge_the_fused_boundary_by_one_rule(strategy, optimizer):
+    from autok.trainer.engine.build import fused_boundary_is_exact
     from autok.trainer.engine.optim import build_optimizer
     from autok.trainer.engine.options import fused_is_exact
-    from autok.trainer.engine.sync import fused_boundary_is_exact
 
     cfg = TrainConfig(strategy=strategy, optimizer=optimizer)
     built = build_optimizer(
@@ -125,3 +124,141 @@ def test_flagdoc_writes_nothing_on_a_bad_argument_or_a_page_without_its_markers(
     assert flagdoc.main([]) == 2  # the markers are missing: one line, nothing written
     assert page.read_text(encoding="utf-8") == "no markers here\n"
     assert "markers" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ----- derived, never hand-kept: the policy options, --policy's list, the conditional settings
+
+
+def test_each_policy_option_is_declared_once_by_the_controllers_and_is_a_flag():
+    """SyncOptions takes the K policies' options from PolicySettings (controllers/options.py):
+    its own body declares none of them, so a new one is one edit there, and becomes an
+    autok.Sync option, a TrainConfig setting and an `autok train` flag of the K policy group
+    with the controllers' type, default, bounds, help and about."""
+    from autok.cli import add_train_flags, flag_groups
+    from autok.controllers import POLICY_OPTIONS, PolicySettings
+
+    assert issubclass(SyncOptions, PolicySettings)
+    own = set(SyncOptions.__annotations__) | set(TrainConfig.__annotations__)
+    assert not own & set(POLICY_OPTIONS), "a K-policy option declared twice"
+    actions = {
+        a.dest: a for a in add_train_flags(argparse.ArgumentParser())["K policy"]._group_actions
+    }
+    assert set(flag_groups()["K policy"]) == {"policy", *POLICY_OPTIONS}
+    for name in POLICY_OPTIONS:
+        declared, taken = PolicySettings.model_fields[name], TrainConfig.model_fields[name]
+        assert (taken.annotation, taken.default, taken.metadata) == (
+            declared.annotation,
+            declared.default,
+            declared.metadata,
+        ), name
+        assert about_of(taken, name) == about_of(declared, name), name
+        assert actions[name].help.startswith(declared.description.replace("%", "%%")), name
+
+
+def test_the_controllers_about_is_read_as_the_engines_and_a_misspelt_key_is_refused():
+    from pydantic.fields import FieldInfo
+
+    from autok.controllers.options import about as policy_about
+
+    said = about_of(FieldInfo(json_schema_extra=policy_about(too_high="why", before="k_rule")))
+    assert (said.group, said.too_high, said.before) == ("K policy", "why", "k_rule")
+    with pytest.raises(TypeError, match="too_hihg"):
+        about_of(FieldInfo(json_schema_extra={"autok": {"group": "K policy", "too_hihg": "x"}}))
+
+
+def test_policy_help_lists_every_registered_policy_in_registry_order_with_its_note():
+    import re
+
+    from autok.cli import HELP
+    from autok.controllers import POLICIES, REGISTRY
+
+    head, _, listed = HELP["policy"].partition(": ")
+    assert head == "how K evolves while training"
+    names = [re.sub(r" \(.*\)$", "", item) for item in listed.split(", ")]
+    assert names == list(REGISTRY)
+    for name, policy in POLICIES.items():
+        assert (f"{name} ({policy.note})" in listed) == (policy.note is not None), name
+
+
+def test_a_setting_read_only_under_another_is_refused_elsewhere_from_its_field_alone():
+    from autok.space import conditional
+    from autok.trainer.engine.options import read_only_under
+
+    class Unread(TrainConfig):
+        """TrainConfig with one setting more, read only under --on-divergence rollback:
+        declared in one place, its field."""
+
+        patience: int = Field(
+            0,
+            ge=0,
+            le=5,
+            description="rollbacks to wait before halving K again",
+            json_schema_extra=about(
+                "checkpoints and failures",
+                read_only_under=("on_divergence", frozenset({"rollback"}), "stop never rolls back"),
+            ),
+        )
+
+    assert Unread(on_divergence="rollback", patience=2).patience == 2
+    with pytest.raises(ValidationError) as exc:
+        Unread(patience=2)
+    assert describe(exc.value, Unread) == (
+        "--patience: --on-divergence stop does not read it (stop never rolls back); drop it, "
+        "or use --on-divergence rollback"
+    )
+    assert conditional(read_only_under(Unread))["patience"] == (
+        "on_divergence",
+        frozenset({"rollback"}),
+    )
+
+
+def test_a_read_only_under_naming_no_setting_or_a_value_it_cannot_take_is_refused():
+    from pydantic import BaseModel
+
+    from autok.trainer.engine.options import read_only_under
+
+    def model(chooser: str, value: str) -> type[BaseModel]:
+        class Odd(SyncOptions):
+            odd: int = Field(
+                0,
+                description="odd",
+                json_schema_extra=about(None, read_only_under=(chooser, frozenset({value}), "x")),
+            )
+
+        return Odd
+
+    with pytest.raises(ValueError, match="'stratgy', not a setting"):
+        read_only_under(model("stratgy", "cpdp"))
+    with pytest.raises(ValueError, match=r"strategy \['cdpd'\], not its values"):
+        read_only_under(model("strategy", "cdpd"))
+
+
+def test_the_read_only_tables_are_derived_not_mutated_at_import():
+    """The engine's table holds the engine's settings only (importing autok.config adds none to
+    it), neither can be edited, and each is what the fields say."""
+    import autok.config as config
+    import autok.trainer.engine.options as options
+
+    assert set(options.READ_ONLY_UNDER) <= set(SyncOptions.model_fields)
+    assert options.read_only_under(SyncOptions) == options.READ_ONLY_UNDER
+    assert options.read_only_under(TrainConfig) == config.READ_ONLY_UNDER
+    assert {"max_rollbacks", "momentum", "mnist1d_samples"} <= set(config.READ_ONLY_UNDER)
+    for table in (options.READ_ONLY_UNDER, config.READ_ONLY_UNDER):
+        with pytest.raises(TypeError):
+            table["knob"] = ("strategy", frozenset({"cpdp"}), "x")  # type: ignore[index]
+
+
+def test_the_sweeps_conditional_settings_are_the_policies_reads_and_the_fields_only():
+    """SGD's --momentum and --nesterov are conditional on --optimizer because their fields say
+    so, as the strategy's and the data set's are; the K-policy options by the registry."""
+    from autok.config import READ_ONLY_UNDER
+    from autok.controllers import CAPS, POLICY_OPTIONS
+    from autok.space import CONDITIONAL
+
+    assert set(CONDITIONAL) == (set(POLICY_OPTIONS) - CAPS) | set(READ_ONLY_UNDER)
+    for name in ("momentum", "nesterov"):
+        said = about_of(TrainConfig.model_fields[name], name).read_only_under
+        assert said is not None and (said.chooser, said.values) == ("optimizer", {"sgd"})
+        assert CONDITIONAL[name] == ("optimizer", frozenset({"sgd"}))
+    with pytest.raises(ValidationError, match="--momentum: --optimizer adamw does not read it"):
+        TrainConfig(optimizer="adamw", momentum=0.5)

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -28,9 +27,6 @@ from autok.trainer.engine.compressed import start_compressed
 from autok.trainer.engine.digest import (
     _PIECEWISE_MIN,
     digest_bits,
-    digest_of_words,
-    digest_words,
-    one_copy,
     replica_digest,
 )
 from autok.trainer.engine.exact_sums import (
@@ -46,24 +42,26 @@ from autok.trainer.engine.exact_sums import (
     STEPS,
     Sums,
     drift_sq_from,
-    split_exact,
     sq_norm,
+    write_scalars,
 )
 from autok.trainer.engine.flat_buffer import (
     FlatBuffer,
-    add_back,
     copy_into,
     host_copy,
     views_of,
+    working_copy,
     write_back,
 )
 from autok.trainer.engine.fragments import WHOLE, fragment_plan
 from autok.trainer.engine.fused_grads import FusedGrads
-from autok.trainer.engine.grad_watch import CHANGED, UNCHECKED
+from autok.trainer.engine.grad_watch import UNCHECKED
+from autok.trainer.engine.landing import add_to_momentum, land_, land_delayed_
 from autok.trainer.engine.link import LinkClock, allreduce_sum_, delayed
 from autok.trainer.engine.options import OptionError
 from autok.trainer.engine.outer import OuterOptimizer, TorchOuter, outer_step_, unscheduled_
 from autok.trainer.engine.pending import Pending
+from autok.trainer.engine.pieces import check_fragmentable, cut_whole, fragment_pieces
 
 __all__ = [
     "IntervalTotals",
@@ -126,22 +124,10 @@ def _sub_into(
         out.sub_(ref)
 
 
-def _add_to_momentum(
-    momenta: tuple[list[torch.Tensor], list[torch.Tensor]] | None, scale: float
-) -> None:
-    """m += scale · g over (momentum buffers, gradients). The fused boundary's correction
-    m_i += ḡ − g_i, which leaves the buffer the synchronized step would have left, comes in two
-    halves: start() adds −g_i before the collective overwrites it, finish() adds (1/N)·Σ g
-    (local ops, one pass each). A boundary that raises in between (ReplicaMismatch: the
-    replicas already differ) leaves m_i − g_i."""
-    if momenta is not None:
-        torch._foreach_add_(momenta[0], momenta[1], alpha=scale)
-
-
 _FOLDABLE = (torch.float32, torch.float64)  # what the averaging works in (not complex)
 _NUMPY = (torch.float32, torch.float64)  # buffer dtypes whose scalars are written through NumPy
-_F32_MAX = float(np.finfo(np.float32).max)  # a float64 within it casts to float32 silently
 _KEPT_COPY_MAX = 1 << 20  # words: the largest digest copy an averager keeps (4 MiB of int32)
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 class ParameterAverager:
@@ -194,7 +180,8 @@ class ParameterAverager:
         self.rank, self.world_size = rank, world_size
         if outer is None:
             outer = OuterOptimizer("slowmo", 1.0, beta, lr_aware)
-        self.outer = outer
+        self.outer = outer  # set here or by use_outer() only: _plain caches its property
+        self._plain = outer.is_plain_average  # (a boundary reads it up to three times)
         self._torch_outer: TorchOuter | None = None  # use_outer(): a torch optimizer's step
         self.compress = compress
         # per buffer layout (fragments differ in size): the quantized all-reduce's plan, memory
@@ -204,15 +191,8 @@ class ParameterAverager:
         self._residual2: torch.Tensor | None = None
         self._averaged_extras, self._broadcast_extras = averaged_extras, broadcast_extras
         self.numel = sum(p.numel() for p in params)
-        # The averaging works in at least float32 (its buffer, θ_ref, the velocity): the
-        # buffer's scalars must carry N digests and the drift's exact pieces (24 bits each),
-        # and the norms and SlowMo need more than bfloat16's 8 bits or float16's range. The
-        # parameters themselves keep their dtype: θ_new is rounded to it as it is written back.
-        work = torch.float32
-        for p in params:
-            work = torch.promote_types(work, p.dtype)
-        flat = torch.cat([p.detach().reshape(-1) for p in params]).to(work)
-        self._narrow = any(p.dtype != work for p in params)  # θ_new is rounded as written
+        flat = working_copy(params)  # θ_0 in the averaging's dtype (flat_buffer.py)
+        self._narrow = any(p.dtype != flat.dtype for p in params)  # θ_new is rounded as written
         # `offload` (--outer-state-device cpu): θ_ref and the velocity live in host memory
         # (pinned, for a GPU's copies) and are staged on the device for a boundary only
         # (flat_buffer.py): between boundaries the device holds the buffer alone
@@ -236,13 +216,8 @@ class ParameterAverager:
         self.boundaries = 0
         self.bounds = [(0, self.numel)]
         if fragments > 1:
+            check_fragmentable(params)
             self.bounds = bounds
-            for i, p in enumerate(params):
-                if not p.is_contiguous():  # its fragment pieces are views of its storage
-                    raise ValueError(
-                        f"--fragments: parameter {i} ({tuple(p.shape)}) is not contiguous; "
-                        "fragments slice the parameters in place"
-                    )
         # the collective's buffer and the views a boundary cuts from it (flat_buffer.py)
         self.flat = FlatBuffer(self.ref, self.velocity, flat.device, offload, len(self.bounds))
         self.fused_sgd = fused_sgd
@@ -272,22 +247,17 @@ class ParameterAverager:
         self.ref = flat
         self._ref_views = views_of(self.ref, self.params)
         self.outer, self._torch_outer, self.velocity = OuterOptimizer("torch"), outer, None
+        self._plain = False  # (a torch optimizer's step is never a plain average)
         self.flat.retarget(self.ref, None)  # the cuts held slices of the old θ_ref
 
     def region(self, fragment: int = WHOLE) -> tuple[int, int, list[torch.Tensor]]:
         """[start, end) of the flat parameter vector that `fragment` moves, and the parameter
         pieces that hold it, in order: the parameters themselves for the whole model, 1-D views
-        into them for a fragment (a cut may fall inside a tensor)."""
+        into them for a fragment (a cut may fall inside a tensor; pieces.py)."""
         if fragment == WHOLE:
             return 0, self.numel, list(self._whole()[0])  # a copy: the cached list stays as is
         a, b = self.bounds[fragment]
-        pieces, offset = [], 0
-        for p in self.params:
-            lo, hi = max(a, offset), min(b, offset + p.numel())
-            if lo < hi:
-                pieces.append(p.detach().view(-1)[lo - offset : hi - offset])
-            offset += p.numel()
-        return a, b, pieces
+        return a, b, fragment_pieces(self.params, a, b)
 
     def _whole(
         self,
@@ -296,22 +266,12 @@ class ParameterAverager:
         views) their digest words and their 1-D views (the pack's): cut once, not at every
         boundary (for a small model the cutting cost more than the sums). Cut again if
         a parameter's storage has moved, which DDP's own contract forbids once the model is
-        wrapped."""
-        ptrs = [p.data_ptr() for p in self.params]
+        wrapped (pieces.py)."""
+        ptrs = list(map(_DATA_PTR, self.params))  # (in C: no bytecodes a parameter)
         if ptrs != self._ptrs:
             self._ptrs = ptrs
-            self._detached = [p.detach() for p in self.params]
-            contiguous = all(p.is_contiguous() for p in self._detached)
-            words = digest_words(self._detached) if contiguous else None
-            self._words, self._one_copy = words, words is not None and one_copy(words)
-            self._digest_sums = None
-            total = sum(w.numel() for w in words) if words is not None and self._one_copy else 0
-            # the copy is kept for the run: only where it is small (a many-tensor model's
-            # one copy can be large; it is then taken per boundary, as before)
-            if 0 < total <= _KEPT_COPY_MAX and words is not None and words[0].device.type == "cpu":
-                copy = torch.empty(total, dtype=words[0].dtype)
-                self._digest_sums = Sums(torch.int32, copy)
-            self._flats = [p.view(-1) for p in self._detached] if contiguous else None
+            whole = cut_whole(self.params, _KEPT_COPY_MAX)
+            self._detached, self._words, self._one_copy, self._digest_sums, self._flats = whole
         return self._detached, self._words, self._flats
 
     def _moved(self, fragment: int, grads: list[torch.Tensor]):
@@ -326,7 +286,7 @@ class ParameterAverager:
         (docs/design.md §2, "Unscheduled syncs"): nothing takes the step (empty), or only the
         fragment the schedule made due at a whole-model epoch end. A plain average has no
         outer state: θ_avg either way, kept on its one path (bit for bit ddp at K = 1)."""
-        if self.outer.is_plain_average:
+        if self._plain:
             return None
         if due is None:
             return a, a
@@ -393,7 +353,7 @@ class ParameterAverager:
         delta_form = (
             not overlap
             and self.compress == "none"
-            and not self.outer.is_plain_average
+            and not self._plain
             and outer_at is None  # (θ_avg of an unscheduled sync is the mean of the θ_i)
         )
 
@@ -411,7 +371,7 @@ class ParameterAverager:
         # s_i = ||θ_i − θ_ref||²; see drift in finish().
         s = sq_norm(head if delta_form else torch.sub(head, ref, out=scratch), scratch, self._sums)
         if momenta is not None:  # m_i − g_i now, while g_i is here; finish() adds ḡ
-            _add_to_momentum(momenta, -1.0)  # (see there)
+            add_to_momentum(momenta, -1.0)  # (landing.py)
         # The outer step's first op, μ·v, needs nothing the collective brings: taken here, where
         # the core is warm, not after the wait (on a shared VM each op after a long
         # wait costs tens of µs more). Only with delta_form: finish() follows at once. A boundary
@@ -420,25 +380,7 @@ class ParameterAverager:
         if delta_form and velocity is not None:
             velocity.mul_(self.outer.momentum)
             decayed = True
-        values = [
-            *split_exact(s, self.world_size),
-            totals.loss_sum,
-            totals.steps,
-            totals.compute_seconds,
-            totals.exposed_sync_seconds,
-            self.last_digest,
-            self.last_digest if self.rank == 0 else 0,
-            int(totals.grads != UNCHECKED),
-            int(totals.grads == CHANGED),
-        ]
-        if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
-            if min(values) >= -_F32_MAX and max(values) <= _F32_MAX:  # nothing can overflow
-                host[:] = values  # (a NaN, which the guard may let through, casts silently)
-            else:  # np.errstate costs a boundary tens of µs: only where a value may overflow
-                with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
-                    host[:] = values
-        else:
-            scalars.copy_(torch.tensor(values, dtype=buf.dtype))
+        write_scalars(scalars, host, s, self.world_size, totals, self.last_digest, self.rank)
         # the tensors by position: a call with more than 15 keywords (CPython 3.11: positional
         # + 2 x keywords > 30) builds a dict instead, two bytecodes a keyword on this path
         pending = Pending(
@@ -489,9 +431,8 @@ class ParameterAverager:
         n, n_avg, n_bc = self.world_size, pending.n_avg, pending.n_bc
         a, b = pending.start, pending.end
         m = b - a  # parameter elements moved
-        avg_seg, bc_seg, scalars, head, ref, velocity, scratch, host = self.flat.cut(
-            a, b, n_avg, n_bc
-        )
+        cut = self.flat.cut(a, b, n_avg, n_bc)
+        avg_seg, _, scalars, head, ref, velocity, scratch, host = cut
         red = (host if host is not None else scalars).tolist()
         if red[DIGEST] != n * red[DIGEST0]:
             when = f"after boundary {self.boundaries - 1}" if self.boundaries else "at the start"
@@ -529,16 +470,14 @@ class ParameterAverager:
         if pending.delta_form or pending.compressed:  # the mean Δ = θ_avg − θ_ref was sent
             delta = head  # scale·Δ̄
             update_sq = sq_norm(delta, scratch, self._sums) * scale * scale
-            if self.outer.is_plain_average:
+            if self._plain:
                 theta_avg, delta = delta.add_(ref), None
         else:
             theta_avg = avg_seg[:m]
             update_sq = sq_norm(torch.sub(theta_avg, ref, out=scratch), scratch, self._sums)
-            if not self.outer.is_plain_average:  # its squares took its place: Δ once more
+            if not self._plain:  # its squares took its place: Δ once more
                 delta = torch.sub(theta_avg, ref, out=scratch)
         drift_sq = drift_sq_from(red[:S_PARTS], n, update_sq)
-        if pending.overlap:  # θ_ref must be the reference the packed θ_i were measured against
-            theta_now = self.flat.snapshot[:m]
         if pending.outer_at is not None:  # unscheduled: θ_avg, no outer momentum injected
             # never delta_form (scale 1: no fold), never a plain average (Δ was taken above)
             assert not pending.delta_form and delta is not None
@@ -560,50 +499,12 @@ class ParameterAverager:
         else:  # a torch optimizer's step on θ_ref (whole: use_outer), Δ its gradient
             assert delta is not None  # never a plain average (OuterOptimizer("torch"))
             theta_new = self._torch_outer.step_(delta, scale)
-        pieces = pending.avg_tensors[: pending.n_pieces]
-        rest_tensors = pending.avg_tensors[pending.n_pieces + pending.n_grads :]
-        rest = m * (2 if pending.n_grads else 1)
         self.last_fragment = pending.fragment
-        if pending.overlap and not settle:
-            # Delayed averaging: θ_new lands on what the rank holds now (the merge); what rides
-            # along (buffers, optimizer state) keeps its steps: (target − what was sent) added.
-            self._merge_(pieces, theta_new, theta_now, scratch, pending.merge_alpha)
-            if rest_tensors:
-                add_back(rest_tensors, avg_seg[rest:].sub_(self.flat.snapshot[rest:n_avg]))
-            if n_bc:
-                add_back(pending.bc_tensors, bc_seg.sub_(self.flat.snapshot[n_avg:]))
-            # Replicas now differ by their step since the boundary; what they agree on is θ_new.
-            self.last_digest = replica_digest([theta_new], self._bits)
+        if pending.overlap and not settle:  # delayed: the merge (landing.py)
+            self.last_digest = land_delayed_(self, pending, theta_new, cut)
         else:
-            if pending.fragment == WHOLE and not self._offload and pending.outer_at is None:
-                # θ_new is θ_ref, cut already (an unscheduled sync's is a buffer)
-                self._copy_into(pieces, self._ref_views)
-            else:
-                write_back(pieces, theta_new)
-            if self._narrow:  # θ_ref as the replicas hold it: rounding θ_new to the parameters'
-                # dtype is no update of theirs (the next Δ_i, and SlowMo's velocity, would carry it)
-                self._copy_into(views_of(theta_new, pieces), pieces)
-                if pending.outer_at is not None:  # θ_new is a buffer: its stepped slice home
-                    lo, hi = (i - a for i in pending.outer_at)
-                    ref[lo:hi].copy_(theta_new[lo:hi])
-            if pending.momenta is not None:  # the gradient views hold Σ g now
-                _add_to_momentum(pending.momenta, 1.0 / n)
-            if rest_tensors:
-                write_back(rest_tensors, avg_seg[rest:])
-            if n_bc:
-                write_back(pending.bc_tensors, bc_seg)
-            # of the parameters as written, not of θ_new: a faulty write-back is caught too.
-            # start() has just cut their words (a boundary whose average lands later may have
-            # waited past a change of storage: cut again)
-            whole = pending.fragment == WHOLE
-            words = (self._words if not pending.overlap else self._whole()[1]) if whole else None
-            if words is None:
-                self.last_digest = digest_of_words(digest_words(pieces), self._bits)
-            else:
-                self.last_digest = digest_of_words(
-                    words, self._bits, self._one_copy, self._digest_sums
-                )
-        if self._offload:  # (after the narrow copy above: it rounds the staged θ_ref)
+            self.last_digest = land_(self, pending, theta_new, cut, n)
+        if self._offload:  # (after land_'s narrow copy: it rounds the staged θ_ref)
             self.flat.unstage()
 
         steps = max(1.0, red[STEPS])
@@ -618,26 +519,6 @@ class ParameterAverager:
             grads_checked=int(red[GRADS_CHECKED]),
             grads_changed=int(red[GRADS_CHANGED]),
         )
-
-    def _merge_(
-        self,
-        pieces: list[torch.Tensor],
-        theta_new: torch.Tensor,
-        theta_sent: torch.Tensor,
-        scratch: torch.Tensor,
-        alpha: float | None,
-    ) -> None:
-        """A delayed average's θ_new (θ_global) written into the parameter pieces that took
-        local steps since it was sent (docs/design.md §2, the merge). keep (`alpha` None):
-        θ_i + (θ_new − θ_sent), the local steps on top of θ_global. lerp: (1 − α)·θ_global +
-        α·θ_i as torchft's θ_global.lerp_(θ_i, α), so α = 0 is θ_global exactly."""
-        if alpha is None:
-            torch.sub(theta_new, theta_sent, out=scratch)
-            add_back(pieces, scratch)
-            return
-        self._copy_into(views_of(scratch, pieces), pieces)  # θ_i, in the averaging's dtype
-        torch.lerp(theta_new, scratch, alpha, out=scratch)
-        write_back(pieces, scratch)
 
     # flat_buffer.py's, looked up on the averager: a test puts a faulty write-back in its place
     _copy_into = staticmethod(copy_into)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from autok.trainer.engine.grad_watch import GradWatch
 from autok.trainer.engine.strategies import STRATEGIES, fused
 
@@ -48,11 +46,3 @@ def restore_boundary_form(sync: Sync, form: str) -> None:
     elif sync._watch is None:
         sync._watch = GradWatch(sync._params)
 
-
-def fused_sgd(sync: Sync, optimizer: torch.optim.Optimizer) -> torch.optim.SGD | None:
-    """The optimizer a fused boundary corrects (or auto probes for one): SGD, as the
-    exactness check (fused_boundary_is_exact) required of either."""
-    if not (sync._fused or sync._probing):
-        return None
-    assert isinstance(optimizer, torch.optim.SGD)
-    return optimizer

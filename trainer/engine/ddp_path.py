@@ -13,6 +13,7 @@ import torch
 
 from autok.controllers.base import BoundaryStats
 from autok.trainer.engine.divergence import params_finite
+from autok.trainer.engine.k_path import add_to_path
 from autok.trainer.engine.loss_sum import LossSum, read_held
 from autok.trainer.engine.observer import emit
 from autok.trainer.engine.profiler import Interval
@@ -96,7 +97,7 @@ def ddp_boundary(sync: Sync, interval: Interval, k: int, lr: float, forced: bool
     # its values, its loss unread, and built if `last_boundary` is read.
     sync._lazy_record, sync._loss = kept, LossSum()
     seconds = interval.compute_seconds + interval.exposed_sync_seconds
-    sync._count_k_path(k, seconds, interval.steps)
+    add_to_path(sync.k_path, k, seconds, 1, interval.steps)
     sync.sync_period = sync.last_decision.next_sync_period
     sync.boundary += 1
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+
+from autok.trainer.engine.grad_watch import CHANGED, UNCHECKED
+
+if TYPE_CHECKING:
+    from autok.trainer.engine.averaging import IntervalTotals
 
 # Scalar slots at the tail of the buffer. s = ||θ_i − θ_ref||² rides as S_PARTS float32 pieces.
 # GRADS_CHECKED, GRADS_CHANGED: the ranks whose boundary step's gradients were checked, and found
@@ -22,6 +28,7 @@ LOSS_SUM, STEPS, COMPUTE, EXPOSED, DIGEST, DIGEST0, GRADS_CHECKED, GRADS_CHANGED
     S_PARTS, S_PARTS + 8
 )
 N_SCALARS = S_PARTS + 8
+_F32_MAX = float(np.finfo(np.float32).max)  # a float64 within it casts to float32 silently
 
 
 def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
@@ -56,6 +63,40 @@ def split_exact(x: float, world_size: int, parts: int = S_PARTS) -> list[float]:
 # 53 − 3·keep, within 24 up to N = 8192; split_exact's own exactness is for N <= 512, the
 # bound kept here). A margin on each side.
 _EXACT_LO, _EXACT_HI, _EXACT_WORLD = 2.0**-64, 2.0**120, 512
+
+
+def write_scalars(
+    scalars: torch.Tensor,
+    host: np.ndarray | None,
+    s: float,
+    world_size: int,
+    totals: IntervalTotals,
+    digest: int,
+    rank: int,
+) -> None:
+    """This rank's scalars, in the slots' order above, into the buffer's tail: `scalars`, or
+    `host`, the NumPy view of it where there is one (no torch op). s_i as split_exact's
+    pieces; the digest twice, the second from rank 0 only (the SUM's N·digest_0, which the
+    replica check compares with Σ digest); the grad_watch verdict as two counts."""
+    values = [
+        *split_exact(s, world_size),
+        totals.loss_sum,
+        totals.steps,
+        totals.compute_seconds,
+        totals.exposed_sync_seconds,
+        digest,
+        digest if rank == 0 else 0,
+        int(totals.grads != UNCHECKED),
+        int(totals.grads == CHANGED),
+    ]
+    if host is not None:  # each value rounded to the dtype as torch.tensor rounds it
+        if min(values) >= -_F32_MAX and max(values) <= _F32_MAX:  # nothing can overflow
+            host[:] = values  # (a NaN, which the guard may let through, casts silently)
+        else:  # np.errstate costs a boundary tens of µs: only where a value may overflow
+            with np.errstate(over="ignore"):  # a diverged s or loss becomes inf, as in torch
+                host[:] = values
+    else:
+        scalars.copy_(torch.tensor(values, dtype=scalars.dtype))
 
 
 def drift_sq_from(reduced_pieces: list[float], world_size: int, update_sq: float) -> float:

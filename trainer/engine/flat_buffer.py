@@ -173,6 +173,18 @@ def _host_view(scalars: torch.Tensor, dtype: torch.dtype) -> np.ndarray | None:
     return scalars.numpy() if scalars.device.type == "cpu" and dtype in _NUMPY else None
 
 
+def working_copy(params: list[torch.Tensor]) -> torch.Tensor:
+    """The parameters laid end to end in the dtype the averaging works in (its buffer, θ_ref,
+    the velocity): at least float32, as the buffer's scalars must carry N digests and the
+    drift's exact pieces (24 bits each), and the norms and SlowMo need more than bfloat16's 8
+    bits or float16's range. The parameters themselves keep their dtype: θ_new is rounded to
+    it as it is written back."""
+    work = torch.float32
+    for p in params:
+        work = torch.promote_types(work, p.dtype)
+    return torch.cat([p.detach().reshape(-1) for p in params]).to(work)
+
+
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of `t` in host memory: pinned where it comes from a GPU, so that staging it for
     a boundary (FlatBuffer.stage) is a direct DMA."""

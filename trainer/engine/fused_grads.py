@@ -6,6 +6,9 @@ parameters in ONE collective; each momentum buffer is then corrected by (ḡ −
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
+from operator import is_not
+from typing import cast
 
 import torch
 
@@ -14,6 +17,7 @@ from autok.trainer.engine.flat_buffer import FlatBuffer, views_of
 from autok.trainer.engine.options import UNUSED_PARAMETERS_HINT, OptionError
 
 Momenta = tuple[list[torch.Tensor], list[torch.Tensor]]  # (momentum buffers, their gradients)
+_NO_STATE: dict = {}  # a parameter's optimizer state before its first step (never written)
 
 
 class FusedGrads:
@@ -98,7 +102,13 @@ class FusedGrads:
 
     def momenta(self, grads: list[torch.Tensor]) -> Momenta | None:
         """The fused SGD's momentum buffers and, paired with them, the gradient views of their
-        parameters (a parameter without a buffer has no momentum to correct); None if none."""
+        parameters (a parameter without a buffer has no momentum to correct); None if none.
+        Every parameter has one once a step with momentum ran: looked up in C (map), no
+        Python a parameter on the boundary's path (docs/design.md §4, Per step)."""
+        states = map(self.sgd.state.get, self.params, repeat(_NO_STATE))
+        found = list(map(dict.get, states, repeat("momentum_buffer")))
+        if all(map(is_not, found, repeat(None))):  # (the cast: None is ruled out just now)
+            return (cast("list[torch.Tensor]", found), list(grads)) if found else None
         get = self.sgd.state.get  # one lookup a parameter: a tensor hashes in Python
         bufs, gs = [], []
         for p, g in zip(self.params, grads, strict=True):

@@ -1,7 +1,8 @@
 """An average in flight (docs/design.md §2): launched at a boundary and applied at once, or,
 delayed (--fragment-delay, --overlap-boundary), `delay` closed steps later; saved with the engine's
-state so that a resume applies it at the step it would have been. `finish_in_flight` applies it and
-builds the boundary's record from what was known at launch and what the collective reduced."""
+state so that a resume applies it at the step it would have been. `fields_at_launch` gives the
+boundary's record as known at launch; `finish_in_flight` applies the average and builds the record
+with what the collective reduced."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from autok.trainer.engine.pending import Pending, pending_state, restore_pending
 
 if TYPE_CHECKING:
     from autok.trainer.engine.averaging import ParameterAverager
+    from autok.trainer.engine.profiler import Interval
     from autok.trainer.engine.sync import Sync
 
 
@@ -54,6 +56,49 @@ class InFlight:
             delay=saved["delay"],
             age=saved["age"],
         )
+
+
+def fields_at_launch(
+    sync: Sync, interval: Interval, k: int, lr: float, fragment: int
+) -> dict[str, Any]:
+    """The BoundaryStats fields of an averaging boundary known when it launches (`InFlight.common`;
+    `finish_in_flight` adds what the collective reduced). A dict, not a record of its own: it is
+    saved as it is with an average in flight (`InFlight.state_dict`)."""
+    return {
+        "boundary": sync.boundary,
+        "global_step": sync.global_step,
+        "epoch": sync.epoch,
+        "sync_period": k,
+        "interval_steps": interval.steps,
+        "lr": lr,
+        "warmup": sync.warmup,
+        "link": sync.link_name,
+        # DistributedSampler gives every rank equally many samples per step.
+        "samples": interval.samples * sync.world_size,
+        "grad_syncs": interval.grad_syncs,
+        "param_syncs": int(sync.averager is not None),
+        "fragment": fragment,
+        # the interval's peer wait: booked on the virtual clock, 0 on the wall clock
+        "peer_wait_seconds": sync.virtual.take_peer_wait() if sync.virtual is not None else 0.0,
+    }
+
+
+def age_in_flight(sync: Sync, is_boundary: bool, interval: Interval, synced: float) -> float:
+    """A step closed with an average in flight (`sync._pending`): it is applied `delay` local
+    steps after its sync started, or earlier when the next boundary comes first (a K lowered
+    below τ·F, an epoch's end). Returns the step's exposed sync `synced` with the seconds its
+    finishing took added (the interval's, and the step's `last_step`, too)."""
+    flight = sync._pending
+    assert flight is not None  # (its caller checks)
+    flight.age += 1
+    if flight.age >= flight.delay or is_boundary:
+        finish = finish_in_flight(sync)
+        interval.exposed_sync_seconds += finish
+        synced += finish
+        last = sync._last_step  # the step's times, as `Sync._close_step` set them
+        assert isinstance(last, tuple)
+        sync._last_step = (*last[:3], synced, *last[4:])
+    return synced
 
 
 def finish_in_flight(sync: Sync, settle: bool = False) -> float:

@@ -7,19 +7,25 @@ Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (docs/des
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import cache
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
-from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions
+from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
+from autok.controllers import POLICIES as POLICY_ENTRIES
 from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
+from autok.controllers.options import COUNT_MAX, K_MAX
+from autok.controllers.options import GROUP as POLICY_GROUP
+from autok.controllers.options import K_REASON as _K_REASON
 from autok.trainer.engine.fragments import FRAGMENTS_MAX
 from autok.trainer.engine.link import (
     PROFILES,
@@ -33,21 +39,20 @@ from autok.trainer.engine.outer import DEFAULT_LR, DEFAULT_MOMENTUM, OuterOptimi
 
 STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
-K_MAX = 2**20
-COUNT_MAX = 1_000_000  # epochs, windows, cooldowns, restarts: beyond any run
 ACCUMULATION_MAX = 65_536  # micro-batches per optimizer step
 MODEL_BYTES_MAX = 2**44  # --model-bytes: 16 TiB
-_K_REASON = "K beyond 2^20 steps is never reached: epoch ends synchronize anyway"
 
 # One place per setting (docs/design.md §3): a field's description is its `--help` line, and
 # `about(...)`, its json_schema_extra, says the rest: its group in `autok train --help` (and
 # docs/flags.md), why a bound is where it is (printed with the refusal, docs/design.md §9), and
-# whether a resume may change it (docs/design.md §7). autok/cli.py and autok/flagdoc.py derive
-# HELP, FLAG_GROUPS, RESUME_MAY_CHANGE and the flag tables from the fields; `describe` reads the
-# reasons. The groups, in the order `--help` lists them:
+# whether a resume may change it (docs/design.md §7), and under which values of another setting
+# a run reads it. autok/cli.py and autok/flagdoc.py derive HELP, FLAG_GROUPS, RESUME_MAY_CHANGE
+# and the flag tables from the fields; `describe` reads the reasons, `read_only_under` the rest.
+# The K policies declare their options' fields themselves (controllers/options.py), group and
+# all. The groups, in the order `--help` lists them:
 GROUPS = (
     "distribution and synchronization",
-    "K policy",
+    POLICY_GROUP,
     "link emulator",
     "optimization",
     "data and model",
@@ -57,11 +62,25 @@ GROUPS = (
     "metrics",
 )
 _SYNC, _POLICY, _LINK, _FAILURES = GROUPS[0], GROUPS[1], GROUPS[2], GROUPS[7]  # the engine's
-_POLICY_DEFAULTS = PolicyOptions()  # the K policies' options default as the policies say
+# --policy's help names every registered policy, with what its registry entry notes
+_POLICY_HELP = "how K evolves while training: " + ", ".join(
+    name + (f" ({policy.note})" if policy.note else "") for name, policy in POLICY_ENTRIES.items()
+)
 _LINK_HELP = "emulated network: " + ", ".join(
     f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)" if n != "none" else "none (no delay)"
     for n, p in PROFILES.items()
 )
+
+
+class ReadOnlyUnder(NamedTuple):
+    """A setting a run reads only under some values of another, the choosing setting. Given
+    under another value, it is refused, not ignored: a run would report a setting that changed
+    nothing (docs/design.md §6); sweeps draw it only where it is read, and a resume drops it
+    where it never was (autok/space.py)."""
+
+    chooser: str
+    values: frozenset[str]  # the chooser's values under which a run reads the setting
+    why: str  # why the chooser's other values do not read it
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,10 @@ class About:
     too_high: str | None = None  # why the upper bound (le, lt) is where it is
     resume: bool = False  # `autok train --resume` may change it
     before: str | None = None  # listed just before this setting of its group (else field order)
+    read_only_under: ReadOnlyUnder | None = None  # None: read under every value of the others
+
+
+_ABOUT_KEYS = frozenset(About.__dataclass_fields__)
 
 
 def about(
@@ -82,21 +105,32 @@ def about(
     too_high: str | None = None,
     resume: bool = False,
     before: str | None = None,
+    read_only_under: tuple[str, frozenset[str], str] | None = None,
 ) -> JsonDict:
-    """A setting's `json_schema_extra`: see About. A group outside GROUPS fails at import."""
+    """A setting's `json_schema_extra`: see About; `read_only_under` is (the chooser, the values
+    under which it is read, why the others do not read it). A group outside GROUPS fails at
+    import."""
     if group is not None and group not in GROUPS:
         raise ValueError(f"about: unknown group {group!r}; choose from {GROUPS}")
-    info = About(group, too_low, too_high, resume, before)
-    return {"autok": {k: v for k, v in dataclasses.asdict(info).items() if v not in (None, False)}}
+    said: dict[str, Any] = dict(
+        group=group, too_low=too_low, too_high=too_high, resume=resume, before=before
+    )
+    if read_only_under is not None:
+        chooser, values, why = read_only_under
+        said["read_only_under"] = {"chooser": chooser, "values": sorted(values), "why": why}
+    return {"autok": {k: v for k, v in said.items() if v not in (None, False)}}
 
 
 def about_of(info: FieldInfo, name: str = "a setting") -> About:
     """What `about` put on a field (setting `name`); a field without it is refused: it would
-    have no group, so no flag."""
+    have no group, so no flag. So is a key `about` does not write (one the controllers' own
+    `about` misspelled: controllers/options.py)."""
     extra = info.json_schema_extra
     data = extra.get("autok") if isinstance(extra, dict) else None
     if not isinstance(data, dict):
         raise TypeError(f"{name}: its Field has no json_schema_extra=about(...) (its group)")
+    if unknown := sorted(set(data) - _ABOUT_KEYS):
+        raise TypeError(f"{name}: its about(...) has {unknown}; it takes {sorted(_ABOUT_KEYS)}")
 
     def text(key: str) -> str | None:
         value = data.get(key)
@@ -108,6 +142,19 @@ def about_of(info: FieldInfo, name: str = "a setting") -> About:
         too_high=text("too_high"),
         resume=data.get("resume") is True,
         before=text("before"),
+        read_only_under=_read_only_under_of(data.get("read_only_under")),
+    )
+
+
+def _read_only_under_of(said: object) -> ReadOnlyUnder | None:
+    """`about`'s JSON form of read_only_under (a dict of lists) as the ReadOnlyUnder it was."""
+    if not isinstance(said, dict):
+        return None
+    values = said.get("values")
+    return ReadOnlyUnder(
+        str(said.get("chooser")),
+        frozenset(str(v) for v in values) if isinstance(values, list) else frozenset(),
+        str(said.get("why")),
     )
 
 
@@ -129,32 +176,32 @@ def fused_is_exact(strategy: str, optimizer: str) -> bool:
 
 
 _AVERAGING = frozenset({"localsgd", "cpdp"})
-# Settings read only under some values of another, the choosing setting: name -> (the chooser,
-# the values under which a run reads it, why the others do not). Given under another value, it
-# is refused, not ignored: a run would report a setting that changed nothing (docs/design.md
-# §6). autok/config.py adds the run's own; autok/space.py derives the sweeps' conditional
-# settings and a resume's dropped ones from this same table.
-READ_ONLY_UNDER: dict[str, tuple[str, frozenset[str], str]] = {
-    "sync_optimizer_state": (
-        "strategy",
-        _AVERAGING,
-        "every ddp step applies the same averaged gradient: optimizer states never differ",
-    ),
-    "slowmo_lr_aware": ("strategy", _AVERAGING, "ddp has no SlowMo"),
-    "max_sync_period": ("strategy", _AVERAGING, "ddp keeps K = 1"),
-    "boundary": (
-        "strategy",
-        frozenset({"cpdp"}),
-        "only a cpdp boundary has both a gradient and a parameter collective to fuse or split",
-    ),
-    "fragment_alpha": (
-        "fragment_merge",
-        frozenset({"lerp"}),
-        "keep adds the local steps to θ_global and mixes nothing",
-    ),
-    "compute_ms": ("clock", frozenset({"virtual"}), "the wall clock measures compute"),
-    "model_bytes": ("clock", frozenset({"virtual"}), "the wall clock's link moves real bytes"),
-}
+_DDP_STATES = "every ddp step applies the same averaged gradient: optimizer states never differ"
+# A cap on K (CAPS, declared by the controllers, which know no strategies) is read where K can
+# change: ddp keeps K = 1.
+_CAP_UNDER = ReadOnlyUnder("strategy", _AVERAGING, "ddp keeps K = 1")
+
+
+@cache
+def read_only_under(model: type[BaseModel]) -> Mapping[str, ReadOnlyUnder]:
+    """The settings of `model` read only under some values of another (see ReadOnlyUnder), from
+    its fields' `about(read_only_under=...)` and the caps on K, in field order; read-only. A
+    chooser that is not a setting of `model`, or a value it cannot take, is refused."""
+    fields = model.model_fields
+    out: dict[str, ReadOnlyUnder] = {}
+    for name, info in fields.items():
+        under = _CAP_UNDER if name in CAPS else about_of(info, name).read_only_under
+        if under is None:
+            continue
+        chooser = fields.get(under.chooser)
+        if chooser is None:
+            raise ValueError(f"{name}: read only under {under.chooser!r}, not a setting")
+        ann = chooser.annotation
+        takes = set(typing.get_args(ann)) if typing.get_origin(ann) is Literal else under.values
+        if odd := sorted(under.values - takes):
+            raise ValueError(f"{name}: read only under {under.chooser} {odd}, not its values")
+        out[name] = under
+    return MappingProxyType(out)
 
 
 def default_slowmo_beta(strategy: str) -> float:
@@ -294,7 +341,11 @@ def _takes_bool(info) -> bool:
     return ann is bool or bool in typing.get_args(ann) or ann in (typing.Any, object)
 
 
-class SyncOptions(BaseModel):
+class SyncOptions(PolicySettings):
+    """The engine's options. The K policies' (target_sync_share, max_sync_period, ...) are the
+    fields it inherits from PolicySettings (controllers/options.py): declared there once, with
+    their help, bounds and group, so a new policy option is one edit (docs/design.md §3)."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
     # --- strategy and boundary
@@ -311,11 +362,11 @@ class SyncOptions(BaseModel):
         description="K, optimizer steps between boundaries (default: 4; 1 on ddp)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
+    # listed first of its group, before the policies' own options (inherited: earlier fields)
     policy: str = Field(
         "fixed",
-        description="how K evolves while training: fixed, exposed-sync, qsr, adacomm, composite, "
-        "post-local, inverse-lr, random (a baseline: K drawn with a given mean)",
-        json_schema_extra=about(_POLICY),
+        description=_POLICY_HELP,
+        json_schema_extra=about(_POLICY, before=POLICY_OPTIONS[0]),
     )
     slowmo_beta: float | None = Field(
         None,
@@ -328,7 +379,9 @@ class SyncOptions(BaseModel):
     slowmo_lr_aware: bool = Field(
         False,
         description="keep the SlowMo velocity in LR units (fairscale's form)",
-        json_schema_extra=about(_SYNC),
+        json_schema_extra=about(
+            _SYNC, read_only_under=("strategy", _AVERAGING, "ddp has no SlowMo")
+        ),
     )
     # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/engine/outer.py); unset:
     # SlowMo with --slowmo-beta (that spelling stays; giving both is refused)
@@ -368,7 +421,7 @@ class SyncOptions(BaseModel):
     sync_optimizer_state: bool = Field(
         False,
         description="also average momentum buffers / Adam moments at boundaries",
-        json_schema_extra=about(_SYNC),
+        json_schema_extra=about(_SYNC, read_only_under=("strategy", _AVERAGING, _DDP_STATES)),
     )
     buffer_policy: Literal["average", "broadcast", "local"] = Field(
         "average",
@@ -380,7 +433,15 @@ class SyncOptions(BaseModel):
         description="cpdp boundary: fused (one collective carrying parameters and gradients, "
         "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
         "(fused when exact, and not under --compress)",
-        json_schema_extra=about(_SYNC),
+        json_schema_extra=about(
+            _SYNC,
+            read_only_under=(
+                "strategy",
+                frozenset({"cpdp"}),
+                "only a cpdp boundary has both a gradient and a parameter collective to fuse "
+                "or split",
+            ),
+        ),
     )
     overlap_boundary: bool = Field(
         False,
@@ -450,7 +511,13 @@ class SyncOptions(BaseModel):
         description="α of --fragment-merge lerp: the share of θ_local kept where a delayed "
         "average lands (0 discards the local steps, torchft's default) (default: 0.0)",
         json_schema_extra=about(
-            _SYNC, too_high="α = 1 keeps θ_local whole: every average would be thrown away"
+            _SYNC,
+            too_high="α = 1 keeps θ_local whole: every average would be thrown away",
+            read_only_under=(
+                "fragment_merge",
+                frozenset({"lerp"}),
+                "keep adds the local steps to θ_global and mixes nothing",
+            ),
         ),
     )
     # What a fragment is (trainer/engine/fragments.py, fragment_plan)
@@ -462,95 +529,7 @@ class SyncOptions(BaseModel):
         "...) (default: element)",
         json_schema_extra=about(_SYNC),
     )
-    # --- K policy options (see controllers/): their defaults are the controllers' own
-    target_sync_share: float = Field(
-        _POLICY_DEFAULTS.target_sync_share,
-        gt=0.0,
-        lt=1.0,
-        description="exposed-sync/composite: raise K while exposed sync is above this "
-        "share of (compute + exposed sync)",
-        json_schema_extra=about(_POLICY),
-    )
-    max_sync_period: int = Field(
-        _POLICY_DEFAULTS.max_sync_period,
-        ge=1,
-        le=K_MAX,
-        description="largest K any policy may choose (adacomm starts at it)",
-        json_schema_extra=about(_POLICY, too_high=_K_REASON),
-    )
-    sync_window: int = Field(
-        _POLICY_DEFAULTS.sync_window,
-        ge=1,
-        le=COUNT_MAX,
-        description="boundaries per controller decision (exposed-sync, adacomm, composite)",
-        json_schema_extra=about(_POLICY),
-    )
-    k_growth: int = Field(
-        _POLICY_DEFAULTS.k_growth,
-        ge=2,
-        le=1024,
-        description="factor by which exposed-sync steps K under --k-rule double, and by which "
-        "its guard backs off under either rule",
-        json_schema_extra=about(_POLICY),
-    )
-    drift_limit: float = Field(
-        _POLICY_DEFAULTS.drift_limit,
-        gt=1.0,
-        description="guard: back off when the window's drift ratio exceeds this multiple of "
-        "its level in the first post-warmup window",
-        json_schema_extra=about(_POLICY),
-    )
-    loss_rise: float = Field(
-        _POLICY_DEFAULTS.loss_rise,
-        gt=0.0,
-        description="guard: back off when the window's loss exceeds the best window's by this "
-        "fraction",
-        json_schema_extra=about(_POLICY),
-    )
-    guard_cooldown: int = Field(
-        _POLICY_DEFAULTS.guard_cooldown,
-        ge=1,
-        le=COUNT_MAX,
-        description="boundaries after a back-off before K may rise above the backed-off value",
-        json_schema_extra=about(_POLICY),
-    )
-    k_lowering: bool = Field(
-        _POLICY_DEFAULTS.k_lowering,
-        description="exposed-sync: also lower K when K/growth would keep the share well under "
-        "target (a link that got faster)",
-        json_schema_extra=about(_POLICY, before="drift_limit"),
-    )
-    k_rule: Literal["double", "direct"] = Field(
-        _POLICY_DEFAULTS.k_rule,
-        description="exposed-sync/composite: double (step K by --k-growth) or direct (jump to "
-        "the K that brings the share to the target, up or down, from the measured compute and "
-        "sync)",
-        json_schema_extra=about(_POLICY, before="drift_limit"),
-    )
-    qsr_base: int | None = Field(
-        _POLICY_DEFAULTS.qsr_base,
-        ge=1,
-        le=K_MAX,
-        description="qsr/composite: K_base (default: --sync-period)",
-        json_schema_extra=about(_POLICY, too_high=_K_REASON),
-    )
-    qsr_alpha: float | None = Field(
-        _POLICY_DEFAULTS.qsr_alpha,
-        gt=0.0,
-        le=1e6,
-        description="qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
-        json_schema_extra=about(
-            _POLICY,
-            too_high="(alpha/lr)^2 would overflow; K is capped by --max-sync-period anyway",
-        ),
-    )
-    random_mean: float | None = Field(
-        _POLICY_DEFAULTS.random_mean,
-        ge=1.0,
-        le=K_MAX,
-        description="random: the mean of the K drawn at each boundary (default: --sync-period)",
-        json_schema_extra=about(_POLICY),
-    )
+    # --- K policy options: inherited from PolicySettings (controllers/options.py)
     # --- link emulator
     # the library's default: no emulated network (docs/design.md §3); `autok train` studies the
     # emulated WAN by default (TrainConfig overrides it)
@@ -601,7 +580,11 @@ class SyncOptions(BaseModel):
         le=60_000.0,
         description="virtual: the compute of one optimizer step, ms (plus any straggler delay) "
         "(default: unset)",
-        json_schema_extra=about(_LINK, too_high="a minute per step; no model to emulate is slower"),
+        json_schema_extra=about(
+            _LINK,
+            too_high="a minute per step; no model to emulate is slower",
+            read_only_under=("clock", frozenset({"virtual"}), "the wall clock measures compute"),
+        ),
     )
     model_bytes: int | None = Field(
         None,
@@ -609,7 +592,15 @@ class SyncOptions(BaseModel):
         le=MODEL_BYTES_MAX,
         description="virtual: book every collective as if the model had this many parameter "
         "bytes (default: the model's own)",
-        json_schema_extra=about(_LINK, too_high="16 TiB of parameters is beyond any model"),
+        json_schema_extra=about(
+            _LINK,
+            too_high="16 TiB of parameters is beyond any model",
+            read_only_under=(
+                "clock",
+                frozenset({"virtual"}),
+                "the wall clock's link moves real bytes",
+            ),
+        ),
     )
     seed: int = Field(
         42,
@@ -762,13 +753,12 @@ class SyncOptions(BaseModel):
                 )
 
     def _check_unread(self, skip: frozenset[str] = frozenset()) -> None:
-        """A setting the run does not read (READ_ONLY_UNDER) is refused, not ignored. "Given" is
-        "differs from the default", as for the K-policy options, so a saved config validates
-        again unchanged. An entry whose fields this model lacks is the run's (TrainConfig);
-        `skip`: choosers whose settings a subclass refuses in its own words."""
+        """A setting the run does not read (`read_only_under`) is refused, not ignored. "Given"
+        is "differs from the default", as for the K-policy options, so a saved config validates
+        again unchanged. `skip`: choosers whose settings a subclass refuses in its own words."""
         fields = type(self).model_fields
-        for name, (chooser, readers, why) in READ_ONLY_UNDER.items():
-            if name not in fields or chooser not in fields or chooser in skip:
+        for name, (chooser, readers, why) in read_only_under(type(self)).items():
+            if chooser in skip:
                 continue
             value = getattr(self, chooser)
             if value not in readers and getattr(self, name) != fields[name].default:
@@ -899,7 +889,7 @@ class SyncOptions(BaseModel):
 
     def policy_options(self, peak_lr: float) -> PolicyOptions:
         """Every PolicyOptions field is the setting of the same name; the peak LR is given."""
-        names = [f.name for f in dataclasses.fields(PolicyOptions) if f.name != "peak_lr"]
+        names = [n for n in PolicyOptions.model_fields if n != "peak_lr"]
         return PolicyOptions(peak_lr=peak_lr, **{n: getattr(self, n) for n in names})
 
     @property
@@ -920,6 +910,11 @@ class SyncOptions(BaseModel):
     def link_name(self) -> str:
         """How records and labels name the link: the profile, or the schedule's text."""
         return self.link_plan.text if self.link_schedule is not None else self.link_profile.name
+
+
+# The engine's settings read only under some values of another (autok/config.py's READ_ONLY_UNDER
+# is the run's, a superset): derived from the fields, and its choosers checked, at import.
+READ_ONLY_UNDER = read_only_under(SyncOptions)
 
 
 def sync_options(cls: type[SyncOptions] = SyncOptions, **options) -> SyncOptions:

@@ -1,21 +1,27 @@
 """One `sync.step()`: the handle the loop body gets, the step's clock points, and `sync.model`
 (docs/design.md §3, Public API). `Sync` keeps the step's state machine and its order of work; what
 a step object holds lives here, one object per step (each object a step makes is paid at every
-step: docs/design.md §4, Per step)."""
+step: docs/design.md §4, Per step), with the reports that give the Sync its clock points
+(sync.model's forward, the optimizer's step hooks, accumulation's count of passes) and a step's
+times as the virtual clock books them."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.hooks import RemovableHandle
 
 from autok.trainer.engine.fragments import WHOLE
 from autok.trainer.engine.options import UNUSED_PARAMETERS_HINT, OptionError
 
 if TYPE_CHECKING:
+    from autok.trainer.engine.grad_hook import GradSyncState
+    from autok.trainer.engine.profiler import DeviceMarks
     from autok.trainer.engine.sync import Sync
 
 
@@ -54,8 +60,98 @@ def lr_now(lr: Any) -> Any:
     return lr
 
 
+def micro_step(sync: Sync, boundary: bool = False, micro_batches: int | None = None) -> Step:
+    """`sync.step()` with accumulation_steps N > 1 (bound as the Sync's own `step`), or with
+    `micro_batches` given: a MicroStep of N passes, or of `micro_batches` (1..N)."""
+    n = sync.accumulation_steps
+    if micro_batches is None:
+        return MicroStep(sync, boundary, n)
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
+        raise OptionError(f"micro_batches: {micro_batches!r:.40} is not a count of passes")
+    if not 1 <= micro_batches <= n:
+        raise OptionError(
+            f"micro_batches: {micro_batches} passes in a step; give 1 to accumulation_steps ({n})"
+        )
+    return MicroStep(sync, boundary, micro_batches) if n > 1 else Step(sync, boundary)
+
+
+def after_micro_forward(sync: Sync, args: tuple) -> None:
+    """`Sync._after_forward` with accumulation: the step's forwards counted; the last pass's
+    forward runs with DDP's gradient sync back on (DDP decides at a forward whether its
+    backward all-reduces), the earlier ones under no_sync() (MicroStep.__enter__)."""
+    sync._after_forward(args)
+    state = sync._in_step
+    # (installed with accumulation only: every step is a MicroStep, CLOSED none)
+    if isinstance(state, MicroStep) and state._t2 is None and torch.is_grad_enabled():
+        state._passes += 1
+        if state._passes == state._micro - 1 and state._held is not None:
+            sync.model.__dict__["require_backward_grad_sync"] = state._held
+            state._held = None
+
+
+def device_times(
+    marks: DeviceMarks, gs: GradSyncState, t1: float, t2: float
+) -> tuple[float, float, float, float | None]:
+    """The step as `Sync._close_step` reads it (forward, backward with its wait, optimizer, the
+    gradient wait or None on a local step), on the device's clock: the one host sync of the
+    step (docs/design.md §4)."""
+    forward, span, optimizer, backward_end = marks.close()
+    wait = gs.exposed_wait(t1, t2, backward_end)
+    if wait is not None:
+        wait = min(wait, span)
+    return forward, span, optimizer, wait
+
+
+def virtual_times(sync: Sync, gs: GradSyncState) -> tuple[float, float, float, float | None]:
+    """The step as `Sync._close_step` reads it (forward, backward with its wait, optimizer, the
+    gradient wait or None on a local step), booked on the virtual clock in place of what was
+    measured (docs/design.md §4): only counts (the bytes and buckets backward all-reduced) are
+    read. The link profile in force moves with the step."""
+    v = sync.virtual
+    assert v is not None  # called under --clock virtual only (_close_step)
+    sync.link_name = v.move_to(sync.global_step, sync.epoch).name
+    forward, backward, wait = v.step(sync.global_step, gs.nbytes, gs.buckets)
+    return forward, backward + wait, 0.0, wait if gs.buckets else None
+
+
 def no_report(args: tuple) -> None:
     """A closed Sync's `_after_forward`: forwards of sync.model are no longer timed."""
+
+
+def install_reports(
+    sync: Sync, optimizer: torch.optim.Optimizer
+) -> tuple[RemovableHandle, RemovableHandle]:
+    """sync.model's report of each forward's end, and the optimizer's step hooks (the end of
+    backward, the end of the step): the step's clock points, given to the Sync. Returns the
+    hooks' handles (`release_reports` removes them)."""
+    # Called from sync.model's forward, which torch.compile does not trace: disabled here too,
+    # with what it calls (the clock, the gradient hook it arms), or a compiled sync.model
+    # would trace this frame and break its graph on the host clock (docs/design.md §4).
+    sync.model._after_forward = torch.compiler.disable(sync._after_forward)
+    if sync.accumulation_steps > 1:
+        # each step's forwards counted, by a report of its own (no cost to a step of one pass)
+        report = MethodType(after_micro_forward, sync)
+        sync.model._after_forward = torch.compiler.disable(report)
+        # rebound per instance, not branched on: a step of one pass pays nothing for it
+        sync.step = MethodType(micro_step, sync)  # type: ignore[method-assign]
+    return (
+        optimizer.register_step_pre_hook(sync._before_optimizer_step),
+        optimizer.register_step_post_hook(sync._after_optimizer_step),
+    )
+
+
+def release_reports(sync: Sync) -> None:
+    """`install_reports` undone, at `Sync.close`. sync.model reports each forward to the Sync,
+    and the optimizer each step: cycles only the cyclic GC would free, with DDP's reducer and the
+    process group it holds, perhaps not until the interpreter finalizes, where a gloo group's
+    teardown is not safe. Broken here, they go when the loop drops them."""
+    sync.model._after_forward = no_report
+    sync.__dict__.pop("step", None)  # accumulation's bound micro_step: a cycle too
+    sync.grad_state.release()
+    if sync._watch is not None:
+        sync._watch.disarm()
+    for hook in sync._optimizer_hooks:  # the user's optimizer is theirs again
+        hook.remove()
 
 
 class TimedDDP(DistributedDataParallel):

@@ -23,10 +23,11 @@ reduced statistics; the controller turns them into a SyncDecision; the engine ap
 next interval and hands stats + decision to the observers (sinks, exporters, user callbacks).
 
 `Sync` holds the step's state machine and the boundary's order of work; its parts live beside it
-(docs/design.md §3, the module table): the step object (step.py), ddp's boundary and fast close
-(ddp_path.py), an average in flight and its record (in_flight.py), auto's boundary form
-(boundary_form.py), the saved state (resume.py), what the constructor builds (build.py), and the
-observers (observer.py).
+(docs/design.md §3, the module table): the step object and the reports that time it (step.py),
+ddp's boundary and fast close (ddp_path.py), an average in flight and its record (in_flight.py),
+auto's boundary form (boundary_form.py), a boundary between steps (sync_now.py), the K path
+(k_path.py), the saved state (resume.py), the arguments' checks and what the constructor builds
+(build.py), and the observers (observer.py).
 """
 
 from __future__ import annotations
@@ -36,33 +37,26 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from autok.controllers import build_controller
 from autok.controllers.base import BoundaryStats, SyncDecision
-from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager, reconcile_buffers
-from autok.trainer.engine.boundary_form import fused_sgd
-from autok.trainer.engine.build import build_averager, check_fragments, virtual_clock
+from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager
+from autok.trainer.engine.build import build_parts, check_arguments
 from autok.trainer.engine.ddp_path import close_ddp_lazily, ddp_boundary, read_kept
-from autok.trainer.engine.divergence import Diverged, DivergenceGuard, Rollback
+from autok.trainer.engine.divergence import Diverged, Rollback
 from autok.trainer.engine.fragments import WHOLE, fragment_gap
-from autok.trainer.engine.grad_hook import GradSyncState, install_grad_sync
-from autok.trainer.engine.grad_watch import UNCHECKED, GradWatch
-from autok.trainer.engine.in_flight import InFlight, finish_in_flight
-from autok.trainer.engine.link import LinkClock
-from autok.trainer.engine.loss_sum import LossSum
-from autok.trainer.engine.observer import check_observers, emit
-from autok.trainer.engine.optim import delayed_state_problem
-from autok.trainer.engine.options import (
-    OptionError,
-    SyncOptions,
-    check_ddp_kwargs,
-    flag,
-    fused_is_exact,
-    sync_options,
+from autok.trainer.engine.grad_watch import UNCHECKED
+from autok.trainer.engine.in_flight import (
+    InFlight,
+    age_in_flight,
+    fields_at_launch,
+    finish_in_flight,
 )
-from autok.trainer.engine.profiler import T1, T2, T3, DeviceMarks, Interval
+from autok.trainer.engine.k_path import KPath, add_to_path
+from autok.trainer.engine.loss_sum import LossSum
+from autok.trainer.engine.observer import emit
+from autok.trainer.engine.options import OptionError, SyncOptions
+from autok.trainer.engine.profiler import T1, T2, T3, Interval
 from autok.trainer.engine.resume import (
     check_engine_state,
     engine_kind,
@@ -71,23 +65,16 @@ from autok.trainer.engine.resume import (
 )
 from autok.trainer.engine.step import (
     CLOSED,
-    MicroStep,
     Step,
     StepTimes,
-    TimedDDP,
+    device_times,
+    install_reports,
     lr_now,
-    no_report,
+    micro_step,
+    release_reports,
+    virtual_times,
 )
-from autok.trainer.engine.strategies import STRATEGIES, fused
-
-
-def fused_boundary_is_exact(strategy: str, optimizer: torch.optim.Optimizer) -> bool:
-    """The one-collective cpdp boundary is exact for SGD without dampening (linear in g)."""
-    return (
-        fused_is_exact(strategy, "sgd")  # the rule; what follows: this optimizer is that "sgd"
-        and type(optimizer) is torch.optim.SGD
-        and all(g.get("dampening", 0) == 0 for g in optimizer.param_groups)
-    )
+from autok.trainer.engine.sync_now import boundary_now
 
 
 class Sync:
@@ -112,138 +99,34 @@ class Sync:
         """`kwargs` are the options (the sync flags of `autok train`, same names and defaults),
         validated here; or pass `options`, already validated (e.g. the CLI's TrainConfig).
         `ddp_kwargs`: DDP's own arguments a model may need (trainer/engine/options.py,
-        DDP_KWARGS_TAKEN), e.g. find_unused_parameters for a model with unused parameters."""
-        if options is not None and kwargs:
-            raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
-        opts = options if options is not None else sync_options(**kwargs)
-        ddp_kwargs = check_ddp_kwargs(ddp_kwargs, opts.strategy, opts.accumulation_steps)
-        check_observers(observers or [])
-        # With unused parameters a rank's gradient may be None where another's is not: its
-        # local step then skips the parameter (no weight decay, no momentum buffer), which the
-        # fused boundary's correction m_i += ḡ − g_i cannot repair. DDP, reducing first, gives
-        # every rank ḡ: the two-phase boundary (docs/design.md §2, the fused boundary's
-        # conditions).
-        unused = bool(ddp_kwargs.get("find_unused_parameters"))
-        exact = fused_boundary_is_exact(opts.strategy, optimizer) and not unused
-        if opts.boundary == "fused" and not exact:
-            raise OptionError(
-                "--boundary: fused is not exact with ddp_kwargs find_unused_parameters (a rank "
-                "whose gradient is None skips the parameter's step); use two-phase or auto"
-                if unused
-                else "--boundary: fused is exact only for cpdp with torch.optim.SGD without "
-                "dampening (AdamW is not linear in the gradient); use two-phase or auto"
-            )
-        if not dist.is_available() or not dist.is_initialized():
-            raise OptionError(
-                "autok.Sync needs an initialized process group (torchrun, or "
-                "torch.distributed.init_process_group)"
-            )
-        self.options: SyncOptions = opts
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        delayed = opts.sync_optimizer_state and opts.delay > 0  # a late state average
-        if delayed and (why := delayed_state_problem(optimizer, self.world_size, opts.delay)):
-            raise OptionError(why)
-        self.device = device or next(model.parameters()).device
-        self.optimizer = optimizer
-        self.module = model
-        self.strategy = STRATEGIES[opts.strategy]
-        # auto takes the fused boundary only once a boundary step has shown, on every rank, that
-        # the loop leaves the gradients as backward gave them (no clipping): until then it is
-        # two-phase, and for good if a rank changed them (trainer/engine/grad_watch.py;
-        # docs/design.md,
-        # "What the fused boundary needs unchanged")
-        # auto keeps the gradients' all-reduce exact: fused would quantize them under --compress
-        self._probing = self._auto = (
-            opts.boundary == "auto" and exact and opts.delay == 0 and opts.compress == "none"
-        )
-        if opts.boundary == "fused":
-            self.strategy = fused(self.strategy)
+        DDP_KWARGS_TAKEN), e.g. find_unused_parameters for a model with unused parameters.
+        Every argument is checked before anything is built (trainer/engine/build.py)."""
+        checked = check_arguments(optimizer, observers, options, ddp_kwargs, kwargs)
+        self.options: SyncOptions = checked.options
+        self.optimizer, self.module = optimizer, model
+        p = build_parts(model, optimizer, checked, device, peak_lr)
+        self.rank, self.world_size, self.device = p.rank, p.world_size, p.device
+        self.strategy, self.model, self.averager = p.strategy, p.model, p.averager
+        # auto's boundary form, and the check it needs (trainer/engine/boundary_form.py)
+        self._probing = self._auto = p.auto
         self._fused = self.strategy.fused_gradients  # (asked at every step)
-        # The host clock, read without a device sync; on a GPU the step's spans come from
-        # DeviceMarks' events, read once at the step's close.
-        self.now = time.perf_counter
-        self._marks = DeviceMarks(self.device) if self.device.type == "cuda" else None
-
-        plan = opts.link_plan
-        self.link_name = plan.segments[0][1].name  # the profile in force (a schedule moves it)
-        # --clock virtual: the link is physically ideal (nothing sleeps) and the virtual clock
-        # books what it would cost instead (trainer/engine/clock.py; docs/design.md §4)
-        self.virtual = (
-            virtual_clock(opts, model, plan, self.world_size, self.rank)
-            if opts.clock == "virtual"
-            else None
-        )
-        ideal = plan.is_ideal or self.virtual is not None
-        self.clock = None if ideal else LinkClock(plan, self.world_size, opts.seed)
-        # On the averaging strategies DDP's own per-forward buffer broadcast would bypass the
-        # emulator and the buffer policy: buffers are reconciled at boundaries instead (they
-        # still start from rank 0's). ddp is DDP: rank 0's buffers at every forward, as plain
-        # DDP broadcasts them, unless the policy keeps them local (docs/design.md, "Parameter
-        # averaging").
-        self.model = TimedDDP(
-            model,
-            forward_sync_buffers=opts.strategy == "ddp" and opts.buffer_policy != "local",
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            **ddp_kwargs,
-        )
-        # Called from sync.model's forward, which torch.compile does not trace: disabled here too,
-        # with what it calls (the clock, the gradient hook it arms), or a compiled sync.model
-        # would trace this frame and break its graph on the host clock (docs/design.md §4).
-        self.model._after_forward = torch.compiler.disable(self._after_forward)
-        # N forward/backward passes per optimizer step, only the last all-reducing: each
-        # step's forwards are counted, by a report of its own (no cost to a step of one pass)
-        self.accumulation_steps = opts.accumulation_steps
-        if self.accumulation_steps > 1:
-            self.model._after_forward = torch.compiler.disable(self._after_micro_forward)
-            # rebound per instance, not branched on: a step of one pass pays nothing for it
-            self.step = self._micro_step  # type: ignore[method-assign]
-        self.grad_state = GradSyncState(self.world_size, self.clock)
-        # DDP's built-in path times a backward by the first parameter's gradient, which an unused
-        # parameter, or a static graph's delayed reduction, may never give: the comm hook, which
-        # every bucket passes through, times and counts those (trainer/engine/grad_hook.py)
-        reduction_as_given = not (unused or ddp_kwargs.get("static_graph"))
-        install_grad_sync(self.model, self.grad_state, builtin=reduction_as_given)
-        self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
-        self._params = list(model.parameters())  # DDP fixes them: no parameter joins later
-        self.averager: ParameterAverager | None = None
-        check_fragments(opts, model)
-        if self.strategy.averages_parameters:
-            self.averager = build_averager(
-                model,
-                optimizer,
-                opts,
-                self.float_buffers,
-                rank=self.rank,
-                world_size=self.world_size,
-                fused_sgd=fused_sgd(self, optimizer),
-            )
-        # the check a fused boundary, or auto's choice of it, needs at each boundary step
-        self._watch = GradWatch(self._params) if self._fused or self._probing else None
-        if peak_lr is None:  # (an LR may be a tensor: CUDA graphs, a compiled step)
-            # Group 0's, the group every boundary reads η from: qsr's ratio η/peak is then one
-            # group's schedule, whatever the order or relative LRs of the groups
-            # (docs/design.md, "The LR a boundary records").
-            peak_lr = float(optimizer.param_groups[0]["lr"])
-        assert opts.sync_period is not None  # SyncOptions resolves K (its strategy's default)
-        self.controller = build_controller(
-            opts.policy, opts.sync_period, opts.policy_options(peak_lr)
-        )
-        # ddp's loss is rank-local (no averaging collective carries it): the guard judges the
-        # parameters there, which the averaged gradients keep identical on every rank.
-        self.divergence = DivergenceGuard(
-            factor=opts.divergence_factor, shared_loss=self.averager is not None
-        )
+        self._watch = p.watch
+        self.now, self._marks = time.perf_counter, p.marks  # the host clock; a GPU's events
+        self.link_name, self.virtual, self.clock = p.link_name, p.virtual, p.clock
+        self.grad_state, self.float_buffers, self._params = p.grad_state, p.float_buffers, p.params
+        self.controller, self.divergence = p.controller, p.divergence
+        # N forward/backward passes per optimizer step, only the last all-reducing
+        self.accumulation_steps = self.options.accumulation_steps
         self.observers: list[Any] = list(observers or [])  # (Observer: trainer/engine/observer.py)
         # K after warmup; changes only at boundaries. The controller's own start (random: its
-        # mean, rounded); the others start at --sync-period.
-        self.sync_period = int(self.controller.sync_period)  # (the Controller protocol)
+        # mean, rounded); the others start at --sync-period (the Controller protocol).
+        self.sync_period = int(self.controller.sync_period)
         self._period_cap: int | None = None
         self.warmup = False  # K is 1 while True (the built-in loop's warmup epochs)
         self.epoch = 0  # recorded in BoundaryStats; the loop sets it
         self.global_step = self.boundary = self.grad_syncs = self.param_syncs = 0
         # What crossed the network, apart from the logical syncs above: a fused boundary is one
-        # gradient sync and one parameter sync in a single collective; DDP may use several
-        # buckets for one gradient sync.
+        # gradient sync and one parameter sync in one collective; DDP's buckets are several.
         self.collectives = 0
         self.k_path = {}  # K -> seconds, boundaries, steps (a property: see there)
         self._last_boundary: BoundaryStats | None = None
@@ -253,34 +136,18 @@ class Sync:
         self.last_decision: SyncDecision | None = None
         self._last_step: StepTimes | tuple = StepTimes()
         self._interval = Interval()
-        # The interval's loss sum (trainer/engine/loss_sum.py): read once per boundary, not per
-        # step.
-        self._loss = LossSum()
+        self._loss = LossSum()  # the interval's: read once per boundary (loss_sum.py)
         self._pending: InFlight | None = None  # launched, not yet applied (--fragment-delay)
-        # Fragments (trainer/engine/fragments.py): the position 1..F in the round of the next
-        # fragment sync; back to 1 after every sync of the whole model.
-        self._position = 1
-        self._fragments = opts.fragments
+        # the position 1..F of the next fragment sync in its round; 1 after a whole-model sync
+        self._position, self._fragments = 1, self.options.fragments  # (fragments.py)
         self._in_step: Step | None = None
-        self._optimizer_hooks = (
-            optimizer.register_step_pre_hook(self._before_optimizer_step),
-            optimizer.register_step_post_hook(self._after_optimizer_step),
-        )
+        # last: sync.model's forward and the optimizer's step report to this Sync from here
+        self._optimizer_hooks = install_reports(self, optimizer)  # (trainer/engine/step.py)
 
     def _the_averager(self) -> ParameterAverager:
         """The averager, on the paths only a parameter-averaging strategy takes."""
         assert self.averager is not None
         return self.averager
-
-    def _virtual_step(self, gs: GradSyncState) -> tuple[float, float, float, float | None]:
-        """The step as _close_step reads it (forward, backward with its wait, optimizer, the
-        gradient wait or None on a local step), booked on the virtual clock in place of what
-        was measured: only counts (the bytes and buckets backward all-reduced) are read."""
-        v = self.virtual
-        assert v is not None  # called under --clock virtual only (_close_step)
-        self.link_name = v.move_to(self.global_step, self.epoch).name
-        forward, backward, wait = v.step(self.global_step, gs.nbytes, gs.buckets)
-        return forward, backward + wait, 0.0, wait if gs.buckets else None
 
     # ----- the step ----------------------------------------------------------------------------
 
@@ -317,23 +184,11 @@ class Sync:
         epochs start identical). With `accumulation_steps` N, the step takes N forward and
         backward passes through sync.model, or `micro_batches` (1..N: a short batch at an
         epoch's end); only the last all-reduces gradients, as DDP's no_sync() on the others.
-        (With N > 1 the Sync's own `step` is _micro_step: a step of one pass tests nothing.)"""
+        (With N > 1 the Sync's own `step` is micro_step, trainer/engine/step.py: a step of one
+        pass tests nothing.)"""
         if micro_batches is None:
             return Step(self, boundary)
-        return self._micro_step(boundary, micro_batches)
-
-    def _micro_step(self, boundary: bool = False, micro_batches: int | None = None) -> Step:
-        n = self.accumulation_steps
-        if micro_batches is None:
-            return MicroStep(self, boundary, n)
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int):
-            raise OptionError(f"micro_batches: {micro_batches!r:.40} is not a count of passes")
-        if not 1 <= micro_batches <= n:
-            raise OptionError(
-                f"micro_batches: {micro_batches} passes in a step; give 1 to "
-                f"accumulation_steps ({n})"
-            )
-        return MicroStep(self, boundary, micro_batches) if n > 1 else Step(self, boundary)
+        return micro_step(self, boundary, micro_batches)
 
     def _open_step(self, state: Step) -> AbstractContextManager | None:
         if self._in_step is not None:
@@ -374,19 +229,6 @@ class Sync:
             if args and isinstance(x := args[0], torch.Tensor) and (shape := x.shape):
                 self._interval.samples += shape[0]  # for samples/s in the records
 
-    def _after_micro_forward(self, args: tuple) -> None:
-        """`_after_forward` with accumulation: the step's forwards counted; the last pass's
-        forward runs with DDP's gradient sync back on (DDP decides at a forward whether its
-        backward all-reduces), the earlier ones under no_sync() (MicroStep.__enter__)."""
-        self._after_forward(args)
-        state = self._in_step
-        # (installed with accumulation only: every step is a MicroStep, CLOSED none)
-        if isinstance(state, MicroStep) and state._t2 is None and torch.is_grad_enabled():
-            state._passes += 1
-            if state._passes == state._micro - 1 and state._held is not None:
-                self.model.__dict__["require_backward_grad_sync"] = state._held
-                state._held = None
-
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         state = self._in_step
         if state is None or state._t2 is not None:
@@ -422,12 +264,9 @@ class Sync:
             # no bucket marked ready (a local step): exposed_wait would say None
             wait = gs.exposed_wait(t1, t2) if gs.last_ready is not None else None
         else:  # on the device's clock; the one host sync of the step
-            forward, span, optimizer, backward_end = self._marks.close()
-            wait = gs.exposed_wait(t1, t2, backward_end)
-            if wait is not None:
-                wait = min(wait, span)
+            forward, span, optimizer, wait = device_times(self._marks, gs, t1, t2)
         if self.virtual is not None:  # modelled, never measured (docs/design.md §4)
-            forward, span, optimizer, wait = self._virtual_step(gs)
+            forward, span, optimizer, wait = virtual_times(self, gs)
         if wait is None:  # nothing all-reduced in this step's backward
             grad_synced, backward, wait = False, span, 0.0
         else:
@@ -444,15 +283,8 @@ class Sync:
             self, state, interval, compute, wait, grad_synced
         ):
             return
-        if self._pending is not None:
-            # A delayed average is applied τ local steps after its sync started, or earlier
-            # when the next boundary comes first (a K lowered below τ·F, an epoch's end).
-            self._pending.age += 1
-            if self._pending.age >= self._pending.delay or state.is_boundary:
-                finish = finish_in_flight(self)
-                interval.exposed_sync_seconds += finish
-                synced += finish
-                self._last_step = (forward, backward, optimizer, synced, *self._last_step[4:])
+        if self._pending is not None:  # a delayed average, one step older: applied now?
+            synced = age_in_flight(self, state.is_boundary, interval, synced)
         self._loss.add(state.loss)
         interval.steps += 1
         interval.compute_seconds += compute
@@ -515,23 +347,7 @@ class Sync:
             ddp_boundary(self, interval, k, lr, forced)
             return 0.0
         loss_sum = self._loss.take()  # one host sync per boundary, not per step
-        common = dict(
-            boundary=self.boundary,
-            global_step=self.global_step,
-            epoch=self.epoch,
-            sync_period=k,
-            interval_steps=interval.steps,
-            lr=lr,
-            warmup=self.warmup,
-            link=self.link_name,
-            # DistributedSampler gives every rank equally many samples per step.
-            samples=interval.samples * self.world_size,
-            grad_syncs=interval.grad_syncs,
-            param_syncs=int(self.averager is not None),
-            fragment=fragment,
-            # the interval's peer wait: booked on the virtual clock, 0 on the wall clock
-            peer_wait_seconds=self.virtual.take_peer_wait() if self.virtual is not None else 0.0,
-        )
+        common = fields_at_launch(self, interval, k, lr, fragment)
         emit(
             self.observers,
             "on_local_interval",
@@ -590,7 +406,7 @@ class Sync:
                 f"training diverged: {why}; lower --lr or --slowmo-beta, or use "
                 "--on-divergence rollback with --checkpoint-every"
             )
-        self._count_k_path(k, stats.compute_seconds + stats.exposed_sync_seconds, steps)
+        add_to_path(self.k_path, k, stats.compute_seconds + stats.exposed_sync_seconds, 1, steps)
         decision = self.controller.observe(stats)
         cap = self._period_cap
         if cap is not None and decision.next_sync_period > cap:
@@ -605,20 +421,18 @@ class Sync:
         emit(self.observers, "on_boundary", stats, decision)
         self.boundary += 1
 
-    def _count_k_path(self, k: int, seconds: float, steps: int) -> None:
-        _add_to_path(self.k_path, k, seconds, 1, steps)  # (ddp's fast-path sums folded in)
-
     @property
-    def k_path(self) -> dict[int, dict[str, float]]:
-        """K -> the seconds, boundaries and steps spent at it, in the order K was first used.
-        Read it again for later steps: ddp's fast close adds to it when it is read."""
+    def k_path(self) -> KPath:
+        """K -> the seconds, boundaries and steps spent at it, in the order K was first used
+        (trainer/engine/k_path.py). Read it again for later steps: ddp's fast close adds to it
+        when it is read."""
         if n := self._k1_boundaries:  # ddp's fast close keeps its K = 1 sums apart
-            _add_to_path(self._k_path, 1, self._k1_seconds, n, n)  # each of one step
+            add_to_path(self._k_path, 1, self._k1_seconds, n, n)  # each of one step
             self._k1_seconds, self._k1_boundaries = 0.0, 0
         return self._k_path
 
     @k_path.setter
-    def k_path(self, path: dict[int, dict[str, float]]) -> None:
+    def k_path(self, path: KPath) -> None:
         self._k_path = path
         self._k1_seconds, self._k1_boundaries = 0.0, 0
 
@@ -643,62 +457,19 @@ class Sync:
         """A boundary now, outside any step (epoch end, before evaluation or a checkpoint): on
         return every rank holds identical parameters (and, by the buffer policy, buffers).
         Returns this rank's seconds spent. Collective: every rank must call it."""
-        if self._in_step is not None:
-            if self._in_step is CLOSED:
-                raise RuntimeError("sync.sync_now() after sync.close(): the replicas agree")
-            raise RuntimeError("sync.sync_now() inside sync.step(): call it between steps")
-        # under --clock virtual the seconds spent are the booked ones (docs/design.md §4)
-        now = time.perf_counter if self.virtual is None else self.virtual.now
-        t0 = now()
-        if self.clock is not None:  # between steps: the position of the next one
-            self.link_name = self.clock.move_to(self.global_step, self.epoch).name
-        elif self.virtual is not None:
-            self.link_name = self.virtual.move_to(self.global_step, self.epoch).name
-        if self._pending is not None:
-            # With no step closed since the boundary launched it, θ_i is θ_sent: θ_new is
-            # written as is (settled); otherwise the steps taken meanwhile are kept.
-            settle = self._pending.age == 0
-            self._interval.exposed_sync_seconds += finish_in_flight(self, settle)
-        if self.averager is None or (
-            self._interval.steps == 0 and self.averager.last_fragment == WHOLE
-        ):
-            # Nothing open: replicas already agree (the last boundary moved the whole model).
-            # ddp has no averaging collective to carry buffers, so they are reconciled here.
-            if (
-                self.averager is None
-                and self.float_buffers
-                and self.options.buffer_policy != "local"
-            ):
-                reconcile_buffers(
-                    self.float_buffers,
-                    self.options.buffer_policy,
-                    self.rank,
-                    self.world_size,
-                    self.clock,
-                )
-                self.collectives += 1
-            return now() - t0
-        k = self.k_in_force
-        lr = self.optimizer.param_groups[0]["lr"]
-        # unscheduled: averages, injects no outer momentum (docs/design.md §2)
-        carried = self._boundary(self._interval, k, lr, boundary_step=False, due=None)
-        self._interval = Interval(exposed_sync_seconds=carried)
-        return now() - t0
+        return boundary_now(self)  # (trainer/engine/sync_now.py)
 
     # ----- state (trainer/engine/resume.py) ----------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything the engine needs to continue exactly (this rank's part): SlowMo reference
-        and velocity, the controller, the divergence guard, the link's jitter stream, counters
-        and the open interval. Plain tensors, numbers and lists (loads with weights_only)."""
+        """Everything the engine needs to continue exactly (this rank's part), in plain tensors,
+        numbers and lists that load with weights_only (trainer/engine/resume.py)."""
         return engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Call after the model's own state is loaded. Saved at a boundary (an empty interval),
-        the replica check's digest is taken from the loaded weights; saved mid-interval, the
-        digest of the last boundary is restored. A state that is not this kind of engine's
-        (`_kind`), or with any value of the wrong type, range or shape, raises an OptionError
-        naming what differs, checked whole before any of it is applied
+        """Call after the model's own state is loaded. A state that is not this kind of
+        engine's (`_kind`), or with any value of the wrong type, range or shape, raises an
+        OptionError naming what differs, checked whole before any of it is applied
         (trainer/engine/resume.py, load_engine_state)."""
         load_engine_state(self, state)
 
@@ -707,8 +478,7 @@ class Sync:
         return engine_kind(self)
 
     def _check_state(self, state: dict[str, Any]) -> None:
-        """Every part of a saved state against this engine; raises BadState naming the first
-        fault. Applies nothing."""
+        """A saved state against this engine; raises BadState naming the first fault."""
         check_engine_state(self, state)
 
     def close(self) -> None:
@@ -722,27 +492,5 @@ class Sync:
             self.sync_now()
         finally:  # (a failed boundary still stops the observers, the exporter's server among them)
             emit(self.observers, "close")
-            # sync.model reports each forward to this Sync, and the optimizer each step: cycles
-            # only the cyclic GC would free, with DDP's reducer and the process group it holds,
-            # perhaps not until the interpreter finalizes, where a gloo group's teardown is not
-            # safe. Broken here, they go when the loop drops them.
-            self.model._after_forward = no_report
-            self.__dict__.pop("step", None)  # accumulation's bound _micro_step: a cycle too
-            self.grad_state.release()
-            if self._watch is not None:
-                self._watch.disarm()
-            for hook in self._optimizer_hooks:  # the user's optimizer is theirs again
-                hook.remove()
+            release_reports(self)  # the cycles they make, broken (trainer/engine/step.py)
             self._in_step = CLOSED  # no step opens again: its optimizer step would go unseen
-
-
-def _add_to_path(
-    path: dict[int, dict[str, float]], k: int, seconds: float, boundaries: int, steps: int
-) -> None:
-    """Count boundaries at K into a K path (`Sync.k_path`), K added where it is new."""
-    at_k = path.get(k)
-    if at_k is None:
-        at_k = path[k] = {"seconds": 0.0, "boundaries": 0, "steps": 0}
-    at_k["seconds"] += seconds
-    at_k["boundaries"] += boundaries
-    at_k["steps"] += steps

@@ -1,0 +1,157 @@
+"""The K policies' options, declared once: each field's type, default, bounds, help line and
+`about` (group, why a bound is where it is). The engine's SyncOptions inherits these fields, so
+each is an `autok.Sync` option and an `autok train` flag of the same name with no second
+declaration (trainer/engine/options.py); a policy factory gets them as a PolicyOptions.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
+
+K_MAX = 2**20
+COUNT_MAX = 1_000_000  # epochs, windows, cooldowns, restarts: beyond any run
+K_REASON = "K beyond 2^20 steps is never reached: epoch ends synchronize anyway"
+# The group of `autok train --help` (and docs/flags.md) that lists these options; the engine's
+# GROUPS takes its name from here.
+GROUP = "K policy"
+
+
+def about(*, too_high: str | None = None, before: str | None = None) -> JsonDict:
+    """A K-policy option's `json_schema_extra`, in the form the engine's `about` writes and its
+    `about_of` reads back (trainer/engine/options.py: the controllers sit below the engine, so
+    they cannot call it): its group, why its upper bound is where it is, and the option of its
+    group it is listed just before (else field order)."""
+    said = {"group": GROUP, "too_high": too_high, "before": before}
+    return {"autok": {k: v for k, v in said.items() if v is not None}}
+
+
+class PolicySettings(BaseModel):
+    """The options a K policy may read (each Policy's `reads` names its own). Field `foo_bar` is
+    flag `--foo-bar`; the engine refuses one the chosen policy does not read."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    target_sync_share: float = Field(
+        0.2,
+        gt=0.0,
+        lt=1.0,
+        description="exposed-sync/composite: raise K while exposed sync is above this "
+        "share of (compute + exposed sync)",
+        json_schema_extra=about(),
+    )
+    max_sync_period: int = Field(
+        64,
+        ge=1,
+        le=K_MAX,
+        description="largest K any policy may choose (adacomm starts at it)",
+        json_schema_extra=about(too_high=K_REASON),
+    )
+    sync_window: int = Field(
+        4,
+        ge=1,
+        le=COUNT_MAX,
+        description="boundaries per controller decision (exposed-sync, adacomm, composite)",
+        json_schema_extra=about(),
+    )
+    k_growth: int = Field(
+        2,
+        ge=2,
+        le=1024,
+        description="factor by which exposed-sync steps K under --k-rule double, and by which "
+        "its guard backs off under either rule",
+        json_schema_extra=about(),
+    )
+    drift_limit: float = Field(
+        3.0,
+        gt=1.0,
+        description="guard: back off when the window's drift ratio exceeds this multiple of "
+        "its level in the first post-warmup window",
+        json_schema_extra=about(),
+    )
+    loss_rise: float = Field(
+        0.1,
+        gt=0.0,
+        description="guard: back off when the window's loss exceeds the best window's by this "
+        "fraction",
+        json_schema_extra=about(),
+    )
+    # on skewed data the link's K misses the target (controllers/exposed_sync.py)
+    skew_drift: float = Field(
+        1.4,
+        ge=0.0,
+        le=1e6,
+        description="exposed-sync/composite: the first judged window's drift ratio above which "
+        "the data counts as skewed and K is capped at --skew-cap for the rest of the run (0: "
+        "off)",
+        json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
+    )
+    skew_cap: int = Field(
+        4,
+        ge=1,
+        le=K_MAX,
+        description="exposed-sync/composite: K's ceiling once the data counts as skewed "
+        "(--skew-drift)",
+        json_schema_extra=about(too_high=K_REASON),
+    )
+    guard_cooldown: int = Field(
+        32,
+        ge=1,
+        le=COUNT_MAX,
+        description="boundaries after a back-off before K may rise above the backed-off value",
+        json_schema_extra=about(),
+    )
+    # the direct rule with lowering: the panel's default adaptive policy (docs/policies.md)
+    k_lowering: bool = Field(
+        True,
+        description="exposed-sync: also lower K when K/growth would keep the share well under "
+        "target (a link that got faster)",
+        json_schema_extra=about(before="drift_limit"),
+    )
+    k_rule: Literal["double", "direct"] = Field(
+        "direct",
+        description="exposed-sync/composite: double (step K by --k-growth) or direct (jump to "
+        "the K that brings the share to the target, up or down, from the measured compute and "
+        "sync)",
+        json_schema_extra=about(before="drift_limit"),
+    )
+    qsr_base: int | None = Field(
+        None,
+        ge=1,
+        le=K_MAX,
+        description="qsr/composite: K_base (default: --sync-period)",
+        json_schema_extra=about(too_high=K_REASON),
+    )
+    qsr_alpha: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e6,
+        description="qsr/composite: alpha in K = (alpha/lr)^2 (default: --lr x sqrt(K_base))",
+        json_schema_extra=about(
+            too_high="(alpha/lr)^2 would overflow; K is capped by --max-sync-period anyway"
+        ),
+    )
+    random_mean: float | None = Field(
+        None,
+        ge=1.0,
+        le=K_MAX,
+        description="random: the mean of the K drawn at each boundary (default: --sync-period)",
+        json_schema_extra=about(),
+    )
+
+
+class PolicyOptions(PolicySettings):
+    """What a policy's factory gets: the K-policy settings, and the run's own that every policy
+    may read (RUN_OPTIONS: the peak LR, the seed)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    peak_lr: float = 0.1
+    seed: int = 42
+
+
+# The K-policy options, in their declaration order (each is also a setting of the same name).
+POLICY_OPTIONS = tuple(PolicySettings.model_fields)
+RUN_OPTIONS = frozenset(PolicyOptions.model_fields) - frozenset(POLICY_OPTIONS)
