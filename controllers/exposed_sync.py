@@ -79,8 +79,8 @@ def next_sync_period(
 ) -> tuple[int, str]:
     """The rule, as a pure function of the current K and one window's measurements."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
-    if guard_reason is not None:
-        return max(1, k // growth), f"back off: {guard_reason}"
+    if guard_reason is not None:  # within any ceiling, the skew cap's included
+        return max(1, min(top, k // growth)), f"back off: {guard_reason}"
     if share > target:
         new = min(top, k * growth)
         if new > k:
@@ -108,8 +108,8 @@ def direct_sync_period(
     """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away;
     lowering stops at `floor`. The guard backs off by `growth`, as under the doubling rule."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
-    if guard_reason is not None:
-        return max(1, k // growth), f"back off: {guard_reason}"
+    if guard_reason is not None:  # within any ceiling, the skew cap's included
+        return max(1, min(top, k // growth)), f"back off: {guard_reason}"
     r_t = target / (1.0 - target)
     want = math.inf if share >= 1.0 else k * (share / (1.0 - share)) / r_t
     if want > k * (1.0 + margin):
@@ -303,4 +303,7 @@ class ExposedSyncController:
         # a state saved before the guard had its own window: it starts one, the estimate made
         self._guard_win = _window(state.get("guard_window", {}))
         self.estimated = bool(state.get("estimated", True))
-        self.skewed = bool(state.get("skewed", False))  # a state saved before the skew cap
+        skewed = state.get("skewed", False)  # a state saved before the skew cap: False
+        if type(skewed) is not bool:
+            raise ValueError(f"exposed-sync state: skewed must be true or false, not {skewed!r}")
+        self.skewed = skewed

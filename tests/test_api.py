@@ -430,12 +430,19 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
             "outer_optimizer",
         ),
         ({"outer_optimizer": torch.optim.Adam, "outer_state_device": "cpu"}, "outer_optimizer"),
+        # refused before DDP is built (its construction is a collective) and so here, without
+        # a process group: more fragments than the model's 161 parameters; a NaN LR in the
+        # group a policy reads its peak from
+        ({"strategy": "localsgd", "fragments": 1000, "sync_period": 1000}, "--fragments"),
+        ({"policy": "qsr", "_nan_lr": True}, "peak_lr"),
     ],
 )
 def test_bad_arguments_raise_one_line_naming_the_option(options, flag):
     model = _model()
     adamw = options.pop("_adamw", False)
     opt = (torch.optim.AdamW if adamw else torch.optim.SGD)(model.parameters(), lr=0.1)
+    if options.pop("_nan_lr", False):
+        opt.param_groups[0]["lr"] = math.nan
     with pytest.raises(autok.OptionError) as info:
         autok.Sync(model, opt, **options)
     assert isinstance(info.value, ValueError)
@@ -1724,3 +1731,43 @@ def test_the_librarys_default_link_is_none_and_autok_trains_default_is_the_wan()
     assert run_dist(_default_link_worker, 1) == [("none", "none", True)]
     cfg = config_from_args(build_parser().parse_args(["train"]))
     assert cfg.link == "wan" and cfg.link_profile.name == "wan"
+
+
+class _ReadsLastStep:
+    """An observer that reads `sync.last_step` in on_boundary, as a loop's own logger may."""
+
+    def __init__(self) -> None:
+        self.sync: Any = None
+        self.seen: list[float] = []
+
+    def on_boundary(self, stats, decision) -> None:
+        self.seen.append(self.sync.last_step.sync_seconds)
+
+
+def _last_step_worker(rank, world):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    watcher = _ReadsLastStep()
+    sync = autok.Sync(
+        model, opt, strategy="cpdp", sync_period=2, overlap_boundary=True, observers=[watcher]
+    )
+    watcher.sync = sync
+    steps = []
+    for x, y in _batches(rank, 8):
+        with sync.step() as s:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(sync.model(x), y)
+            loss.backward()
+            opt.step()
+            s.loss = loss
+        steps.append(sync.last_step)
+    sync.close()
+    return len(watcher.seen), [t.sync_seconds >= 0 for t in steps]
+
+
+def test_an_observer_reading_last_step_while_a_delayed_average_finishes_is_served():
+    """With the average in flight (--overlap-boundary), its boundary's record reaches observers
+    inside the step that finishes it: a read of `sync.last_step` there must not break the step's
+    own bookkeeping, which then adds the finishing time to the same StepTimes."""
+    for seen, ok in run_dist(_last_step_worker, 2):
+        assert seen >= 3 and all(ok)

@@ -13,12 +13,14 @@ from autok.controllers import READS, REGISTRY, RUN_OPTIONS, PolicyOptions, build
 from autok.controllers.adacomm import AdaCommController
 from autok.controllers.adacomm import next_sync_period as adacomm_k
 from autok.controllers.base import BoundaryStats
+from autok.controllers.composite import CompositeController
 from autok.controllers.exposed_sync import (
     GUARD_MIN_STEPS,
     ExposedSyncController,
     network_share,
     share_at,
 )
+from autok.controllers.exposed_sync import direct_sync_period as direct_rule
 from autok.controllers.exposed_sync import next_sync_period as share_rule
 from autok.controllers.qsr import QSRController, default_alpha
 from autok.controllers.qsr import next_sync_period as qsr_k
@@ -141,9 +143,25 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     # it survives a resume, and skew_drift = 0 turns it off
     again = ExposedSyncController(sync_period=4, **kw)
     again.load_state_dict(skewed.state_dict())
-    assert again.skewed and again.observe(stats(4, drift_ratio=0.5)).next_sync_period <= 4
+    assert again.skewed and set(drive(again, 20, drift_ratio=0.5, sync=0.1)) == {4}
+    fresh = ExposedSyncController(sync_period=4, **kw)
+    assert max(drive(fresh, 20, drift_ratio=0.5, sync=0.1)) > 4  # what the cap held back
+    with pytest.raises(ValueError, match="skewed must be true or false"):
+        again.load_state_dict({**skewed.state_dict(), "skewed": "false"})
     off = ExposedSyncController(sync_period=4, skew_drift=0.0, **kw)
     assert not off.skewed and max(drive(off, 40, drift_ratio=2.0, sync=0.1)[-10:]) > 4
+
+
+def test_a_back_off_and_composite_stay_within_the_skew_cap():
+    """A guard that fires where the cap is due lands at or under it, and composite's larger
+    K (QSR's) is capped by it too."""
+    assert direct_rule(32, 0.5, target=0.2, max_k=64, guard_reason="loss", ceiling=4)[0] == 4
+    assert share_rule(32, 0.5, target=0.2, growth=2, max_k=64, guard_reason="x", ceiling=4)[0] == 4
+    share = ExposedSyncController(sync_period=4, target=0.2, window=4, rule="direct", lower=True)
+    comp = CompositeController(share=share, qsr=QSRController(base=32, alpha=1.0))
+    ks = [comp.observe(stats(comp.sync_period, drift_ratio=2.0, i=i)).next_sync_period
+          for i in range(40)]  # fmt: skip
+    assert share.skewed and set(ks[-20:]) == {4}
 
 
 def test_backs_off_when_the_loss_rises_over_a_window():

@@ -45,4 +45,3 @@ def restore_boundary_form(sync: Sync, form: str) -> None:
         sync._watch = None
     elif sync._watch is None:
         sync._watch = GradWatch(sync._params)
-

@@ -7,6 +7,7 @@ the Sync's constructor is its own state alone."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,18 +130,28 @@ class Checked:
 
 
 def check_arguments(
+    model: nn.Module,
     optimizer: torch.optim.Optimizer,
     observers: list[Any] | None,
     options: SyncOptions | None,
     ddp_kwargs: dict[str, Any] | None,
     kwargs: dict[str, Any],
+    peak_lr: float | None = None,
 ) -> Checked:
     """`Sync`'s arguments, each refused in one line naming it (OptionError), before anything is
-    built: the options, DDP's own arguments, the observers, --boundary fused where it is not
-    exact, the process group, a late state average the optimizer cannot take."""
+    built (DDP's construction is a collective): the options, the fragments the model can be cut
+    into, the peak LR a policy reads, DDP's own arguments, the observers, --boundary fused where
+    it is not exact, the process group, a late state average the optimizer cannot take."""
     if options is not None and kwargs:
         raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
     opts = options if options is not None else sync_options(**kwargs)
+    check_fragments(opts, model)
+    lr = float(optimizer.param_groups[0]["lr"]) if peak_lr is None else float(peak_lr)
+    if not math.isfinite(lr):  # the K policies' options refuse it (controllers/options.py)
+        raise OptionError(
+            f"peak_lr: {lr} is not finite (default: the LR of the optimizer's first param "
+            "group); give a finite peak_lr or fix the optimizer's lr"
+        )
     ddp_kwargs = check_ddp_kwargs(ddp_kwargs, opts.strategy, opts.accumulation_steps)
     check_observers(observers or [])
     # With unused parameters a rank's gradient may be None where another's is not: its
@@ -236,7 +247,6 @@ def build_parts(
     install_grad_sync(ddp, grad_state, builtin=reduction_as_given)
     float_buffers = [b for b in model.buffers() if b.is_floating_point()]
     params = list(model.parameters())  # DDP fixes them: no parameter joins later
-    check_fragments(opts, model)
     averager = None
     if strategy.averages_parameters:
         # the optimizer a fused boundary corrects (or auto probes for one): SGD, as the

@@ -96,8 +96,10 @@ def age_in_flight(sync: Sync, is_boundary: bool, interval: Interval, synced: flo
         interval.exposed_sync_seconds += finish
         synced += finish
         last = sync._last_step  # the step's times, as `Sync._close_step` set them
-        assert isinstance(last, tuple)
-        sync._last_step = (*last[:3], synced, *last[4:])
+        if isinstance(last, tuple):
+            sync._last_step = (*last[:3], synced, *last[4:])
+        else:  # an observer read `sync.last_step` while the average finished: already built
+            last.sync_seconds = synced
     return synced
 
 

@@ -101,7 +101,7 @@ class Sync:
         `ddp_kwargs`: DDP's own arguments a model may need (trainer/engine/options.py,
         DDP_KWARGS_TAKEN), e.g. find_unused_parameters for a model with unused parameters.
         Every argument is checked before anything is built (trainer/engine/build.py)."""
-        checked = check_arguments(optimizer, observers, options, ddp_kwargs, kwargs)
+        checked = check_arguments(model, optimizer, observers, options, ddp_kwargs, kwargs, peak_lr)
         self.options: SyncOptions = checked.options
         self.optimizer, self.module = optimizer, model
         p = build_parts(model, optimizer, checked, device, peak_lr)
