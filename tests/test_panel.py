@@ -497,3 +497,25 @@ def test_the_evidence_table_gives_the_policy_s_k_network_share_and_drift_beside_
     # exposed-sync: compute 0.4 + 1.6, network (0.05 - 0.025) x 2 = 0.05: 0.05 / 2.05 = 2%
     assert "| r | exposed-sync | 10.0 | 2% | 3.00 | 0/2 | 80.00 |" in text
     assert panel.render(regimes, panel.summary_data(regimes)).count("### The evidence") == 1
+
+
+def test_same_runs_finds_the_runs_whose_records_differ_and_ignores_a_named_field(tmp_path):
+    """benchmarks/same_runs.py: the check behind docs/controller-panel's "the results do not
+    depend on the machine"."""
+    from benchmarks.same_runs import compare
+
+    def run(root, name, lr, extra):
+        d = root / name / "seed-1"
+        d.mkdir(parents=True)
+        (d / "epochs.csv").write_text("epoch,test_accuracy\n0,0.5\n")
+        rec = {"boundary": 0, "lr": lr, **extra}
+        (d / "boundaries.jsonl").write_text(json.dumps(rec) + "\n")
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    run(a, "k4_regime=r", 0.1, {})
+    run(b, "k4_regime=r", 0.1, {"peer_wait_seconds": 0.0})  # a field the later run added
+    run(a, "es_regime=r", 0.1, {})
+    run(b, "es_regime=r", 0.2, {})
+    run(a, "only_in_a", 0.1, {})
+    assert compare(a, b, {"peer_wait_seconds"}) == (2, ["es_regime=r/seed-1"])
+    assert compare(a, b, set()) == (2, ["es_regime=r/seed-1", "k4_regime=r/seed-1"])
