@@ -12,6 +12,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autok.controllers import PolicyOptions
+from autok.data_settings import DataSettings
 from autok.metrics_http import MetricsHost
 from autok.trainer.engine.fragments import tensors_refusal
 from autok.trainer.engine.link import LinkSchedule
@@ -29,9 +30,12 @@ from autok.trainer.engine.options import (
     fused_is_exact,
     read_only_under,
 )
-from autok.trainer.loop.data import DATASETS, check_data_dir, class_labels
-from autok.trainer.loop.models import DEFAULT_MODEL, MODELS, incompatibility
-from autok.trainer.loop.tasks import ACCURACY, TASK_SPEC, Metric, TaskError, load_task, metric_of
+from autok.trainer.loop.data import DATASETS, class_labels
+from autok.trainer.loop.tasks import ACCURACY, Metric, TaskError, load_task, metric_of
+from autok.training_settings import MAX_LOCAL_WORKERS as MAX_LOCAL_WORKERS
+from autok.training_settings import MILESTONES_MAX as MILESTONES_MAX
+from autok.training_settings import TrainingSettings
+from autok.training_settings import parse_milestones as parse_milestones
 
 __all__ = [
     "STRATEGIES",
@@ -48,40 +52,11 @@ class ConfigError(OptionError):
     """A bad setting; the message starts with the flag to change."""
 
 
-# The run's own bounds (the engine's are in trainer/engine/options.py); each bound's reason is
-# its field's `about(too_low=..., too_high=...)`, printed with the refusal.
-MAX_LOCAL_WORKERS = 256
+# The run's own bounds (the engine's are in trainer/engine/options.py; the workers' and the
+# milestones' in autok/training_settings.py); each bound's reason is its field's
+# `about(too_low=..., too_high=...)`, printed with the refusal.
 MAX_LOCAL_PROCESSES = 1024  # workers and their DataLoader processes together
-_SYNC, _OPTIM, _DATA, _FAILURES = GROUPS[0], GROUPS[3], GROUPS[4], GROUPS[7]
-# SGD's own options (--momentum, --nesterov): AdamW would silently ignore them
-_SGDS = (
-    "optimizer",
-    frozenset({"sgd"}),
-    "it is SGD's; AdamW keeps its own moments, betas 0.9 and 0.999",
-)
-
-
-MILESTONES_MAX = 16  # LR drops in one run; schedules in the literature have two or three
-
-
-def parse_milestones(text: str) -> tuple[float, ...]:
-    """`0.5,0.75` -> (0.5, 0.75): fractions of the run in (0, 1), increasing. Raises ValueError
-    saying what is wrong (the caller names the flag)."""
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) > MILESTONES_MAX:
-        raise ValueError(f"{len(parts)} milestones; at most {MILESTONES_MAX}")
-    out: list[float] = []
-    for p in parts:
-        try:
-            m = float(p)
-        except ValueError:
-            raise ValueError(f"{p[:20]!r} is not a number (e.g. 0.5,0.75)") from None
-        if not 0.0 < m < 1.0:
-            raise ValueError(f"{p[:20]} is not a fraction of the run in (0, 1)")
-        if out and m <= out[-1]:
-            raise ValueError(f"{p[:20]} does not come after {out[-1]!r}: give them increasing")
-        out.append(m)
-    return tuple(out)
+_SYNC, _FAILURES = GROUPS[0], GROUPS[7]
 
 
 # The built-in task's settings: a --task builds its own data and model instead.
@@ -137,187 +112,23 @@ class SyncSettings(SyncOptions):
         return self
 
 
-class TrainConfig(SyncSettings):
+class TrainConfig(DataSettings, TrainingSettings, SyncSettings):
     """The engine's options (SyncOptions: strategy, K, policy, SlowMo, boundary, link, guard)
-    and the run's: workers, optimization, data, model, checkpoints, metrics."""
+    and the run's: workers and optimization (TrainingSettings, autok/training_settings.py), data
+    and model (DataSettings, autok/data_settings.py), stragglers, checkpoints, metrics. Its own
+    validators check what reads settings of several.
+
+    The bases are listed last first, as SyncOptions' are (trainer/engine/options.py): pydantic
+    orders the fields base by base from the end of the MRO, so they keep one class's order."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
-    # --- distribution and synchronization
-    workers: int = Field(
-        4,
-        ge=1,
-        le=MAX_LOCAL_WORKERS,
-        description="worker processes to spawn (ignored under torchrun, which sets the world)",
-        json_schema_extra=about(
-            _SYNC,
-            too_high=f"at most {MAX_LOCAL_WORKERS} local worker processes, each a full Python "
-            "with torch; spread larger worlds over machines with torchrun",
-            before="strategy",
-        ),
-    )
+    # inherited: workers and optimization (TrainingSettings), data and model (DataSettings)
     # the study's default: the emulated WAN (autok.Sync's own default is none, docs/design.md §3)
     link: str = Field(
         "wan",
         description=SyncOptions.model_fields["link"].description,
         json_schema_extra=SyncOptions.model_fields["link"].json_schema_extra,
-    )
-    # --- optimization
-    optimizer: Literal["sgd", "adamw"] = Field(
-        "sgd",
-        description="sgd (momentum, weight decay, Nesterov) or adamw",
-        json_schema_extra=about(_OPTIM),
-    )
-    lr: float = Field(
-        0.1,
-        ge=1e-12,
-        le=1e6,
-        description="peak learning rate",
-        json_schema_extra=about(
-            _OPTIM,
-            too_low="a smaller step leaves float32 parameters unchanged",
-            too_high="no schedule peaks higher, and far larger rates overflow float32",
-        ),
-    )
-    momentum: float = Field(
-        0.9,
-        ge=0.0,
-        lt=1.0,
-        description="SGD momentum",
-        json_schema_extra=about(_OPTIM, read_only_under=_SGDS),
-    )
-    nesterov: bool = Field(
-        False,
-        description="Nesterov momentum (sgd)",
-        json_schema_extra=about(_OPTIM, read_only_under=_SGDS),
-    )
-    weight_decay: float = Field(
-        5e-4,
-        ge=0.0,
-        le=10.0,
-        description="weight decay",
-        json_schema_extra=about(
-            _OPTIM, too_high="larger decay overflows or flips the parameters every step"
-        ),
-    )
-    batch_size: int = Field(
-        32,
-        ge=1,
-        le=1 << 20,
-        description="batch size per worker",
-        json_schema_extra=about(_OPTIM, too_high="per worker; larger batches exhaust memory"),
-    )
-    epochs: int = Field(
-        30,
-        ge=1,
-        le=COUNT_MAX,
-        description="training epochs",
-        json_schema_extra=about(_OPTIM, too_high="a million epochs is beyond any run", resume=True),
-    )
-    warmup_epochs: int = Field(
-        1,
-        ge=0,
-        description="epochs run at K=1 (every step a boundary)",
-        json_schema_extra=about(_OPTIM),
-    )
-    lr_warmup_epochs: int | None = Field(
-        None,
-        ge=0,
-        description="epochs of linear LR warmup (default: --warmup-epochs)",
-        json_schema_extra=about(_OPTIM),
-    )
-    lr_schedule: Literal["constant", "cosine", "step"] = Field(
-        "cosine",
-        description="after warmup: constant, cosine to zero, or step (x --lr-gamma at each of "
-        "--lr-milestones), stepped per optimizer step",
-        json_schema_extra=about(_OPTIM),
-    )
-    # the regimes where K matters (docs/design.md §2, Regimes): LR decay, label skew, stragglers
-    lr_milestones: str | None = Field(
-        None,
-        max_length=200,
-        description="step: where the LR drops, as fractions of the whole run in (0, 1), "
-        "increasing, e.g. 0.5,0.75 (default: unset)",
-        json_schema_extra=about(_OPTIM),
-    )
-    lr_gamma: float = Field(
-        0.1,
-        gt=0.0,
-        lt=1.0,
-        description="step: the LR's factor at each milestone, in (0, 1)",
-        json_schema_extra=about(_OPTIM, too_high="a factor of 1 or more would not decay the LR"),
-    )
-    # --- data and model
-    task: str | None = Field(
-        None,
-        max_length=200,
-        description="MODULE:FUNCTION returning an autok.Task; default: "
-        "the built-in classification of --dataset with --model",
-        json_schema_extra=about(_DATA),
-    )
-    dataset: str = Field(
-        "mnist1d",
-        description="mnist1d and digits are built in; cifar100, tinyimagenet, imagefolder read "
-        "--data-dir",
-        json_schema_extra=about(_DATA),
-    )
-    data_dir: Path | None = Field(
-        None, description="root of an on-disk data set", json_schema_extra=about(_DATA)
-    )
-    model: str | None = Field(
-        None,
-        description="cnn1d (mnist1d), cnn (digits), mlp, resnet18, resnet50, vit-s "
-        "(default: the data set's)",
-        json_schema_extra=about(_DATA),
-    )
-    mnist1d_samples: int = Field(
-        5000,
-        ge=100,
-        le=1_000_000,
-        description="samples generated for mnist1d (80% train, 20% test)",
-        json_schema_extra=about(
-            _DATA,
-            too_high="mnist1d is generated on one core at about 2,000 samples/s",
-            read_only_under=("dataset", frozenset({"mnist1d"}), "only mnist1d is generated"),
-        ),
-    )
-    image_size: int = Field(
-        32,
-        ge=8,
-        le=1024,
-        description="crop size for imagefolder",
-        json_schema_extra=about(
-            _DATA,
-            too_high="larger crops exhaust memory at any batch size",
-            read_only_under=(
-                "dataset",
-                frozenset({"imagefolder"}),
-                "only imagefolder images are cropped to a size",
-            ),
-        ),
-    )
-    loader_workers: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="DataLoader worker processes per rank",
-        json_schema_extra=about(
-            _DATA, too_high="DataLoader processes per rank; more only contend for the cores"
-        ),
-    )
-    partition: Literal["iid", "dirichlet"] = Field(
-        "iid",
-        description="how the training set is split over the ranks: iid (a new random split "
-        "every epoch) or dirichlet (a fixed label-skewed shard per rank, --partition-alpha)",
-        json_schema_extra=about(_DATA),
-    )
-    partition_alpha: float | None = Field(
-        None,
-        gt=0.0,
-        le=1e6,
-        description="dirichlet: the concentration α; 0.1 gives each rank a few classes, 100 "
-        "is nearly iid (default: unset)",
-        json_schema_extra=about(_DATA),
     )
     straggler: Literal["none", "random", "slow-rank"] = Field(
         "none",
@@ -424,13 +235,6 @@ class TrainConfig(SyncSettings):
             raise ValueError("the path contains a NUL byte")
         return v
 
-    @field_validator("task")
-    @classmethod
-    def _a_task_spec(cls, v: str | None) -> str | None:
-        if v is not None and not TASK_SPEC.match(v):
-            raise ValueError(f"--task: {v[:120]!r} is not MODULE:FUNCTION (e.g. mypkg.tasks:build)")
-        return v
-
     @model_validator(mode="after")
     def _cross_field(self) -> TrainConfig:
         for name in LIBRARY_ONLY:
@@ -480,22 +284,6 @@ class TrainConfig(SyncSettings):
         self._check_regimes()
         return self
 
-    @field_validator("lr_milestones", mode="before")
-    @classmethod
-    def _milestones_as_text(cls, v: Any) -> Any:
-        """A YAML list (or one number) reads as the flag's text; the text is canonical, so a
-        saved config validates again unchanged (a resume)."""
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            v = [v]
-        if isinstance(v, (list, tuple)):
-            v = ",".join(str(m) for m in v)
-        if isinstance(v, str):
-            try:
-                return ",".join(repr(m) for m in parse_milestones(v))
-            except ValueError as exc:
-                raise ValueError(f"--lr-milestones: {exc}") from None
-        return v
-
     def _check_regimes(self) -> None:
         """The regime knobs (docs/design.md §2, Regimes): an option its mode is blind to is refused,
         not ignored ("given" is "differs from the default", as for the policies' options)."""
@@ -534,23 +322,6 @@ class TrainConfig(SyncSettings):
         prob_default = type(self).model_fields["straggler_prob"].default
         if self.straggler != "random" and self.straggler_prob != prob_default:
             raise ValueError("--straggler-prob: only --straggler random draws its stragglers")
-
-    @property
-    def milestones(self) -> tuple[float, ...]:
-        """--lr-milestones as numbers (empty when unset)."""
-        return parse_milestones(self.lr_milestones) if self.lr_milestones else ()
-
-    def _check_builtin_task(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ValueError(f"--dataset: unknown {self.dataset!r}; choose from {list(DATASETS)}")
-        if self.model is None:
-            self.model = DEFAULT_MODEL[self.dataset]
-        if self.model not in MODELS:
-            raise ValueError(f"--model: unknown {self.model!r}; choose from {list(MODELS)}")
-        if why := incompatibility(self.dataset, self.model):
-            raise ValueError(f"--model: {why}")
-        if why := check_data_dir(self.dataset, self.data_dir):
-            raise ValueError(f"--data-dir: {why}")
 
     def _check_unread(self, skip: frozenset[str] = frozenset()) -> None:
         # With --task, or an unknown --dataset, the data flags are refused by _cross_field

@@ -28,6 +28,7 @@ from prometheus_client.core import (
 )
 
 from autok.config import ConfigError
+from autok.controllers import POLICIES
 from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.metrics_http import MetricsHTTPServer, bind_family, port_taken
 from autok.trainer.engine.link import PROFILES, LinkProfile
@@ -78,9 +79,10 @@ GAUGES = {
 # carry a `fragment` label ("0".."F-1", "whole" for the whole model), one series per fragment,
 # each its own last value; a fragment's drift is never compared with another's on one line.
 PER_FRAGMENT = ("drift_norm", "drift_ratio", "update_norm")
-# The policies that steer K by --target-sync-share (controllers/__init__.py's `_share`); only
-# they get autok_target_sync_share_ratio, the reference line of the dashboard's share panel.
-TARGET_SHARE_POLICIES = frozenset({"exposed-sync", "composite"})
+# The policies that steer K by --target-sync-share: those that read it (each policy declares its
+# reads, controllers/__init__.py); only they get autok_target_sync_share_ratio, the reference
+# line of the dashboard's share panel.
+TARGET_SHARE_POLICIES = frozenset(n for n, p in POLICIES.items() if "target_sync_share" in p.reads)
 # K-change events served at once: each its own series, so that Grafana can mark every change at
 # its instant even when several fall between two scrapes (K 1 -> 32 -> 64 within one 5 s scrape).
 # Older events drop out of the exposition but stay in Prometheus's storage.

@@ -262,3 +262,56 @@ def test_the_sweeps_conditional_settings_are_the_policies_reads_and_the_fields_o
         assert CONDITIONAL[name] == ("optimizer", frozenset({"sgd"}))
     with pytest.raises(ValidationError, match="--momentum: --optimizer adamw does not read it"):
         TrainConfig(optimizer="adamw", momentum=0.5)
+
+
+# ----- the settings models: one idea each, one field order, no class over 400 lines
+
+
+def test_no_class_of_the_settings_modules_is_over_400_lines():
+    """SyncOptions and TrainConfig declare their fields in settings models, one idea each
+    (trainer/engine/*_settings.py, autok/*_settings.py), so that no class of the settings grows
+    past about 400 lines (docs/design.md §3, the module table)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "trainer/engine/options.py", root / "autok/config.py"]
+    files += sorted((root / "trainer/engine").glob("*_settings.py"))
+    files += sorted((root / "autok").glob("*_settings.py"))
+    for path in files:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                assert lines <= 400, f"{path.name}: {node.name} is {lines} lines"
+
+
+def test_the_settings_models_keep_the_fields_in_one_order():
+    """The bases of SyncOptions and TrainConfig are listed last first (pydantic orders fields
+    base by base from the end of the MRO): each model's fields come in turn, then the class's
+    own, in the order they had as one class, so config.json's keys and the first of several
+    errors reported are as they were."""
+    from autok.controllers import PolicySettings
+    from autok.data_settings import DataSettings
+    from autok.trainer.engine.boundary_settings import BoundarySettings
+    from autok.trainer.engine.fragment_settings import FragmentSettings
+    from autok.trainer.engine.link_settings import LinkSettings
+    from autok.trainer.engine.outer_settings import OuterSettings
+    from autok.trainer.engine.strategy_settings import StrategySettings
+    from autok.training_settings import TrainingSettings
+
+    engine = (PolicySettings, StrategySettings, OuterSettings, BoundarySettings)
+    engine += (FragmentSettings, LinkSettings, SyncOptions)
+    run = (*engine, SyncSettings, TrainingSettings, DataSettings, TrainConfig)
+    for models in (engine, run):
+        declared = [n for m in models for n in vars(m).get("__annotations__", {})]
+        assert list(models[-1].model_fields) == list(dict.fromkeys(declared)), models[-1]
+    names = list(TrainConfig.model_fields)
+    # one field of each block, in the order of the single class they were declared in before
+    landmarks = ["target_sync_share", "strategy", "slowmo_beta", "compress", "fragments", "link"]
+    landmarks += ["model_bytes", "seed", "metrics_port", "workers", "lr_gamma", "task"]
+    landmarks += ["partition_alpha", "straggler", "max_rollbacks"]
+    assert sorted(landmarks, key=names.index) == landmarks
+    with pytest.raises(ValidationError) as exc:
+        TrainConfig(lr_gamma=2.0, workers=0)  # two bad settings: the earlier field's is told
+    assert describe(exc.value, TrainConfig).startswith("--workers: ")

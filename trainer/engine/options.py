@@ -1,5 +1,7 @@
 """The engine's typed options: every setting of `Sync` (trainer/engine/sync.py) that concerns
-synchronization. The CLI's TrainConfig composes them (it inherits these fields), so each option has
+synchronization, declared in settings models of one idea each (trainer/engine/*_settings.py; the K
+policies' in controllers/options.py) that SyncOptions inherits, with the checks that read several
+of them. The CLI's TrainConfig composes them (it inherits these fields), so each option has
 the name and default of its `autok train` flag, and the same one-line errors.
 
 Field `foo_bar` is flag `--foo-bar`; an error names the flag to change (docs/design.md §3).
@@ -10,152 +12,36 @@ from __future__ import annotations
 import numbers
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.config import JsonDict
-from pydantic.fields import FieldInfo
 
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
-from autok.controllers import POLICIES as POLICY_ENTRIES
 from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
-from autok.controllers.options import COUNT_MAX, K_MAX
-from autok.controllers.options import GROUP as POLICY_GROUP
-from autok.controllers.options import K_REASON as _K_REASON
-from autok.trainer.engine.fragments import FRAGMENTS_MAX
-from autok.trainer.engine.link import (
-    PROFILES,
-    LinkProfile,
-    LinkSchedule,
-    parse_schedule,
-    resolve_profile,
-    static_schedule,
-)
-from autok.trainer.engine.outer import DEFAULT_LR, DEFAULT_MOMENTUM, OuterOptimizer
+from autok.controllers.options import COUNT_MAX as COUNT_MAX
+from autok.controllers.options import K_MAX as K_MAX
+from autok.trainer.engine.about import GROUPS as GROUPS
+from autok.trainer.engine.about import About as About
+from autok.trainer.engine.about import ReadOnlyUnder, about, about_of
+from autok.trainer.engine.boundary_settings import ACCUMULATION_MAX as ACCUMULATION_MAX
+from autok.trainer.engine.boundary_settings import BoundarySettings
+from autok.trainer.engine.fragment_settings import FragmentSettings
+from autok.trainer.engine.link import PROFILES, parse_schedule
+from autok.trainer.engine.link_settings import MODEL_BYTES_MAX as MODEL_BYTES_MAX
+from autok.trainer.engine.link_settings import LinkSettings
+from autok.trainer.engine.outer import DEFAULT_LR, DEFAULT_MOMENTUM
+from autok.trainer.engine.outer_settings import OuterSettings
+from autok.trainer.engine.strategy_settings import AVERAGING, StrategySettings
 
 STRATEGIES = ("ddp", "localsgd", "cpdp")
 SEED_MAX = 2**32 - 1
-ACCUMULATION_MAX = 65_536  # micro-batches per optimizer step
-MODEL_BYTES_MAX = 2**44  # --model-bytes: 16 TiB
 
-# One place per setting (docs/design.md §3): a field's description is its `--help` line, and
-# `about(...)`, its json_schema_extra, says the rest: its group in `autok train --help` (and
-# docs/flags.md), why a bound is where it is (printed with the refusal, docs/design.md §9), and
-# whether a resume may change it (docs/design.md §7), and under which values of another setting
-# a run reads it. autok/cli.py and autok/flagdoc.py derive HELP, FLAG_GROUPS, RESUME_MAY_CHANGE
-# and the flag tables from the fields; `describe` reads the reasons, `read_only_under` the rest.
-# The K policies declare their options' fields themselves (controllers/options.py), group and
-# all. The groups, in the order `--help` lists them:
-GROUPS = (
-    "distribution and synchronization",
-    POLICY_GROUP,
-    "link emulator",
-    "optimization",
-    "data and model",
-    "stragglers",
-    "run",
-    "checkpoints and failures",
-    "metrics",
-)
-_SYNC, _POLICY, _LINK, _FAILURES = GROUPS[0], GROUPS[1], GROUPS[2], GROUPS[7]  # the engine's
-# --policy's help names every registered policy, with what its registry entry notes
-_POLICY_HELP = "how K evolves while training: " + ", ".join(
-    name + (f" ({policy.note})" if policy.note else "") for name, policy in POLICY_ENTRIES.items()
-)
-_LINK_HELP = "emulated network: " + ", ".join(
-    f"{n} ({p.rtt_ms:g} ms RTT, {p.bandwidth_gbps:g} Gbit/s)" if n != "none" else "none (no delay)"
-    for n, p in PROFILES.items()
-)
-
-
-class ReadOnlyUnder(NamedTuple):
-    """A setting a run reads only under some values of another, the choosing setting. Given
-    under another value, it is refused, not ignored: a run would report a setting that changed
-    nothing (docs/design.md §6); sweeps draw it only where it is read, and a resume drops it
-    where it never was (autok/space.py)."""
-
-    chooser: str
-    values: frozenset[str]  # the chooser's values under which a run reads the setting
-    why: str  # why the chooser's other values do not read it
-
-
-@dataclass(frozen=True)
-class About:
-    """What a setting's field says besides its type, bounds, default and help line."""
-
-    group: str | None  # None: autok.Sync's alone, no `autok train` flag
-    too_low: str | None = None  # why the lower bound (ge, gt) is where it is
-    too_high: str | None = None  # why the upper bound (le, lt) is where it is
-    resume: bool = False  # `autok train --resume` may change it
-    before: str | None = None  # listed just before this setting of its group (else field order)
-    read_only_under: ReadOnlyUnder | None = None  # None: read under every value of the others
-
-
-_ABOUT_KEYS = frozenset(About.__dataclass_fields__)
-
-
-def about(
-    group: str | None,
-    *,
-    too_low: str | None = None,
-    too_high: str | None = None,
-    resume: bool = False,
-    before: str | None = None,
-    read_only_under: tuple[str, frozenset[str], str] | None = None,
-) -> JsonDict:
-    """A setting's `json_schema_extra`: see About; `read_only_under` is (the chooser, the values
-    under which it is read, why the others do not read it). A group outside GROUPS fails at
-    import."""
-    if group is not None and group not in GROUPS:
-        raise ValueError(f"about: unknown group {group!r}; choose from {GROUPS}")
-    said: dict[str, Any] = dict(
-        group=group, too_low=too_low, too_high=too_high, resume=resume, before=before
-    )
-    if read_only_under is not None:
-        chooser, values, why = read_only_under
-        said["read_only_under"] = {"chooser": chooser, "values": sorted(values), "why": why}
-    return {"autok": {k: v for k, v in said.items() if v not in (None, False)}}
-
-
-def about_of(info: FieldInfo, name: str = "a setting") -> About:
-    """What `about` put on a field (setting `name`); a field without it is refused: it would
-    have no group, so no flag. So is a key `about` does not write (one the controllers' own
-    `about` misspelled: controllers/options.py)."""
-    extra = info.json_schema_extra
-    data = extra.get("autok") if isinstance(extra, dict) else None
-    if not isinstance(data, dict):
-        raise TypeError(f"{name}: its Field has no json_schema_extra=about(...) (its group)")
-    if unknown := sorted(set(data) - _ABOUT_KEYS):
-        raise TypeError(f"{name}: its about(...) has {unknown}; it takes {sorted(_ABOUT_KEYS)}")
-
-    def text(key: str) -> str | None:
-        value = data.get(key)
-        return value if isinstance(value, str) else None
-
-    return About(
-        group=text("group"),
-        too_low=text("too_low"),
-        too_high=text("too_high"),
-        resume=data.get("resume") is True,
-        before=text("before"),
-        read_only_under=_read_only_under_of(data.get("read_only_under")),
-    )
-
-
-def _read_only_under_of(said: object) -> ReadOnlyUnder | None:
-    """`about`'s JSON form of read_only_under (a dict of lists) as the ReadOnlyUnder it was."""
-    if not isinstance(said, dict):
-        return None
-    values = said.get("values")
-    return ReadOnlyUnder(
-        str(said.get("chooser")),
-        frozenset(str(v) for v in values) if isinstance(values, list) else frozenset(),
-        str(said.get("why")),
-    )
+# Each setting's field says its group, bounds' reasons, resume rule and when it is read with
+# `about(...)` (trainer/engine/about.py, re-exported here with GROUPS, About and ReadOnlyUnder).
+_FAILURES = GROUPS[7]  # the divergence guard's; the other groups' fields live in their modules
 
 
 def limit_reason(model: type[BaseModel], field: str, side: str) -> str | None:
@@ -175,11 +61,9 @@ def fused_is_exact(strategy: str, optimizer: str) -> bool:
     return strategy == "cpdp" and optimizer == "sgd"
 
 
-_AVERAGING = frozenset({"localsgd", "cpdp"})
-_DDP_STATES = "every ddp step applies the same averaged gradient: optimizer states never differ"
 # A cap on K (CAPS, declared by the controllers, which know no strategies) is read where K can
 # change: ddp keeps K = 1.
-_CAP_UNDER = ReadOnlyUnder("strategy", _AVERAGING, "ddp keeps K = 1")
+_CAP_UNDER = ReadOnlyUnder("strategy", AVERAGING, "ddp keeps K = 1")
 
 
 @cache
@@ -341,267 +225,27 @@ def _takes_bool(info) -> bool:
     return ann is bool or bool in typing.get_args(ann) or ann in (typing.Any, object)
 
 
-class SyncOptions(PolicySettings):
-    """The engine's options. The K policies' (target_sync_share, max_sync_period, ...) are the
-    fields it inherits from PolicySettings (controllers/options.py): declared there once, with
-    their help, bounds and group, so a new policy option is one edit (docs/design.md §3)."""
+class SyncOptions(
+    LinkSettings,
+    FragmentSettings,
+    BoundarySettings,
+    OuterSettings,
+    StrategySettings,
+    PolicySettings,
+):
+    """The engine's options, declared by the settings models it inherits, one idea each: the K
+    policies' (PolicySettings, controllers/options.py: declared there once, so a new policy
+    option is one edit, docs/design.md §3), the strategy's, the outer step's, the boundary's, the
+    fragments' and the link's and clock's (trainer/engine/*_settings.py); the seed and the
+    divergence guard are its own. Its validators check what reads settings of several models.
+
+    The bases are listed last first: pydantic orders the fields base by base from the end of the
+    MRO, so they keep the order of one class (--help's groups, the first of several errors
+    reported, config.json's keys)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
-    # --- strategy and boundary
-    strategy: Literal["ddp", "localsgd", "cpdp"] = Field(
-        "cpdp",
-        description="ddp: sync every step; localsgd: average every K; cpdp: grad sync + average "
-        "+ SlowMo every K",
-        json_schema_extra=about(_SYNC),
-    )
-    sync_period: int | None = Field(
-        None,
-        ge=1,
-        le=K_MAX,
-        description="K, optimizer steps between boundaries (default: 4; 1 on ddp)",
-        json_schema_extra=about(_SYNC, too_high=_K_REASON),
-    )
-    # listed first of its group, before the policies' own options (inherited: earlier fields)
-    policy: str = Field(
-        "fixed",
-        description=_POLICY_HELP,
-        json_schema_extra=about(_POLICY, before=POLICY_OPTIONS[0]),
-    )
-    slowmo_beta: float | None = Field(
-        None,
-        ge=0.0,
-        lt=1.0,
-        description="SlowMo momentum β in [0, 1); 0 turns it off; on localsgd it makes the "
-        "LocalSGD+SlowMo ablation (default: 0.3 on cpdp, 0 otherwise)",
-        json_schema_extra=about(_SYNC),
-    )
-    slowmo_lr_aware: bool = Field(
-        False,
-        description="keep the SlowMo velocity in LR units (fairscale's form)",
-        json_schema_extra=about(
-            _SYNC, read_only_under=("strategy", _AVERAGING, "ddp has no SlowMo")
-        ),
-    )
-    # --- outer optimizer on the pseudo-gradient θ_ref − θ_avg (trainer/engine/outer.py); unset:
-    # SlowMo with --slowmo-beta (that spelling stays; giving both is refused)
-    outer_optimizer: Literal["average", "slowmo", "nesterov", "sgd"] | None = Field(
-        None,
-        description="outer step on the pseudo-gradient θ_ref − θ_avg at each boundary: "
-        "average, sgd, nesterov (DiLoCo) or slowmo (default: unset, SlowMo with --slowmo-beta)",
-        json_schema_extra=about(_SYNC),
-    )
-    outer_lr: float | None = Field(
-        None,
-        gt=0.0,
-        le=10.0,
-        description="outer learning rate α: θ = θ_ref − α·step; slowmo: the slow LR (default: 0.7 "
-        "on nesterov, 1 otherwise)",
-        json_schema_extra=about(
-            _SYNC,
-            too_high="an outer step 10x the replicas' mean move overshoots; DiLoCo uses 0.7",
-        ),
-    )
-    outer_momentum: float | None = Field(
-        None,
-        ge=0.0,
-        lt=1.0,
-        description="outer momentum μ in [0, 1) (default: 0.9 on nesterov, 0 otherwise)",
-        json_schema_extra=about(_SYNC),
-    )
-    # what the averaging collective carries: Δ_i = θ_i − θ_ref quantized
-    # (trainer/engine/compress.py)
-    compress: Literal["none", "fp16", "int8"] = Field(
-        "none",
-        description="what the parameter averaging carries: none (fp32 θ), or the pseudo-gradient "
-        "θ − θ_ref in fp16 or int8 with a per-chunk scale and error feedback; with --boundary "
-        "fused the gradients ride it too, quantized without error feedback (default: none)",
-        json_schema_extra=about(_SYNC),
-    )
-    sync_optimizer_state: bool = Field(
-        False,
-        description="also average momentum buffers / Adam moments at boundaries",
-        json_schema_extra=about(_SYNC, read_only_under=("strategy", _AVERAGING, _DDP_STATES)),
-    )
-    buffer_policy: Literal["average", "broadcast", "local"] = Field(
-        "average",
-        description="BatchNorm statistics at boundaries: average, broadcast (rank 0) or local",
-        json_schema_extra=about(_SYNC),
-    )
-    boundary: Literal["auto", "fused", "two-phase"] = Field(
-        "auto",
-        description="cpdp boundary: fused (one collective carrying parameters and gradients, "
-        "exact for SGD), two-phase (gradient AllReduce, then parameter AllReduce), or auto "
-        "(fused when exact, and not under --compress)",
-        json_schema_extra=about(
-            _SYNC,
-            read_only_under=(
-                "strategy",
-                frozenset({"cpdp"}),
-                "only a cpdp boundary has both a gradient and a parameter collective to fuse "
-                "or split",
-            ),
-        ),
-    )
-    overlap_boundary: bool = Field(
-        False,
-        description="start parameter averaging asynchronously and apply it one local step "
-        "later, hiding the link latency behind compute (changes the algorithm: see README)",
-        json_schema_extra=about(_SYNC),
-    )
-    # Where θ_ref and the outer velocity live between boundaries (trainer/engine/averaging.py):
-    # "cpu" keeps the model's device at most 2x the parameters (docs/design.md §4)
-    outer_state_device: Literal["model", "cpu"] = Field(
-        "model",
-        description="where θ_ref and the outer velocity live between boundaries: model (its "
-        "device) or cpu (host memory, staged per boundary; the device then holds at most 2x "
-        "the parameters)",
-        json_schema_extra=about(_SYNC, before="boundary"),
-    )
-    # --- the step: forward/backward passes per optimizer step, only the last all-reduces
-    # (trainer/engine/sync.py). Library only: `autok train`'s loop takes one per step
-    # (autok/config.py), so it has no group (no flag)
-    accumulation_steps: int = Field(
-        1,
-        ge=1,
-        le=ACCUMULATION_MAX,
-        description="micro-batches per optimizer step",
-        json_schema_extra=about(
-            None,
-            too_high="a larger batch per optimizer step needs no more passes: give each a "
-            "larger micro-batch",
-        ),
-    )
-    # --- streaming fragment sync (trainer/engine/fragments.py): each boundary moves 1/F of the
-    # model
-    fragments: int = Field(
-        1,
-        ge=1,
-        le=FRAGMENTS_MAX,
-        description="F: split the parameters into F contiguous fragments that sync in turn, one "
-        "every K/F steps, so each boundary moves 1/F of the model (localsgd; needs K >= F; epoch "
-        "ends sync every fragment) (default: 1)",
-        json_schema_extra=about(
-            _SYNC, too_high=f"more than {FRAGMENTS_MAX} fragments only add a latency per sync"
-        ),
-    )
-    fragment_delay: int = Field(
-        0,
-        ge=0,
-        le=K_MAX,
-        description="τ: apply a sync's average τ local steps after it started, keeping the "
-        "steps taken meanwhile; τ <= K/F; --overlap-boundary is F = 1, τ = 1 (default: 0)",
-        json_schema_extra=about(_SYNC, too_high=_K_REASON),
-    )
-    # How a delayed average lands on the local steps taken meanwhile (docs/design.md §2,
-    # "Fragments", the merge): keep is autok's own (overlap local SGD), lerp torchft's and
-    # Streaming DiLoCo's mix. Two settings, not α alone: α = 1 is no merge at all, and keep is
-    # no α, so neither can be spelled by a value of the other.
-    fragment_merge: Literal["keep", "lerp"] = Field(
-        "keep",
-        description="how a delayed average (--fragment-delay, --overlap-boundary) lands: keep "
-        "(θ_global plus the local steps taken since it started) or lerp ((1 − α)·θ_global + "
-        "α·θ_local, α = --fragment-alpha, torchft's fragment_update_alpha) (default: keep)",
-        json_schema_extra=about(_SYNC),
-    )
-    fragment_alpha: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="α of --fragment-merge lerp: the share of θ_local kept where a delayed "
-        "average lands (0 discards the local steps, torchft's default) (default: 0.0)",
-        json_schema_extra=about(
-            _SYNC,
-            too_high="α = 1 keeps θ_local whole: every average would be thrown away",
-            read_only_under=(
-                "fragment_merge",
-                frozenset({"lerp"}),
-                "keep adds the local steps to θ_global and mixes nothing",
-            ),
-        ),
-    )
-    # What a fragment is (trainer/engine/fragments.py, fragment_plan)
-    fragment_by: Literal["element", "module", "strided"] = Field(
-        "element",
-        description="how --fragments cuts the parameters: element (near-equal contiguous "
-        "slices, a cut may fall inside a tensor), module (contiguous runs of whole parameter "
-        "tensors, near-equal by bytes) or strided (fragment j takes tensors j, j + F, j + 2F, "
-        "...) (default: element)",
-        json_schema_extra=about(_SYNC),
-    )
-    # --- K policy options: inherited from PolicySettings (controllers/options.py)
-    # --- link emulator
-    # the library's default: no emulated network (docs/design.md §3); `autok train` studies the
-    # emulated WAN by default (TrainConfig overrides it)
-    link: str = Field("none", description=_LINK_HELP, json_schema_extra=about(_LINK))
-    link_rtt_ms: float | None = Field(
-        None,
-        ge=0.0,
-        le=60_000.0,
-        description="override the link's round-trip time, ms (default: the --link profile's)",
-        json_schema_extra=about(
-            _LINK, too_high="a minute per round trip; no link to emulate is slower"
-        ),
-    )
-    link_bandwidth_gbps: float | None = Field(
-        None,
-        ge=1e-6,
-        description="override the link's bandwidth, Gbit/s (default: the --link profile's)",
-        json_schema_extra=about(_LINK, too_low="below 1 kbit/s one collective would take hours"),
-    )
-    link_jitter_ms: float | None = Field(
-        None,
-        ge=0.0,
-        le=60_000.0,
-        description="uniform extra delay per collective in [0, J] ms, seeded (default: 0)",
-        json_schema_extra=about(
-            _LINK, too_high="a minute of jitter per collective; no link to emulate is slower"
-        ),
-    )
-    link_schedule: str | None = Field(
-        None,
-        max_length=2000,
-        description="a link that changes during the run: PROFILE,PROFILE@epoch=N,... or "
-        "@step=N (epochs and steps counted from 0), e.g. lan,wan@epoch=2,lan@epoch=4; replaces "
-        "--link (default: unset)",
-        json_schema_extra=about(_LINK),
-    )
-    # --- the clock every recorded time comes from (trainer/engine/clock.py; docs/design.md §4)
-    clock: Literal["wall", "virtual"] = Field(
-        "wall",
-        description="where recorded times come from: wall (measured; the link emulator sleeps) "
-        "or virtual (modelled from --compute-ms and the link model; nothing sleeps, and a seed "
-        "gives the same records on any machine)",
-        json_schema_extra=about(_LINK),
-    )
-    compute_ms: float | None = Field(
-        None,
-        gt=0.0,
-        le=60_000.0,
-        description="virtual: the compute of one optimizer step, ms (plus any straggler delay) "
-        "(default: unset)",
-        json_schema_extra=about(
-            _LINK,
-            too_high="a minute per step; no model to emulate is slower",
-            read_only_under=("clock", frozenset({"virtual"}), "the wall clock measures compute"),
-        ),
-    )
-    model_bytes: int | None = Field(
-        None,
-        ge=1,
-        le=MODEL_BYTES_MAX,
-        description="virtual: book every collective as if the model had this many parameter "
-        "bytes (default: the model's own)",
-        json_schema_extra=about(
-            _LINK,
-            too_high="16 TiB of parameters is beyond any model",
-            read_only_under=(
-                "clock",
-                frozenset({"virtual"}),
-                "the wall clock's link moves real bytes",
-            ),
-        ),
-    )
+    # --- its own: the seed, then the divergence guard (after every inherited field)
     seed: int = Field(
         42,
         ge=0,
@@ -876,40 +520,10 @@ class SyncOptions(PolicySettings):
         if self.outer_momentum is None:
             self.outer_momentum = DEFAULT_MOMENTUM[kind]
 
-    @property
-    def outer(self) -> OuterOptimizer:
-        """The resolved outer step of a boundary (trainer/engine/outer.py)."""
-        if self.outer_optimizer is None:
-            return OuterOptimizer("slowmo", 1.0, self.slowmo_beta or 0.0, self.slowmo_lr_aware)
-        # both resolved to the optimizer's defaults by validation (_check_outer)
-        assert self.outer_lr is not None and self.outer_momentum is not None
-        return OuterOptimizer(
-            self.outer_optimizer, self.outer_lr, self.outer_momentum, self.slowmo_lr_aware
-        )
-
     def policy_options(self, peak_lr: float) -> PolicyOptions:
         """Every PolicyOptions field is the setting of the same name; the peak LR is given."""
         names = [n for n in PolicyOptions.model_fields if n != "peak_lr"]
         return PolicyOptions(peak_lr=peak_lr, **{n: getattr(self, n) for n in names})
-
-    @property
-    def link_profile(self) -> LinkProfile:
-        """The profile the run starts on (with a schedule: its first)."""
-        return resolve_profile(
-            self.link, self.link_rtt_ms, self.link_bandwidth_gbps, self.link_jitter_ms
-        )
-
-    @property
-    def link_plan(self) -> LinkSchedule:
-        """The link over the whole run: the schedule, or the one profile throughout."""
-        if self.link_schedule is not None:
-            return parse_schedule(self.link_schedule)
-        return static_schedule(self.link_profile)
-
-    @property
-    def link_name(self) -> str:
-        """How records and labels name the link: the profile, or the schedule's text."""
-        return self.link_plan.text if self.link_schedule is not None else self.link_profile.name
 
 
 # The engine's settings read only under some values of another (autok/config.py's READ_ONLY_UNDER

@@ -1,12 +1,14 @@
 """The built-in loop that `autok train` runs: data, model, an ordinary PyTorch loop inside
 `sync.step()`, evaluation, epoch records, checkpoints and rollbacks. Everything that concerns
 synchronization is the engine's (trainer/engine/sync.py), reached through its public surface.
+The loop reads top to bottom here; its parts live beside it: the epoch's training sums
+(epoch_sums.py), evaluation (evaluation.py), the epoch rows, the summary and their totals
+(records.py), the checkpoint files (checkpoint.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import time
@@ -19,14 +21,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from autok.trainer.engine.averaging import ReplicaMismatch
-from autok.trainer.engine.digest import param_digest
 from autok.trainer.engine.divergence import Diverged, Rollback, params_finite
 from autok.trainer.engine.link import allreduce_sum_
 from autok.trainer.engine.observer import StepInfo, emit
 from autok.trainer.engine.optim import build_optimizer, build_scheduler
 from autok.trainer.engine.options import OptionError
-from autok.trainer.engine.profiler import EpochTimes, clock
+from autok.trainer.engine.profiler import clock
 from autok.trainer.engine.straggler import Straggler
 from autok.trainer.engine.sync import Sync
 from autok.trainer.loop.checkpoint import (
@@ -39,6 +39,8 @@ from autok.trainer.loop.checkpoint import (
     write_rank_file,
 )
 from autok.trainer.loop.data import ShardSampler, class_labels, dirichlet_partition
+from autok.trainer.loop.epoch_sums import TrainSums
+from autok.trainer.loop.records import RunRecords
 from autok.trainer.loop.runlog import LOGGER, RunLog, run_logger
 from autok.trainer.loop.sinks import (
     FileSink,
@@ -61,10 +63,9 @@ def seed_everything(seed: int) -> None:
 
 class Trainer:
     """The built-in loop: `autok.Sync` (trainer/engine/sync.py) around an ordinary PyTorch loop
-    over a
-    task (trainer/loop/tasks.py: the built-in classification or a user's --task), plus what a run
-    adds: evaluation, epoch records, checkpoints, rollbacks. It uses the engine's public
-    surface only, as a user's loop would."""
+    over a task (trainer/loop/tasks.py: the built-in classification or a user's --task), plus
+    what a run adds: evaluation, epoch records, checkpoints, rollbacks. It uses the engine's
+    public surface only, as a user's loop would."""
 
     def __init__(
         self,
@@ -150,9 +151,10 @@ class Trainer:
             self.virtual.straggler = self.straggler
             self.now = self.virtual.now
         self.observers = self.sync.observers
-        self.total_compute = 0.0  # mean over ranks, summed over epochs
-        self.total_exposed = 0.0
-        self.history: list[float] = []  # the test metric per epoch
+        # each epoch's row and the summary, and the totals they add up (trainer/loop/records.py)
+        self.records = RunRecords(
+            self.sync, self.model, self.task, self.test_loader, rank, world_size, self.device
+        )
         self.rollbacks = 0
         self.start_epoch = 0
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
@@ -238,7 +240,8 @@ class Trainer:
                 emit(self.observers, "on_stop", epoch)
                 return None
             epoch += 1
-        summary = self._summary(self.history, self.wall_before + time.perf_counter() - self.wall0)
+        wall = self.wall_before + time.perf_counter() - self.wall0
+        summary = self.records.summary(cfg, wall, self.out_dir)
         summary["startup_seconds"] = startup
         if self.virtual is not None:  # the modelled training time (docs/design.md §4)
             summary["virtual_seconds"] = self.virtual.now()
@@ -253,18 +256,10 @@ class Trainer:
         self.sampler.set_epoch(epoch)
         sync.model.train()
         sync.warmup, sync.epoch = epoch < self.cfg.warmup_epochs, epoch
-        times = EpochTimes()
         counts0 = (sync.grad_syncs, sync.param_syncs, sync.collectives)
         epoch_start = step_end = self.now()
-        # The training loss and metric sums: read per step on the CPU (a read is cheaper than an
-        # op there); tensors on an accelerator are summed there and read once, at the epoch's
-        # end, so that the loop adds no host sync per step (docs/design.md §4; Sync's close has its
-        # one).
-        acc = (
-            None
-            if self.device.type == "cpu"
-            else torch.zeros(3, dtype=torch.float64, device=self.device)
-        )
+        # read per step on the CPU, once at the epoch's end on an accelerator (docs/design.md §4)
+        sums = TrainSums(self.device)
         last = self.steps_per_epoch - 1
         straggler = self.straggler if self.virtual is None else None  # (virtual: booked)
         for i, (x, y) in enumerate(self.train_loader):
@@ -283,24 +278,8 @@ class Trainer:
                 s.loss = loss
             self.scheduler.step()
             step = sync.last_step
-            times.forward_seconds += step.forward_seconds
-            times.backward_seconds += step.backward_seconds
-            times.optimizer_seconds += step.optimizer_seconds
-            times.sync_seconds += step.sync_seconds
-            if classifies:  # another metric is judged on the test set only
-                total, count = batch_metric(out.detach(), y)
-            if acc is None:
-                times.train_loss_sum += loss.item() * len(y)
-                if classifies:
-                    times.train_correct += float(total)
-                    times.train_counted += float(count)
-            else:
-                acc[0].add_(loss.detach().sum(), alpha=len(y))  # a loss of shape [1] too
-                if classifies:
-                    times.train_correct += _on_device_or_read(acc[1], total)
-                    times.train_counted += _on_device_or_read(acc[2], count)
-            times.train_seen += len(y)
-            times.steps += 1
+            scored = batch_metric(out.detach(), y) if classifies else None
+            sums.add(step, loss, len(y), scored)
             info = StepInfo(
                 global_step=sync.global_step,
                 is_boundary=step.is_boundary,
@@ -308,19 +287,15 @@ class Trainer:
                 next_lr=self.optimizer.param_groups[0]["lr"],  # the scheduler has stepped
             )
             emit(self.observers, "on_step", info)
-            if acc is None:  # on an accelerator the end is read once, below, with a device sync
+            if sums.on_host:  # on an accelerator the end is read once, below, with a device sync
                 step_end = self.now()
-        if acc is not None:  # the epoch's one device sync: its end, and its sums
+        if not sums.on_host:  # the epoch's one device sync: its end, and its sums
             step_end = self.now()
-            loss_sum, correct, counted = acc.tolist()
-            times.train_loss_sum += loss_sum
-            times.train_correct += correct
-            times.train_counted += counted
+        times = sums.read()
         times.epoch_seconds = step_end - epoch_start
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
-        row = self._end_epoch(epoch, times, counts0, lr)
-        self.history.append(row["test_metric"])
+        row = self.records.end_epoch(epoch, times, counts0, self.k_in_force(epoch), lr)
         emit(self.observers, "on_epoch", row)
 
     # ----- checkpoints, resume, rollback -------------------------------------------------------
@@ -336,9 +311,9 @@ class Trainer:
             "sync": self.sync.state_dict(),
             "rng": rng_state(self.device),
             "trainer": {
-                "total_compute": self.total_compute,
-                "total_exposed": self.total_exposed,
-                "history": self.history,
+                "total_compute": self.records.total_compute,
+                "total_exposed": self.records.total_exposed,
+                "history": self.records.history,
                 "wall_seconds": self.wall_before + time.perf_counter() - self.wall0,
                 "rollbacks": self.rollbacks,
             },
@@ -351,8 +326,9 @@ class Trainer:
         self.sync.load_state_dict(state["sync"])  # after the model: it digests the weights
         set_rng_state(state["rng"], self.device)
         t = state["trainer"]
-        self.total_compute, self.total_exposed = t["total_compute"], t["total_exposed"]
-        self.history = list(t["history"])
+        records = self.records
+        records.total_compute, records.total_exposed = t["total_compute"], t["total_exposed"]
+        records.history = list(t["history"])
         self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
         self.rollbacks = t["rollbacks"]
         self.start_epoch = state["epoch"] + 1
@@ -444,122 +420,6 @@ class Trainer:
         )
         return epoch + 1
 
-    @torch.no_grad()
-    def evaluate(self) -> list[float]:
-        """This rank's slice of the test set as sums: [metric sum, metric count, loss sum,
-        samples]; summed over ranks they give the whole set's metric and mean loss."""
-        self.model.eval()
-        metric_sum = metric_count = seen = 0.0
-        # The sums stay on the model's device and are read once, as in training: a read per
-        # batch would drain an accelerator's queue at every batch. In float64, added in batch
-        # order: on the CPU the same values as summing the batches' numbers on the host.
-        acc = torch.zeros(3, dtype=torch.float64, device=self.device)
-        batch_metric, loss_fn = metric_of(self.task).batch, loss_fn_of(self.task)
-        for x, y in self.test_loader:
-            x, y = x.to(self.device), y.to(self.device)
-            out = self.model(x)
-            total, count = batch_metric(out, y)
-            metric_sum += _on_device_or_read(acc[0], total)
-            metric_count += _on_device_or_read(acc[1], count)
-            if not self.task.classifies:  # test_loss is reported beside another metric only
-                # the batch's mean times its size, in float64 (an add with alpha may fuse)
-                acc[2].add_(loss_fn(out, y).detach().sum().double() * len(y))
-            seen += len(y)
-        on_device = acc.tolist()
-        metric_sum, metric_count = metric_sum + on_device[0], metric_count + on_device[1]
-        loss_sum = on_device[2]
-        self.model.train()
-        return [metric_sum, metric_count, loss_sum, seen]
-
-    def _end_epoch(
-        self, epoch: int, times: EpochTimes, counts0: tuple[int, int, int], times_lr: float
-    ) -> dict[str, Any]:
-        """The epoch's row of epochs.csv; `counts0`: grad syncs, param syncs and collectives
-        at the epoch's start."""
-        grad_syncs0, param_syncs0, collectives0 = counts0
-        digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
-        local = [digest, digest if self.rank == 0 else 0.0, *self.evaluate(), *times.values()]
-        buf = torch.tensor(local, dtype=torch.float64, device=self.device)
-        allreduce_sum_(buf, self.sync.clock)
-        red = buf.tolist()
-        n = self.world_size
-        if red[0] != n * red[1]:
-            raise ReplicaMismatch(f"replicas differ at the end of epoch {epoch}")
-        metric_sum, metric_count, test_loss_sum, test_seen = red[2:6]
-        # A metric that counted nothing has no value (not a perfect score).
-        test_metric = (
-            metric_of(self.task).value(metric_sum / metric_count) if metric_count > 0 else math.nan
-        )
-        t = dict(zip(EpochTimes.names(), [v / n for v in red[6:]], strict=True))
-        self.total_compute += t["forward_seconds"] + t["backward_seconds"] + t["optimizer_seconds"]
-        self.total_exposed += t["sync_seconds"]
-        seen = t["train_seen"] * n
-        overhead = t["epoch_seconds"] - t["forward_seconds"] - t["backward_seconds"]
-        overhead -= t["sync_seconds"]
-        quality = (
-            {
-                "train_accuracy": t["train_correct"] / max(t["train_counted"], 1e-300),
-                "test_accuracy": test_metric,
-            }
-            if self.task.classifies
-            else {"test_loss": test_loss_sum / max(test_seen, 1.0)}
-        )
-        return {
-            "epoch": epoch,
-            "train_loss": t["train_loss_sum"] * n / seen,
-            **quality,
-            "test_metric": test_metric,
-            "metric_name": metric_of(self.task).name,
-            "epoch_seconds": t["epoch_seconds"],
-            "samples_per_second": seen / t["epoch_seconds"],
-            "forward_seconds": t["forward_seconds"],
-            "backward_seconds": t["backward_seconds"],
-            "sync_seconds": t["sync_seconds"],
-            # Optimizer step, data loading and bookkeeping.
-            "overhead_seconds": overhead,
-            "grad_syncs": self.sync.grad_syncs - grad_syncs0,
-            "param_syncs": self.sync.param_syncs - param_syncs0,
-            "collectives": self.sync.collectives - collectives0,
-            "sync_period": self.k_in_force(epoch),
-            "lr": times_lr,
-        }
-
-    def _summary(self, history: list[float], wall: float) -> dict[str, Any]:
-        """summary.json (docs/design.md §7). `history`: the test metric per epoch."""
-        n = self.world_size
-        # One slot per rank: each writes its own digest, the SUM gathers them (exact in float64).
-        slots = torch.zeros(n, dtype=torch.float64, device=self.device)
-        slots[self.rank] = param_digest(list(self.model.parameters()), 32)
-        allreduce_sum_(slots, self.sync.clock)
-        metric = metric_of(self.task)
-        scored = [v for v in history if not math.isnan(v)]
-        best = math.nan if not scored else max(scored) if metric.higher_is_better else min(scored)
-        quality: dict[str, Any] = {
-            "metric": metric.describe(),
-            "peak_test_metric": best,
-            "final_test_metric": history[-1],
-        }
-        if self.task.classifies:
-            quality |= {"peak_test_accuracy": best, "final_test_accuracy": history[-1]}
-        return {
-            "strategy": self.cfg.strategy,
-            "policy": self.cfg.policy,
-            "world_size": n,
-            **quality,
-            "wall_seconds": wall,
-            "compute_seconds": self.total_compute,
-            "exposed_sync_seconds": self.total_exposed,
-            "boundaries": self.sync.boundary,
-            "grad_syncs": self.sync.grad_syncs,
-            "param_syncs": self.sync.param_syncs,
-            "collectives": self.sync.collectives,
-            "final_sync_period": self.sync.sync_period,
-            "k_path": [{"sync_period": k, **v} for k, v in self.sync.k_path.items()],
-            "param_digest_per_rank": [int(v) for v in slots.tolist()],
-            "link": self.cfg.link_name,
-            "out_dir": str(self.out_dir) if self.out_dir else "",
-        }
-
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
             # on the CPU: the file loads on a machine with no GPU, with no map_location (a
@@ -629,13 +489,3 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
 def print_summary(summary: dict[str, Any]) -> None:
     """The closing table, to the terminal and train.log (the run's logger, rank 0)."""
     logging.getLogger(LOGGER).info("autok summary\n" + summary_table(summary))
-
-
-def _on_device_or_read(slot: torch.Tensor, x: Any) -> float:
-    """A metric's per-batch value with no host sync: a tensor on slot's device is added to slot
-    there (0.0 returned); a number, or a tensor elsewhere (a metric computed on the CPU), is
-    returned as a float for the host's sum (a kernel launch would cost more than the add)."""
-    if isinstance(x, torch.Tensor) and x.device == slot.device:
-        slot.add_(x.detach().sum())
-        return 0.0
-    return float(x)
