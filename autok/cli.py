@@ -57,7 +57,7 @@ RUN_FILES = (
     "checkpoints",
 )
 
-# Each setting's help line, group and resume rule are its field's (trainer/engine/options.py
+# Each setting's help line, group and resume rule are its field's (trainer/engine/about.py
 # `about`): these are read from the fields, never kept by hand (docs/design.md §3).
 HELP: dict[str, str] = {n: f.description or "" for n, f in TrainConfig.model_fields.items()}
 

@@ -52,7 +52,7 @@ class ConfigError(OptionError):
     """A bad setting; the message starts with the flag to change."""
 
 
-# The run's own bounds (the engine's are in trainer/engine/options.py; the workers' and the
+# The run's own bounds (the engine's are in trainer/engine/*_settings.py; the workers' and the
 # milestones' in autok/training_settings.py); each bound's reason is its field's
 # `about(too_low=..., too_high=...)`, printed with the refusal.
 MAX_LOCAL_PROCESSES = 1024  # workers and their DataLoader processes together

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autok.trainer.engine.options import COUNT_MAX, GROUPS, about
 
-# The run's own bounds (the engine's are in trainer/engine/options.py); each bound's reason is
+# The run's own bounds (the engine's are in trainer/engine/*_settings.py); each bound's reason is
 # its field's `about(too_low=..., too_high=...)`, printed with the refusal.
 MAX_LOCAL_WORKERS = 256
 MILESTONES_MAX = 16  # LR drops in one run; schedules in the literature have two or three

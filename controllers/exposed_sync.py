@@ -29,12 +29,14 @@ K may not exceed that value until `cooldown` rounds pass without it firing again
 Heterogeneous data: on label-skewed shards the replicas disagree far more than on iid shards at
 the same K, and that drift grows with K (FedAvg, SCAFFOLD), so the link's K* can miss the quality
 target altogether (the controller panel's skew-wan regime: at K* ≈ 11 no seed reached it). The
-guard's first judged window measures the drift ratio once: above `skew_drift` the data counts as
-heterogeneous and K is capped at `skew_cap` for the rest of the run, at once. On the panel's
-pilot seeds the first 32 steps at K = 4 gave drift ratios of 0.7–0.8 on iid shards and 2.0–2.4 on
-Dirichlet shards (α = 1 and 0.1): 1.4 lies between. The drift ratio falls with K on skewed data
-(a larger K's averaged update is longer), so a first window judged at K = 1 (a fast link) may not
-detect it; a later window would mix skew with the rise of drift late in any run, so it is judged
+guard's first judged window (under the direct rule: the first boundary at the starting K, then
+boundaries at the first K*) gives the mean drift ratio once: above `skew_drift` the data counts
+as heterogeneous and K is capped at `skew_cap` for the rest of the run, at once. On the panel's
+pilot seeds the first 32 steps at fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid
+shards, 2.0–2.4 (K = 4) and 1.3–1.7 (K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies
+between. The drift ratio falls with K on skewed data (a larger K's averaged update is longer), so
+with a first K* far above 16, or a first window at K = 1 (a fast link), mild skew may go
+undetected; a later window would mix skew with the rise of drift late in any run, so it is judged
 once.
 
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the

@@ -1,7 +1,8 @@
 """What a setting's field says besides its type, bounds, default and help line (About), written
 by `about(...)` into its json_schema_extra and read back by `about_of`. The engine's settings
 models (trainer/engine/*_settings.py, composed by options.py's SyncOptions) and the run's
-(autok/config.py) declare their fields with it; trainer/engine/options.py re-exports it.
+(autok/config.py, data_settings.py, training_settings.py) declare their fields with it;
+trainer/engine/options.py re-exports it.
 """
 
 from __future__ import annotations
