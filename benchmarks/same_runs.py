@@ -13,22 +13,15 @@ Prints how many were compared and which differ; exits 1 if any differ.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-MAX_RECORD_BYTES = 1 << 16  # a boundary record is about 600 bytes
+from autok.report import read_boundaries
 
 
 def records(path: Path, ignore: set[str]) -> list[dict]:
-    out = []
-    with path.open() as f:
-        for line in f:
-            if len(line) > MAX_RECORD_BYTES:
-                raise SystemExit(f"{path}: a record of {len(line)} bytes is not autok's")
-            r = json.loads(line)
-            out.append({k: v for k, v in r.items() if k not in ignore})
-    return out
+    """The run's boundary records as `autok report` reads them, less the ignored fields."""
+    return [{k: v for k, v in r.items() if k not in ignore} for r in read_boundaries(path)]
 
 
 def same(a: Path, b: Path, ignore: set[str]) -> bool:

@@ -508,7 +508,8 @@ def test_same_runs_finds_the_runs_whose_records_differ_and_ignores_a_named_field
         d = root / name / "seed-1"
         d.mkdir(parents=True)
         (d / "epochs.csv").write_text("epoch,test_accuracy\n0,0.5\n")
-        rec = {"boundary": 0, "lr": lr, **extra}
+        rec = {"epoch": 0, "global_step": 3, "sync_period": 4, "lr": lr, **extra}
+        rec |= {"exposed_sync_seconds": 0.1, "compute_seconds": 0.2}
         (d / "boundaries.jsonl").write_text(json.dumps(rec) + "\n")
 
     a, b = tmp_path / "a", tmp_path / "b"

@@ -127,6 +127,11 @@ class Checked:
     ddp_kwargs: dict[str, Any]
     exact: bool  # the fused boundary is exact here (fused_boundary_is_exact, no unused parameter)
     unused: bool  # find_unused_parameters: a rank's gradient may be None where another's is not
+    # the LR the K policy takes as its peak: given, or group 0's, the group every boundary reads
+    # η from, so qsr's ratio η/peak is one group's schedule whatever the order or relative LRs
+    # of the groups (docs/design.md, "The LR a boundary records"); a tensor LR (CUDA graphs, a
+    # compiled step) read as a number
+    peak_lr: float
 
 
 def check_arguments(
@@ -178,7 +183,7 @@ def check_arguments(
     world_size = dist.get_world_size()
     if delayed and (why := delayed_state_problem(optimizer, world_size, opts.delay)):
         raise OptionError(why)
-    return Checked(opts, ddp_kwargs, exact, unused)
+    return Checked(opts, ddp_kwargs, exact, unused, lr)
 
 
 @dataclass(slots=True)
@@ -210,7 +215,6 @@ def build_parts(
     optimizer: torch.optim.Optimizer,
     checked: Checked,
     device: torch.device | None,
-    peak_lr: float | None,
 ) -> SyncParts:
     """`SyncParts`, in the order the parts depend on: the clocks before DDP (its comm hook
     holds the link clock), DDP before the averager (rank 0's parameters, broadcast, are the
@@ -274,7 +278,7 @@ def build_parts(
         params=params,
         averager=averager,
         watch=watch,
-        controller=controller(opts, optimizer, peak_lr),
+        controller=controller(opts, checked.peak_lr),
         # ddp's loss is rank-local (no averaging collective carries it): the guard judges the
         # parameters there, which the averaged gradients keep identical on every rank.
         divergence=DivergenceGuard(factor=opts.divergence_factor, shared_loss=averager is not None),
@@ -297,14 +301,7 @@ def timed_ddp(
     )
 
 
-def controller(
-    opts: SyncOptions, optimizer: torch.optim.Optimizer, peak_lr: float | None
-) -> Controller:
-    """The policy's controller. Its peak LR, where not given: group 0's, the group every boundary
-    reads η from, so qsr's ratio η/peak is one group's schedule, whatever the order or relative
-    LRs of the groups (docs/design.md, "The LR a boundary records"); an LR may be a tensor
-    (CUDA graphs, a compiled step)."""
-    if peak_lr is None:
-        peak_lr = float(optimizer.param_groups[0]["lr"])
+def controller(opts: SyncOptions, peak_lr: float) -> Controller:
+    """The policy's controller, its peak LR the checked one (`Checked.peak_lr`)."""
     assert opts.sync_period is not None  # SyncOptions resolves K (its strategy's default)
     return build_controller(opts.policy, opts.sync_period, opts.policy_options(peak_lr))

@@ -104,7 +104,7 @@ class Sync:
         checked = check_arguments(model, optimizer, observers, options, ddp_kwargs, kwargs, peak_lr)
         self.options: SyncOptions = checked.options
         self.optimizer, self.module = optimizer, model
-        p = build_parts(model, optimizer, checked, device, peak_lr)
+        p = build_parts(model, optimizer, checked, device)
         self.rank, self.world_size, self.device = p.rank, p.world_size, p.device
         self.strategy, self.model, self.averager = p.strategy, p.model, p.averager
         # auto's boundary form, and the check it needs (trainer/engine/boundary_form.py)
