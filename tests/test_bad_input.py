@@ -398,6 +398,14 @@ TRAIN = [
         ("--drift-limit", "--policy adacomm"),
         id="drift-limit-unread-by-adacomm",
     ),
+    # the skew cap (controllers/exposed_sync.py): its bounds, and unread under fixed
+    R(["train", "--policy", "composite", "--skew-drift", "-1", "--out", "{out}"], "--skew-drift"),
+    R(["train", "--policy", "exposed-sync", "--skew-cap", "0", "--out", "{out}"], "--skew-cap"),
+    R(
+        ["train", "--skew-cap", "2", "--out", "{out}"],
+        ("--skew-cap", "--policy fixed does not read it", "exposed-sync"),
+        id="skew-cap-unread-by-fixed",
+    ),
     R(
         ["train", "--sync-period", "100", "--max-sync-period", "8", "--out", "{out}"],
         "--max-sync-period: 8 is below --sync-period 100",
