@@ -247,7 +247,7 @@ class ParameterAverager:
         self.ref = flat
         self._ref_views = views_of(self.ref, self.params)
         self.outer, self._torch_outer, self.velocity = OuterOptimizer("torch"), outer, None
-        self._plain = False  # (a torch optimizer's step is never a plain average)
+        self._plain = self.outer.is_plain_average  # (False: a torch optimizer's step rounds)
         self.flat.retarget(self.ref, None)  # the cuts held slices of the old θ_ref
 
     def region(self, fragment: int = WHOLE) -> tuple[int, int, list[torch.Tensor]]:
