@@ -1,5 +1,6 @@
 """`composite`: the larger of the QSR K and the K that keeps the exposed-sync share under target,
-capped by the drift/loss guard and, on skewed data, the skew cap (controllers/exposed_sync.py).
+capped by the drift/loss guard and, on skewed data, the soft skew cap
+(controllers/exposed_sync.py).
 QSR supplies the generalization-driven floor as the LR decays; the share rule supplies the
 network-driven floor; the guard caps both before drift hurts."""
 

@@ -31,13 +31,21 @@ the same K, and that drift grows with K (FedAvg, SCAFFOLD), so the link's K* can
 target altogether (the controller panel's skew-wan regime: at K* ≈ 11 no seed reached it). The
 guard's first judged window (under the direct rule: the first boundary at the starting K, then
 boundaries at the first K*) gives the mean drift ratio once: above `skew_drift` the data counts
-as heterogeneous and K is capped at `skew_cap` for the rest of the run, at once. On the panel's
+as heterogeneous for the rest of the run, and K is held under a soft cap at once. On the panel's
 pilot seeds the first 32 steps at fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid
 shards, 2.0–2.4 (K = 4) and 1.3–1.7 (K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies
 between. The drift ratio falls with K on skewed data (a larger K's averaged update is longer), so
 with a first K* far above 16, or a first window at K = 1 (a fast link), mild skew may go
 undetected; a later window would mix skew with the rise of drift late in any run, so it is judged
 once.
+
+The soft cap: with the link's K* (K·r/r_t, from the last window) at or under `skew_cap`, K
+follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
+the time to a target is least at a K proportional to √(sync time / compute time) rather than to
+the ratio itself (AdaComm's τ*, Wang and Joshi 2019), and the link's K* is proportional to the
+ratio: so K grows as the square root of the link's K* from the point where drift starts to
+count. A hard cap at `skew_cap` (this rule's first form) held K at 4 on a slow link (100 ms
+RTT), where K = 16 reached the target in 0.6 of the time (docs/results.md).
 
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
 cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model
@@ -65,6 +73,13 @@ def share_at(share: float, factor: float) -> float:
         return 1.0
     r = share / (1.0 - share) / factor
     return r / (1.0 + r)
+
+
+def link_k(k: int, share: float, target: float) -> float:
+    """The link model's K*: the K at which the share measured at K would be the target."""
+    if share >= 1.0:
+        return math.inf
+    return k * (share / (1.0 - share)) / (target / (1.0 - target))
 
 
 def next_sync_period(
@@ -112,8 +127,7 @@ def direct_sync_period(
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
-    r_t = target / (1.0 - target)
-    want = math.inf if share >= 1.0 else k * (share / (1.0 - share)) / r_t
+    want = link_k(k, share, target)
     if want > k * (1.0 + margin):
         new = min(top, math.ceil(want) if math.isfinite(want) else top)
         if new > k:
@@ -195,8 +209,9 @@ class ExposedSyncController:
     # measured times), instead of a whole window at the starting K
     estimated: bool = False
     skew_drift: float = 1.4  # the first judged window's drift ratio above which data is skewed
-    skew_cap: int = 4  # K's ceiling on skewed data
+    skew_cap: int = 4  # on skewed data, the link K* above which K grows as its square root
     skewed: bool = False
+    link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
     _win: _Window = field(default_factory=_Window)
     _guard_win: _Window = field(default_factory=_Window)
 
@@ -215,10 +230,21 @@ class ExposedSyncController:
             self.skewed = True  # judged once, on the window that calibrates the guard
         return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
 
+    def skew_ceiling(self) -> int | None:
+        """On skewed data, K's soft cap: the cap itself until the link's K* is known, then
+        ⌊√(skew_cap · K*)⌋ where K* exceeds the cap (the module's docstring)."""
+        if not self.skewed:
+            return None
+        if self.link_k is None or self.link_k <= self.skew_cap:
+            return self.skew_cap
+        if not math.isfinite(self.link_k):
+            return self.max_sync_period  # the share was all sync: no K* to scale
+        return max(self.skew_cap, math.floor(math.sqrt(self.skew_cap * self.link_k)))
+
     def k_ceiling(self) -> int | None:
         """The lowest of the guard's ceiling (until its cooldown ends) and, on skewed data, the
-        skew cap."""
-        caps = [c for c in (self.ceiling, self.skew_cap if self.skewed else None) if c is not None]
+        soft cap."""
+        caps = [c for c in (self.ceiling, self.skew_ceiling()) if c is not None]
         return min(caps) if caps else None
 
     def observe(self, stats: BoundaryStats) -> SyncDecision:
@@ -234,18 +260,21 @@ class ExposedSyncController:
                 self.ceiling = None
         was_skewed = self.skewed
         reason = self._judge_guard()
-        if self.skewed and not was_skewed and reason is None and self.sync_period > self.skew_cap:
-            self._win, self.sync_period = _Window(), self.skew_cap  # a K known too large: now
+        cap = self.skew_ceiling()
+        if cap is not None and not was_skewed and reason is None and self.sync_period > cap:
+            self._win, self.sync_period = _Window(), cap  # a K known too large: now
             return SyncDecision(
-                self.skew_cap,
+                cap,
                 f"skewed data: drift ratio {self.guard.calibrated_drift:.3g} > "
-                f"{self.skew_drift:g}: K capped at {self.skew_cap}",
+                f"{self.skew_drift:g}: K capped at {cap} (soft cap {self.skew_cap}, link K* "
+                f"{self.link_k if self.link_k is not None else float('nan'):.3g})",
             )
         needed = self.window if self.estimated or self.rule != "direct" else 1
         if reason is None and self._win.rounds < needed:
             return SyncDecision(self.sync_period, f"measuring ({self._win.rounds}/{needed})")
         w, self._win = self._win, _Window()
         self.estimated = True
+        self.link_k = link_k(self.sync_period, w.share, self.target)
         if self.rule == "direct":
             k, why = direct_sync_period(
                 self.sync_period,
@@ -294,6 +323,7 @@ class ExposedSyncController:
             "guard_window": vars(self._guard_win).copy(),
             "estimated": self.estimated,
             "skewed": self.skewed,
+            "link_k": self.link_k,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -309,3 +339,7 @@ class ExposedSyncController:
         if type(skewed) is not bool:
             raise ValueError(f"exposed-sync state: skewed must be true or false, not {skewed!r}")
         self.skewed = skewed
+        k = state.get("link_k")  # a state saved before the soft cap: unknown, the cap holds
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int | float) or k < 0):
+            raise ValueError(f"exposed-sync state: link_k must be a number >= 0, not {k!r}")
+        self.link_k = None if k is None else float(k)

@@ -126,30 +126,63 @@ def test_backs_off_on_a_drift_spike_and_stays_capped_for_the_cooldown():
 
 def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     """The first judged window's drift ratio tells skewed shards from iid ones: above
-    skew_drift K is capped at skew_cap there and then, and the link rule may not raise it."""
+    skew_drift K is held under the soft cap there and then, ⌊√(skew_cap · K*)⌋ of the link's
+    K*, and the link rule may not raise it above that."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
     skewed = ExposedSyncController(sync_period=4, **kw)
     iid = ExposedSyncController(sync_period=4, **kw)
-    # a slow link: the direct rule's K* is far above 4 (sync 0.1 s per boundary, 5 ms a step)
+    # a slow link: sync 0.1 s per boundary, 5 ms a step: the share at K = 4 is 5/6, so the
+    # link's K* is 4 · 5 / 0.25 = 80, and the soft cap ⌊√(4 · 80)⌋ = 17
     ks_skewed = drive(skewed, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
     ks_iid = drive(iid, 40, drift_ratio=0.8, step_compute=0.005, sync=0.1)
     assert skewed.skewed and not iid.skewed
-    assert max(ks_iid[-10:]) > 4 and set(ks_skewed[-30:]) == {4}
+    assert skewed.link_k == pytest.approx(80.0) and skewed.skew_ceiling() == 17
+    assert set(ks_iid[-10:]) == {64} and set(ks_skewed[-30:]) == {17}
     # the cap came at the boundary whose window judged the drift, not a window later
     d = ExposedSyncController(sync_period=4, **kw)
     reasons = [d.observe(stats(d.sync_period, drift_ratio=2.0, i=i)) for i in range(40)]
-    first = next(i for i, r in enumerate(reasons) if r.next_sync_period == 4 and i > 0)
-    assert reasons[first].reason.startswith("skewed data: drift ratio 2 > 1.4: K capped at 4")
+    first = next(i for i, r in enumerate(reasons) if r.next_sync_period == 17)
+    assert reasons[first - 1].next_sync_period == 64  # the link's K* (80) within max K
+    assert reasons[first].reason.startswith(
+        "skewed data: drift ratio 2 > 1.4: K capped at 17 (soft cap 4, link K* 80)"
+    )
     # it survives a resume, and skew_drift = 0 turns it off
     again = ExposedSyncController(sync_period=4, **kw)
     again.load_state_dict(skewed.state_dict())
-    assert again.skewed and set(drive(again, 20, drift_ratio=0.5, sync=0.1)) == {4}
+    assert again.skewed and again.link_k == skewed.link_k
+    assert set(drive(again, 20, drift_ratio=0.5, sync=0.1)) == {17}
     fresh = ExposedSyncController(sync_period=4, **kw)
-    assert max(drive(fresh, 20, drift_ratio=0.5, sync=0.1)) > 4  # what the cap held back
+    assert max(drive(fresh, 20, drift_ratio=0.5, sync=0.1)) > 17  # what the cap held back
     with pytest.raises(ValueError, match="skewed must be true or false"):
         again.load_state_dict({**skewed.state_dict(), "skewed": "false"})
+    with pytest.raises(ValueError, match="link_k must be a number"):
+        again.load_state_dict({**skewed.state_dict(), "link_k": "80"})
+    old = {k: v for k, v in skewed.state_dict().items() if k != "link_k"}
+    again.load_state_dict(old)  # saved before the soft cap: the cap itself until a window
+    assert again.link_k is None and again.skew_ceiling() == 4
     off = ExposedSyncController(sync_period=4, skew_drift=0.0, **kw)
-    assert not off.skewed and max(drive(off, 40, drift_ratio=2.0, sync=0.1)[-10:]) > 4
+    assert not off.skewed and max(drive(off, 40, drift_ratio=2.0, sync=0.1)[-10:]) > 17
+
+
+def test_the_soft_skew_cap_follows_the_link_as_a_square_root():
+    """On skewed data K follows a fast link's K* where it is at or under the cap, grows as
+    √(cap · K*) above it, and falls with the link again: the cap is not a constant."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    c = ExposedSyncController(sync_period=4, **kw)
+    drive(c, 8, drift_ratio=2.0, step_compute=0.005, sync=0.1)
+    assert c.skewed
+    # a link four times faster: K* 20 at any K (sync 25 ms per boundary), cap ⌊√80⌋ = 8
+    assert set(drive(c, 16, drift_ratio=2.0, step_compute=0.005, sync=0.025)[-8:]) == {8}
+    # a fast link: K* = 2.5 under the cap, so K follows it (⌊2.5⌋ after the direct rule's floor)
+    ks = drive(c, 16, drift_ratio=2.0, step_compute=0.005, sync=0.003125)
+    assert c.link_k is not None and c.link_k < 4 and set(ks[-8:]) == {2}
+    # all of the time in sync (no compute at all): no K* to scale, max K bounds it
+    c.link_k = math.inf
+    assert c.skew_ceiling() == 64
+    # the doubling rule keeps the same soft cap
+    d = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=64, window=4, lower=True)
+    ks = drive(d, 60, drift_ratio=2.0, step_compute=0.005, sync=0.1)
+    assert d.skewed and max(ks) == ks[-1] == 17  # 4, 8, 16, then the cap, not 32
 
 
 def test_a_back_off_and_composite_stay_within_the_skew_cap():
@@ -161,7 +194,7 @@ def test_a_back_off_and_composite_stay_within_the_skew_cap():
     comp = CompositeController(share=share, qsr=QSRController(base=32, alpha=1.0))
     ks = [comp.observe(stats(comp.sync_period, drift_ratio=2.0, i=i)).next_sync_period
           for i in range(40)]  # fmt: skip
-    assert share.skewed and set(ks[-20:]) == {4}
+    assert share.skewed and share.skew_ceiling() == 17 and set(ks[-20:]) == {17}
 
 
 def test_backs_off_when_the_loss_rises_over_a_window():
