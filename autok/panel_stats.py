@@ -13,6 +13,10 @@ paired across methods:
 - resolvable ratio at 80% power, two-sided α = 0.05: paired,
   exp((t(0.975, n−1) + t(0.80, n−1)) · sd(d)/√n); unpaired from a pilot's spreads of both arms'
   log times, exp((t(0.975, ν) + t(0.80, ν)) · sqrt(s_a²/n_a + s_b²/n_b)) with ν = n_a + n_b − 2.
+- seeds for a bound: the fewest seeds n at which, were the true ratio and sd(d) what this panel
+  measured, the paired CI's upper bound falls to a bound (the within-5% goal's 1.05) with 80%
+  power: log(bound) − log(ratio) ≥ (t(0.975, n−1) + t(0.80, n−1)) · sd(d)/√n. It plans the next
+  panel's seed count; no use for this one's verdict (adding seeds after a look voids its CI).
 - censoring: a run that never reaches the target counts at its end time (a lower bound on its
   time to target); its entry says which fraction of seeds reached it, and `censored` is true.
   A censored ratio is therefore optimistic for the censored arm: for a method, when the method
@@ -28,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 ALPHA, POWER = 0.05, 0.80
+# the within-5% goal: the default policy's upper 95% bound on its ratio to the best fixed K
+GOAL_WITHIN = 1.05
 
 
 def crossing_time(
@@ -114,6 +120,22 @@ def resolvable_ratio_unpaired(log_a: Sequence[float], log_b: Sequence[float]) ->
     return math.exp((_t(1 - ALPHA / 2, df) + _t(POWER, df)) * se)
 
 
+SEEDS_MAX = 1000  # beyond this a bound is out of any panel's reach: None
+
+
+def seeds_for_bound(ratio: float, sd_log: float, bound: float) -> int | None:
+    """The fewest seeds (≥ 2) whose paired CI has its upper bound at most `bound` with 80% power,
+    for this true ratio and spread; None where the ratio is not under the bound, or no n up to
+    SEEDS_MAX does."""
+    if math.isnan(sd_log) or ratio >= bound:
+        return None
+    margin = math.log(bound) - math.log(ratio)
+    for n in range(2, SEEDS_MAX + 1):
+        if (_t(1 - ALPHA / 2, n - 1) + _t(POWER, n - 1)) * sd_log / math.sqrt(n) <= margin:
+            return n
+    return None
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One run's time to target: the crossing, or None with the run's end time."""
@@ -130,8 +152,11 @@ def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def compare(method: Mapping[int, Outcome], baseline: Mapping[int, Outcome]) -> dict:
-    """One summary entry, seeds paired (those both arms ran); before Holm."""
+def compare(
+    method: Mapping[int, Outcome], baseline: Mapping[int, Outcome], within: float = GOAL_WITHIN
+) -> dict:
+    """One summary entry, seeds paired (those both arms ran); before Holm. `within`: the bound
+    whose seed count it plans (seeds_for_bound)."""
     seeds = sorted(set(method) & set(baseline))
     if not seeds:
         return {"ratio": None, "ci_low": None, "ci_high": None, "p": math.nan, "reached": 0.0}
@@ -149,6 +174,7 @@ def compare(method: Mapping[int, Outcome], baseline: Mapping[int, Outcome]) -> d
         "censored": censored,
         "n": r.n,
         "resolvable_ratio": _finite(resolvable_ratio(r.sd_log, r.n)),
+        "seeds_for_within": seeds_for_bound(r.ratio, r.sd_log, within),
     }
 
 

@@ -38,7 +38,7 @@ class CompositeController:
         k = next_sync_period(
             q.next_sync_period, s.next_sync_period, share.k_ceiling(), share.max_sync_period
         )
-        self.share.sync_period = k
+        self.share.set_sync_period(k)
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")
 

@@ -24,20 +24,30 @@ target·(1 − margin)).
 
 Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
 at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
-K may not exceed that value until `cooldown` rounds pass without it firing again.
+K may not exceed that value until `cooldown` rounds pass without it firing again. A raise starts
+the loss guard's best window afresh: a larger K runs at a higher training loss from its first
+window (each replica's steps start further from the average), so compared with the best window
+at the smaller K the guard backed off every raise on a link that had just slowed (the panel's
+flip-link and flip-wan: K 8 → 4 → 2 → 1 within three windows of the WAN's start); a rise at one K
+still fires it.
 
 Heterogeneous data: on label-skewed shards the replicas disagree far more than on iid shards at
 the same K, and that drift grows with K (FedAvg, SCAFFOLD), so the link's K* can miss the quality
 target altogether (the controller panel's skew-wan regime: at K* ≈ 11 no seed reached it). The
-guard's first judged window (under the direct rule: the first boundary at the starting K, then
-boundaries at the first K*) gives the mean drift ratio once: above `skew_drift` the data counts
-as heterogeneous for the rest of the run, and K is held under a soft cap at once. On the panel's
-pilot seeds the first 32 steps at fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid
-shards, 2.0–2.4 (K = 4) and 1.3–1.7 (K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies
-between. The drift ratio falls with K on skewed data (a larger K's averaged update is longer), so
-with a first K* far above 16, or a first window at K = 1 (a fast link), mild skew may go
-undetected; a later window would mix skew with the rise of drift late in any run, so it is judged
-once.
+first of the guard's windows (at least `window` rounds and 32 steps) whose boundaries average
+K ≥ 2 gives the mean drift ratio once: above `skew_drift` the data counts as heterogeneous for
+the rest of the run, at or under it as iid. On the panel's pilot seeds the first 32 steps at
+fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid shards, 2.0–2.4 (K = 4) and 1.3–1.7
+(K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies between. A window at K = 1 does not judge:
+the replicas start every step together, and the ratio reads 0.9 on the same Dirichlet shards. The
+drift ratio falls with K on skewed data (a larger K's averaged update is longer), so with a first
+judged K far above 16 mild skew may go undetected; a later window would mix skew with the rise of
+drift late in any run, so it is judged once.
+
+Until it is judged, K stays under the soft cap as if the data were skewed: a jump from K = 1 to
+the WAN's K* ≈ 8–12 on skewed shards (the panel's flip-link, where the LAN phase ran at K = 1 and
+left skew unjudged) dropped test accuracy from 0.76–0.80 to 0.43–0.62 within an epoch in three of
+five seeds, while on iid data the provisional cap costs one window below K*.
 
 The soft cap: with the link's K* (K·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
@@ -210,7 +220,9 @@ class ExposedSyncController:
     estimated: bool = False
     skew_drift: float = 1.4  # the first judged window's drift ratio above which data is skewed
     skew_cap: int = 4  # on skewed data, the link K* above which K grows as its square root
-    skewed: bool = False
+    # None until a window at K >= 2 judges it (held under the soft cap meanwhile); False with
+    # skew_drift = 0 (off)
+    skewed: bool | None = None
     link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
     _win: _Window = field(default_factory=_Window)
     _guard_win: _Window = field(default_factory=_Window)
@@ -218,6 +230,8 @@ class ExposedSyncController:
     def __post_init__(self) -> None:
         if self.floor is None:
             self.floor = 1 if self.lower else self.sync_period
+        if self.skew_drift <= 0:
+            self.skewed = False  # off: never judged, never capped
 
     def _judge_guard(self) -> str | None:
         """The guard's verdict on its own window, once it spans `window` rounds and
@@ -226,20 +240,24 @@ class ExposedSyncController:
         if g.rounds < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
             return None
         self._guard_win = _Window()
-        if self.guard.calibrated_drift is None and 0 < self.skew_drift < g.drift_ratio / g.n:
-            self.skewed = True  # judged once, on the window that calibrates the guard
+        if self.skewed is None and g.steps >= 2 * g.rounds:  # judged once, at a mean K >= 2
+            self.skewed = g.drift_ratio / g.n > self.skew_drift
         return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
 
     def skew_ceiling(self) -> int | None:
-        """On skewed data, K's soft cap: the cap itself until the link's K* is known, then
-        ⌊√(skew_cap · K*)⌋ where K* exceeds the cap (the module's docstring)."""
-        if not self.skewed:
+        """On skewed data K's soft cap: the cap itself until the link's K* is known, then
+        ⌊√(skew_cap · K*)⌋ where K* exceeds the cap (the module's docstring); until a window has
+        judged the data, the same bound on a rise above the current K."""
+        if self.skewed is False:
             return None
         if self.link_k is None or self.link_k <= self.skew_cap:
-            return self.skew_cap
-        if not math.isfinite(self.link_k):
-            return self.max_sync_period  # the share was all sync: no K* to scale
-        return max(self.skew_cap, math.floor(math.sqrt(self.skew_cap * self.link_k)))
+            cap = self.skew_cap
+        elif not math.isfinite(self.link_k):
+            cap = self.max_sync_period  # the share was all sync: no K* to scale
+        else:
+            cap = max(self.skew_cap, math.floor(math.sqrt(self.skew_cap * self.link_k)))
+        # unjudged, it only stops a rise: a K the user started above it is theirs until judged
+        return cap if self.skewed else max(cap, self.sync_period)
 
     def k_ceiling(self) -> int | None:
         """The lowest of the guard's ceiling (until its cooldown ends) and, on skewed data, the
@@ -258,16 +276,17 @@ class ExposedSyncController:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
                 self.ceiling = None
+        judged = self._guard_win.drift_ratio / max(1, self._guard_win.n)
         was_skewed = self.skewed
         reason = self._judge_guard()
         cap = self.skew_ceiling()
-        if cap is not None and not was_skewed and reason is None and self.sync_period > cap:
+        if self.skewed and was_skewed is None and cap is not None and self.sync_period > cap:
             self._win, self.sync_period = _Window(), cap  # a K known too large: now
+            link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
             return SyncDecision(
                 cap,
-                f"skewed data: drift ratio {self.guard.calibrated_drift:.3g} > "
-                f"{self.skew_drift:g}: K capped at {cap} (soft cap {self.skew_cap}, link K* "
-                f"{self.link_k if self.link_k is not None else float('nan'):.3g})",
+                f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}: K capped at "
+                f"{cap} (soft cap {self.skew_cap}{link})",
             )
         needed = self.window if self.estimated or self.rule != "direct" else 1
         if reason is None and self._win.rounds < needed:
@@ -289,7 +308,7 @@ class ExposedSyncController:
             )
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0
-            self.sync_period = k
+            self.set_sync_period(k)
             return SyncDecision(k, why)
         k, why = next_sync_period(
             self.sync_period,
@@ -304,8 +323,15 @@ class ExposedSyncController:
         )
         if reason is not None:
             self.ceiling, self.since_fire = k, 0
-        self.sync_period = k
+        self.set_sync_period(k)
         return SyncDecision(k, why)
+
+    def set_sync_period(self, k: int) -> None:
+        """Move to K; a raise starts the loss guard's best window afresh (the module's
+        docstring)."""
+        if k > self.sync_period:
+            self.guard.best_loss = math.inf
+        self.sync_period = k
 
     def rollback(self, sync_period: int) -> None:
         """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
@@ -336,9 +362,11 @@ class ExposedSyncController:
         self._guard_win = _window(state.get("guard_window", {}))
         self.estimated = bool(state.get("estimated", True))
         skewed = state.get("skewed", False)  # a state saved before the skew cap: False
-        if type(skewed) is not bool:
-            raise ValueError(f"exposed-sync state: skewed must be true or false, not {skewed!r}")
-        self.skewed = skewed
+        if skewed is not None and type(skewed) is not bool:
+            raise ValueError(
+                f"exposed-sync state: skewed must be true, false or null, not {skewed!r}"
+            )
+        self.skewed = False if self.skew_drift <= 0 else skewed
         k = state.get("link_k")  # a state saved before the soft cap: unknown, the cap holds
         if k is not None and (isinstance(k, bool) or not isinstance(k, int | float) or k < 0):
             raise ValueError(f"exposed-sync state: link_k must be a number >= 0, not {k!r}")

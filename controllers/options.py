@@ -83,17 +83,18 @@ class PolicySettings(BaseModel):
         1.4,
         ge=0.0,
         le=1e6,
-        description="exposed-sync/composite: the first judged window's drift ratio above which "
-        "the data counts as skewed and K is held under --skew-cap's soft cap for the rest of the "
-        "run (0: off)",
+        description="exposed-sync/composite: the drift ratio of the first window at K >= 2 "
+        "above which the data counts as skewed and K is held under --skew-cap's soft cap for "
+        "the rest of the run (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
     skew_cap: int = Field(
         4,
         ge=1,
         le=K_MAX,
-        description="exposed-sync/composite, once the data counts as skewed (--skew-drift): the "
-        "link's K* above which K grows only as sqrt(cap * K*)",
+        description="exposed-sync/composite, on skewed data (--skew-drift), and on any until a "
+        "window at K >= 2 has judged it: the link's K* above which K grows only as "
+        "sqrt(cap * K*)",
         json_schema_extra=about(too_high=K_REASON),
     )
     guard_cooldown: int = Field(

@@ -125,9 +125,9 @@ def test_backs_off_on_a_drift_spike_and_stays_capped_for_the_cooldown():
 
 
 def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
-    """The first judged window's drift ratio tells skewed shards from iid ones: above
-    skew_drift K is held under the soft cap there and then, ⌊√(skew_cap · K*)⌋ of the link's
-    K*, and the link rule may not raise it above that."""
+    """Until a window at K >= 2 judges the drift ratio, K is held under the soft cap,
+    ⌊√(skew_cap · K*)⌋ of the link's K*; above skew_drift it stays there for the rest of the run,
+    and at or under it (iid) K goes on to the link's K*."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
     skewed = ExposedSyncController(sync_period=4, **kw)
     iid = ExposedSyncController(sync_period=4, **kw)
@@ -135,25 +135,23 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     # link's K* is 4 · 5 / 0.25 = 80, and the soft cap ⌊√(4 · 80)⌋ = 17
     ks_skewed = drive(skewed, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
     ks_iid = drive(iid, 40, drift_ratio=0.8, step_compute=0.005, sync=0.1)
-    assert skewed.skewed and not iid.skewed
+    assert skewed.skewed is True and iid.skewed is False
     assert skewed.link_k == pytest.approx(80.0) and skewed.skew_ceiling() == 17
-    assert set(ks_iid[-10:]) == {64} and set(ks_skewed[-30:]) == {17}
-    # the cap came at the boundary whose window judged the drift, not a window later
-    d = ExposedSyncController(sync_period=4, **kw)
-    reasons = [d.observe(stats(d.sync_period, drift_ratio=2.0, i=i)) for i in range(40)]
-    first = next(i for i, r in enumerate(reasons) if r.next_sync_period == 17)
-    assert reasons[first - 1].next_sync_period == 64  # the link's K* (80) within max K
-    assert reasons[first].reason.startswith(
-        "skewed data: drift ratio 2 > 1.4: K capped at 17 (soft cap 4, link K* 80)"
-    )
+    assert set(ks_skewed) == {17} and set(ks_iid[-10:]) == {64}
+    # iid: the provisional cap until the guard's first window (4 rounds, 32 steps) judges it
+    assert ks_iid[:4] == [17, 17, 17, 17] and iid.skew_ceiling() is None
+    # a K already above the cap when skew is judged (a starting K of 32 under the doubling
+    # rule, whose first window has not closed) falls to it there and then
+    d = ExposedSyncController(sync_period=32, target=0.2, max_sync_period=64, window=4)
+    reasons = [d.observe(stats(d.sync_period, drift_ratio=2.0, i=i)) for i in range(4)]
+    assert [r.next_sync_period for r in reasons] == [32, 32, 32, 4]
+    assert reasons[-1].reason == "skewed data: drift ratio 2 > 1.4: K capped at 4 (soft cap 4)"
     # it survives a resume, and skew_drift = 0 turns it off
     again = ExposedSyncController(sync_period=4, **kw)
     again.load_state_dict(skewed.state_dict())
-    assert again.skewed and again.link_k == skewed.link_k
+    assert again.skewed is True and again.link_k == skewed.link_k
     assert set(drive(again, 20, drift_ratio=0.5, sync=0.1)) == {17}
-    fresh = ExposedSyncController(sync_period=4, **kw)
-    assert max(drive(fresh, 20, drift_ratio=0.5, sync=0.1)) > 17  # what the cap held back
-    with pytest.raises(ValueError, match="skewed must be true or false"):
+    with pytest.raises(ValueError, match="skewed must be true, false or null"):
         again.load_state_dict({**skewed.state_dict(), "skewed": "false"})
     with pytest.raises(ValueError, match="link_k must be a number"):
         again.load_state_dict({**skewed.state_dict(), "link_k": "80"})
@@ -161,7 +159,23 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     again.load_state_dict(old)  # saved before the soft cap: the cap itself until a window
     assert again.link_k is None and again.skew_ceiling() == 4
     off = ExposedSyncController(sync_period=4, skew_drift=0.0, **kw)
-    assert not off.skewed and max(drive(off, 40, drift_ratio=2.0, sync=0.1)[-10:]) > 17
+    assert off.skewed is False and max(drive(off, 40, drift_ratio=2.0, sync=0.1)) == 64
+
+
+def test_a_window_at_k_1_leaves_skew_unjudged_and_the_soft_cap_holds_on_a_new_link():
+    """On a fast link K falls to 1, where replicas start every step together and the drift
+    ratio says nothing about skew: no judgement, so when the link turns slow K jumps only to
+    the soft cap; the first window there judges, and on iid data K goes on to the link's K*."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    c = ExposedSyncController(sync_period=4, **kw)
+    drive(c, 60, drift_ratio=2.0, step_compute=0.005, sync=0.0001)  # K = 1 after a boundary
+    assert c.sync_period == 1 and c.skewed is None
+    seen = []  # (K, judged) after each boundary on a slower link: K* = 16, soft cap ⌊√64⌋ = 8
+    for i in range(12):
+        k = c.observe(stats(c.sync_period, drift_ratio=0.8, step_compute=0.005, sync=0.02, i=i))
+        seen.append((k.next_sync_period, c.skewed))
+    assert max(k for k, judged in seen if judged is None) == 8
+    assert c.skewed is False and seen[-1][0] >= 16  # iid: on to the link's K*
 
 
 def test_the_soft_skew_cap_follows_the_link_as_a_square_root():
@@ -203,6 +217,19 @@ def test_backs_off_when_the_loss_rises_over_a_window():
     drive(c, 4, loss=0.8)
     d = [c.observe(stats(8, loss=1.0, i=i)) for i in range(4)][-1]  # +25% over best window
     assert d.next_sync_period == 4 and "loss" in d.reason
+
+
+def test_the_loss_guard_judges_a_rise_at_one_k_not_the_step_up_to_a_larger_one():
+    """A larger K starts at a higher training loss (the replicas' first steps after a longer
+    period): after a raise the best window is the new K's own, so the step up is not a back-off,
+    and a rise at that K still is."""
+    c = ExposedSyncController(
+        sync_period=8, target=0.2, max_sync_period=16, window=4, skew_drift=0.0
+    )  # the doubling rule: 8 -> 16 at the first window (sync 0.1 s, 5 ms a step)
+    assert drive(c, 4, loss=0.8)[-1] == 16
+    assert set(drive(c, 4, loss=0.95)) == {16}  # +19% over the window at K = 8: no back-off
+    d = [c.observe(stats(16, loss=1.1, i=i)) for i in range(4)][-1]  # +16% at K = 16
+    assert d.next_sync_period == 8 and "loss 1.1 rose over best window 0.95" in d.reason
 
 
 def test_non_finite_loss_backs_off():
@@ -247,16 +274,19 @@ def test_network_share_leaves_the_peer_wait_out_of_both_sides():
 def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_boundary():
     # s = 0.05 s per boundary, c = 0.02 s per step: f(4) = 0.05/0.13, K* = 4·r/r_t = 10,
     # decided at the first boundary rather than after a window at the starting K
-    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32, skew_drift=0.0))
     d = c.observe(stats(4, step_compute=0.02, sync=0.05))
     assert d.next_sync_period in (10, 11) and d.reason.startswith("raise")
+    # with the skew check on (the default), to the soft cap ⌊√(4 · 10)⌋ until a window judges
+    on = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    assert on.observe(stats(4, step_compute=0.02, sync=0.05)).next_sync_period == 6
     # then a window per decision: K* at 10 or 11 is within the margin, so K holds
     ks = [c.observe(stats(d.next_sync_period, step_compute=0.02, sync=0.05, i=i)) for i in range(8)]
     assert {x.next_sync_period for x in ks} == {d.next_sync_period}
 
 
 def test_the_default_rule_lowers_k_on_a_fast_link_and_raises_it_when_the_link_slows():
-    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
+    c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32, skew_drift=0.0))
     assert c.observe(stats(4, step_compute=0.02, sync=1e-4)).next_sync_period == 1
     ks = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)).next_sync_period for i in range(4)]
     assert ks[-1] >= 8  # a window of 4 boundaries at K = 1 on the slow link: K* = 10
@@ -477,6 +507,7 @@ def test_composite_takes_the_larger_and_the_guard_caps_it():
         qsr_base=2,
         k_rule="double",  # the share rule steps K, so each step below is one doubling
         k_lowering=False,
+        skew_drift=0.0,  # the skew check's soft cap is tested on its own (above)
     )
     c = build_controller("composite", 2, o)
     # Idle link: the share rule holds; QSR raises K as the LR decays.
@@ -488,7 +519,10 @@ def test_composite_takes_the_larger_and_the_guard_caps_it():
     assert all("back off" not in c.observe(stats(16, sync=1e-6)).reason for _ in "ab")  # K 16
     ds = [c.observe(stats(16, sync=1e-6, lr=0.02, loss=3.0)) for _ in range(2)]
     assert ds[0].next_sync_period == 50  # QSR's (0.1·√2 / 0.02)², the guard's window still open
-    assert "back off" in ds[1].reason and ds[1].next_sync_period == 25  # under QSR's 50
+    # a raise starts the loss guard's best window afresh: 3.0 is K = 50's level, not a back-off
+    assert "back off" not in ds[1].reason and ds[1].next_sync_period == 50
+    d = c.observe(stats(50, sync=1e-6, lr=0.02, loss=4.0))  # a rise at K = 50 is one
+    assert "back off: loss 4 rose over best window 3" in d.reason and d.next_sync_period == 25
 
 
 # ----- state -----------------------------------------------------------------------------------

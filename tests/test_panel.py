@@ -336,6 +336,10 @@ def test_a_policy_resolvably_faster_counts_and_one_within_5_percent_meets_the_go
     (goal,) = panel.goals(summary, [g])
     assert goal.within and goal.ci_high <= panel.GOAL_WITHIN
     assert goal.faster == ["qsr"]  # its upper bound is below 0.90
+    # 3 seeds already bound it under 1.05; the plan for the next panel says how few would
+    assert goal.seeds_for_within == summary["regimes"]["r"]["exposed-sync"]["seeds_for_within"]
+    assert goal.seeds_for_within is not None and 2 <= goal.seeds_for_within <= 3
+    assert f"| qsr | {goal.seeds_for_within} |" in panel.render_goals([goal])
     assert "| r | 1.010 |" in panel.render_goals([goal])
 
 
@@ -444,6 +448,28 @@ def test_the_resolvable_ratio_has_80_percent_power():
     se = math.sqrt(0.01 / 3 + 0.04 / 3)
     expect = math.exp((st.t.ppf(0.975, 4) + st.t.ppf(0.8, 4)) * se)
     assert resolvable_ratio_unpaired(a, b) == pytest.approx(expect)
+
+
+def test_seeds_for_a_bound_are_the_fewest_with_80_percent_power():
+    """The seed count that plans the next panel: at that n the paired t-test of 'ratio <
+    bound' has about 80% power (noncentral t), at n − 1 it has less."""
+    from scipy import stats as st
+
+    from autok.panel_stats import seeds_for_bound
+
+    ratio, sd, bound = 0.97, 0.073, 1.05  # the last panel's iid-wan, as measured
+    n = seeds_for_bound(ratio, sd, bound)
+    assert n == 9
+
+    def power(m):  # one-sided at 0.025: the CI's upper bound under `bound`
+        nc = (math.log(bound) - math.log(ratio)) / (sd / math.sqrt(m))
+        return 1 - st.nct.cdf(st.t.ppf(0.975, m - 1), m - 1, nc)
+
+    assert power(n) > 0.78 and power(n - 1) < 0.78  # 0.81 and 0.75 here
+    assert seeds_for_bound(1.0, sd, bound) > n  # the closer to the bound, the more seeds
+    assert seeds_for_bound(1.05, sd, bound) is None and seeds_for_bound(1.2, sd, bound) is None
+    assert seeds_for_bound(0.97, math.nan, bound) is None
+    assert seeds_for_bound(1.0499, 1.0, bound) is None  # out of any panel's reach
 
 
 def test_summary_json_pairs_seeds_against_the_best_fixed_k_and_marks_censored_runs(tmp_path):
