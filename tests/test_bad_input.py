@@ -1218,31 +1218,16 @@ EXPERIMENT = [
         ]
     ],
     # A panel's pilot (autok/pilot.py): its seeds apart from the main ones, its plan a plan.
-    R(
-        EXP,
-        "pilot.seeds",
-        experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
-        id="exp-pilot-seed-is-a-main-seed",
-    ),  # fmt: skip
+    R(EXP, "pilot.seeds", experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
+      id="exp-pilot-seed-is-a-main-seed"),  # fmt: skip
     R([*EXP, "--seeds", "7"], "--seeds", experiment(PILOT_EXP), id="exp-seeds-are-pilot-seeds"),
-    R(
-        EXP,
-        "pilot.runs",
-        experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
-        id="exp-pilot-runs-a-policy",
-    ),  # fmt: skip
-    R(
-        EXP,
-        ("--out", "plan.json", "not a plan"),
-        both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
-        id="exp-plan-json-not-a-plan",
-    ),  # fmt: skip
-    R(
-        EXP,
-        ("--out", "plan.json", "not readable JSON"),
-        both(experiment(PILOT_EXP), file("out/plan.json", "{")),
-        id="exp-plan-json-not-json",
-    ),
+    R(EXP, "pilot.runs", experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
+      id="exp-pilot-runs-a-policy"),  # fmt: skip
+    R(EXP, ("--out", "plan.json", "not a plan"),
+      both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
+      id="exp-plan-json-not-a-plan"),  # fmt: skip
+    R(EXP, ("--out", "plan.json", "not readable JSON"),
+      both(experiment(PILOT_EXP), file("out/plan.json", "{")), id="exp-plan-json-not-json"),
 ]
 
 REPORT = [

@@ -22,7 +22,6 @@ def test_ruff_clean():
 
 # ----- the layers (docs/design.md §3): controllers <- engine <- built-in loop <- autok's commands
 
-
 def _imports(path: Path) -> set[str]:
     """Every module `path` imports at run time, at any depth (imports inside functions too);
     `if TYPE_CHECKING:` blocks are for the type checker only and are skipped."""
@@ -58,6 +57,7 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
         if any(m.startswith(p) if p.endswith(".") else m == p or m.startswith(p + ".")
                for p in forbidden)
     )  # fmt: skip
+
 
 
 # Each installed package, the repository folder it ships from, and the packages of autok's own it

@@ -115,7 +115,7 @@ def test_direct_rule_jumps_to_the_k_that_meets_the_target():
 
 def test_direct_controller_settles_in_one_window_and_follows_a_faster_link():
     # 5 ms per step, 100 ms per boundary: the share is 20% at K = 80, capped at 64
-    c = ExposedSyncController(sync_period=4, target=0.2, window=2, rule="direct")
+    c = ExposedSyncController(sync_period=4, target=0.2, window=2, rule="direct", skew_drift=0)
     ks = drive(c, 5, step_compute=0.005, sync=0.1)
     assert ks == [64, 64, 64, 64, 64]  # K* from the first boundary's times, then windows of 2
     # the link gets 10x faster: K* = 8; doubling would need --k-lowering and three windows
