@@ -29,6 +29,7 @@ class CompositeController:
         return self.share.sync_period
 
     def observe(self, stats: BoundaryStats) -> SyncDecision:
+        was = self.share.sync_period
         q = self.qsr.observe(stats)
         if stats.warmup:
             self.share.sync_period = q.next_sync_period
@@ -38,7 +39,7 @@ class CompositeController:
         k = next_sync_period(
             q.next_sync_period, s.next_sync_period, share.k_ceiling(), share.max_sync_period
         )
-        self.share.set_sync_period(k)
+        self.share.set_sync_period(k, was=was)  # from the K in force, not the share rule's
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")
 

@@ -112,9 +112,9 @@ def next_sync_period(
         new = min(top, k * growth)
         if new > k:
             return new, f"raise: sync share {share:.0%} > target {target:.0%}"
-        return k, f"hold: sync share {share:.0%} > target, K at its cap {top}"
+        return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if lower and k > 1 and share_at(share, 1.0 / growth) < target * (1.0 - margin):
-        return max(1, k // growth), (
+        return max(1, min(top, k // growth)), (
             f"lower: share {share:.0%}, predicted {share_at(share, 1 / growth):.0%} at K/{growth}"
         )
     return min(k, top), f"hold: sync share {share:.0%} <= target {target:.0%}"
@@ -224,8 +224,10 @@ class ExposedSyncController:
     # skew_drift = 0 (off)
     skewed: bool | None = None
     link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
+    rebaseline: bool = False  # a raise since the guard last judged: its loss is the new level
     _win: _Window = field(default_factory=_Window)
     _guard_win: _Window = field(default_factory=_Window)
+    _skew_win: _Window = field(default_factory=_Window)  # rounds at K >= 2 only
 
     def __post_init__(self) -> None:
         if self.floor is None:
@@ -240,9 +242,28 @@ class ExposedSyncController:
         if g.rounds < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
             return None
         self._guard_win = _Window()
-        if self.skewed is None and g.steps >= 2 * g.rounds:  # judged once, at a mean K >= 2
-            self.skewed = g.drift_ratio / g.n > self.skew_drift
+        if self.rebaseline:  # the first window since a raise: the new K's level, not a rise
+            self.rebaseline = False
+            self.guard.best_loss = math.inf
         return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
+
+    def _add_to_skew_window(self, stats: BoundaryStats) -> None:
+        """Until skew is judged: rounds at K >= 2 in a row (one at K = 1 starts them again)."""
+        if self.skewed is None:
+            self._skew_win = _Window() if stats.sync_period < 2 else self._skew_win
+            if stats.sync_period >= 2:
+                self._skew_win.add(stats)
+
+    def _judge_skew(self) -> None:
+        """Once: the mean drift ratio over the first `window` rounds and GUARD_MIN_STEPS steps
+        at K >= 2 in a row; a non-finite ratio does not judge."""
+        w = self._skew_win
+        if self.skewed is not None or w.rounds < self.window or w.steps < GUARD_MIN_STEPS:
+            return
+        self._skew_win = _Window()
+        ratio = w.drift_ratio / w.n
+        if math.isfinite(ratio):
+            self.skewed = ratio > self.skew_drift
 
     def skew_ceiling(self) -> int | None:
         """On skewed data K's soft cap: the cap itself until the link's K* is known, then
@@ -270,17 +291,25 @@ class ExposedSyncController:
             return SyncDecision(self.sync_period, "warmup")
         self._win.add(stats)
         self._guard_win.add(stats)
+        self._add_to_skew_window(stats)
         if not stats.closes_round:  # windows and the cooldown count whole rounds
             return SyncDecision(self.sync_period, f"measuring (fragment {stats.fragment})")
         if self.ceiling is not None:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
                 self.ceiling = None
-        judged = self._guard_win.drift_ratio / max(1, self._guard_win.n)
+        judged = self._skew_win.drift_ratio / max(1, self._skew_win.n)
         was_skewed = self.skewed
+        self._judge_skew()
         reason = self._judge_guard()
         cap = self.skew_ceiling()
-        if self.skewed and was_skewed is None and cap is not None and self.sync_period > cap:
+        if (
+            self.skewed
+            and was_skewed is None
+            and reason is None  # a back-off goes below the cap anyway, and starts a cooldown
+            and cap is not None
+            and self.sync_period > cap
+        ):
             self._win, self.sync_period = _Window(), cap  # a K known too large: now
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
             return SyncDecision(
@@ -326,18 +355,18 @@ class ExposedSyncController:
         self.set_sync_period(k)
         return SyncDecision(k, why)
 
-    def set_sync_period(self, k: int) -> None:
-        """Move to K; a raise starts the loss guard's best window afresh (the module's
-        docstring)."""
-        if k > self.sync_period:
-            self.guard.best_loss = math.inf
+    def set_sync_period(self, k: int, was: int | None = None) -> None:
+        """Move to K from `was` (default: the K in force); a raise by more than the margin
+        makes the guard's next judged window the loss's new level (the module's docstring)."""
+        if k > (self.sync_period if was is None else was) * (1.0 + self.margin):
+            self.rebaseline = True
         self.sync_period = k
 
     def rollback(self, sync_period: int) -> None:
         """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
         self.sync_period = sync_period
         self.ceiling, self.since_fire = sync_period, 0
-        self._win, self._guard_win = _Window(), _Window()
+        self._win, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -350,6 +379,8 @@ class ExposedSyncController:
             "estimated": self.estimated,
             "skewed": self.skewed,
             "link_k": self.link_k,
+            "rebaseline": self.rebaseline,
+            "skew_window": vars(self._skew_win).copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -366,8 +397,19 @@ class ExposedSyncController:
             raise ValueError(
                 f"exposed-sync state: skewed must be true, false or null, not {skewed!r}"
             )
+        if skewed is False and "link_k" not in state and self.guard.calibrated_drift is None:
+            skewed = None  # saved before the soft cap, before its one window: not judged yet
         self.skewed = False if self.skew_drift <= 0 else skewed
         k = state.get("link_k")  # a state saved before the soft cap: unknown, the cap holds
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int | float) or k < 0):
+        if k is not None and (
+            isinstance(k, bool) or not isinstance(k, int | float) or math.isnan(k) or k < 0
+        ):
             raise ValueError(f"exposed-sync state: link_k must be a number >= 0, not {k!r}")
         self.link_k = None if k is None else float(k)
+        rebaseline = state.get("rebaseline", False)
+        if type(rebaseline) is not bool:
+            raise ValueError(
+                f"exposed-sync state: rebaseline must be true or false, not {rebaseline!r}"
+            )
+        self.rebaseline = rebaseline
+        self._skew_win = _window(state.get("skew_window", {}))

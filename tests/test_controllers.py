@@ -232,6 +232,76 @@ def test_the_loss_guard_judges_a_rise_at_one_k_not_the_step_up_to_a_larger_one()
     assert d.next_sync_period == 8 and "loss 1.1 rose over best window 0.95" in d.reason
 
 
+def test_the_loss_guard_still_fires_when_k_swings_or_composite_steps_back_up():
+    """Only a raise by more than the margin re-baselines the loss, once per judged window:
+    a K that swings with the link every window, or composite's QSR K restored over a share
+    rule that lowered it, leaves the loss guard on."""
+    def backoffs(ctrl, windows, sync_of):
+        n = 0
+        for w in range(windows):
+            for _i in range(4):
+                d = ctrl.observe(
+                    stats(ctrl.sync_period, sync=sync_of(w), loss=1.06**w, step_compute=0.005)
+                )
+                n += d.reason.startswith("back off") or "back off" in d.reason
+        return n
+
+    swing = ExposedSyncController(
+        sync_period=4, target=0.2, window=4, rule="direct", lower=True, skew_drift=0.0
+    )
+    assert backoffs(swing, 16, lambda w: 0.04 if w % 2 == 0 else 0.005) > 0
+    o = PolicyOptions(peak_lr=0.1, sync_window=4, qsr_base=8, skew_drift=0.0)
+    comp = build_controller("composite", 8, o)  # QSR holds 8; the share rule wants 1
+    assert backoffs(comp, 16, lambda w: 1e-5) > 0
+    one = ExposedSyncController(sync_period=16, target=0.2, window=4)
+    one.set_sync_period(17)  # within the margin: the same level
+    assert not one.rebaseline
+    one.set_sync_period(32)
+    assert one.rebaseline
+
+
+def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():
+    """K = 1 rounds (drift 0.9 on skewed shards) neither judge nor dilute the judging window;
+    a non-finite drift ratio does not judge; a back-off due at the judgement is taken."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    c = ExposedSyncController(sync_period=4, **kw)
+    drive(c, 40, drift_ratio=0.9, step_compute=0.005, sync=0.0001)  # a fast link: K = 1
+    assert c.sync_period == 1 and c.skewed is None
+    drive(c, 12, drift_ratio=1.7, step_compute=0.005, sync=0.02)  # a slow one: K >= 2
+    assert c.skewed is True and c.sync_period <= 8  # ⌊√(4 · 16)⌋
+    nan = ExposedSyncController(sync_period=4, **kw)
+    drive(nan, 12, drift_ratio=math.nan, step_compute=0.005, sync=0.1)
+    assert nan.skewed is None
+    # judged skewed at the boundary whose loss is not finite: the back-off (32 -> 16, under the
+    # soft cap ⌊√(4 · 80)⌋ = 17 of the window's K*), with its cooldown
+    g = ExposedSyncController(sync_period=32, target=0.2, max_sync_period=64, window=4)
+    ds = [g.observe(stats(32, drift_ratio=2.0, i=i)) for i in range(3)]
+    d = g.observe(stats(32, drift_ratio=2.0, loss=math.nan, i=3))
+    assert g.skewed is True and d.reason.startswith("back off") and d.next_sync_period == 16
+    assert g.ceiling == 16 and all(x.next_sync_period == 32 for x in ds)
+
+
+def test_the_doubling_rule_follows_a_soft_cap_that_falls():
+    c = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=64, window=4)
+    drive(c, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
+    assert c.skewed is True and c.sync_period == 17  # ⌊√(4 · 80)⌋
+    ks = drive(c, 16, drift_ratio=2.0, step_compute=0.005, sync=0.05)  # K* 40: cap 12
+    assert c.skew_ceiling() == 12 and ks[-1] <= 12
+
+
+def test_old_and_bad_exposed_sync_states():
+    c = ExposedSyncController(sync_period=4, target=0.2, window=4)
+    state = c.state_dict()
+    with pytest.raises(ValueError, match="link_k must be a number"):
+        c.load_state_dict({**state, "link_k": math.nan})
+    with pytest.raises(ValueError, match="rebaseline must be true or false"):
+        c.load_state_dict({**state, "rebaseline": 1})
+    # saved before the soft cap, before its one judging window: not judged yet, not iid
+    old = {k: v for k, v in state.items() if k not in ("link_k", "rebaseline", "skew_window")}
+    c.load_state_dict({**old, "skewed": False})
+    assert c.skewed is None and c.skew_ceiling() == 4
+
+
 def test_non_finite_loss_backs_off():
     c = ExposedSyncController(sync_period=8, target=0.2, max_sync_period=8, window=2)
     drive(c, 2)
