@@ -24,11 +24,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autok import panel_stats
-from autok.report import RunResult, epoch_clock, mean_std, relative_dir, resolvable, welch_p
+from autok.report import (
+    RunResult,
+    StoppedRun,
+    epoch_clock,
+    mean_std,
+    relative_dir,
+    resolvable,
+    welch_p,
+)
 from autok.trainer.engine.clock import training_seconds
 from autok.trainer.loop.atomic_write import (  # never through a link (docs/design.md §7)
     replacing,
@@ -457,7 +466,7 @@ def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) ->
                 e.get("ratio"),
                 e.get("ci_high"),
                 e["reached"],
-                g.best_fixed.all_reached,
+                entries.get(g.best_fixed.name, {}).get("reached") == 1.0,  # stopped runs too
                 faster,
                 e.get("seeds_for_within"),
             )
@@ -616,15 +625,18 @@ def write_csv(regimes: list[Regime], path: Path) -> None:
                     )
 
 
-def report(root: Path, runs: list[RunResult], stopped: list[str]) -> str:
-    """report.md (tables, goals, plots), panel.csv; returns the text."""
+def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()) -> str:
+    """report.md (tables, goals, plots), panel.csv; returns the text. A main-seed run that did
+    not finish counts as not reaching the target (summary_data)."""
     from autok.pilot import read_plan
 
     regimes = build_regimes(runs, read_plan(root))
-    summary = summary_data(regimes)
+    summary = summary_data(regimes, stopped=stopped)
     text = f"# autok report: {root}\n\n" + render(regimes, summary)
     if stopped:
-        text += "\n## Runs that did not finish\n\n" + "".join(f"- {s}\n" for s in stopped)
+        text += "\n## Runs that did not finish\n\n" + "".join(
+            f"- {s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}\n" for s in stopped
+        )
     images = [
         (plot_quality(regimes, root / "panel_quality_vs_time.png"), "quality against time"),
         (plot_k_paths(regimes, root / "panel_k_paths.png"), "K paths of the adaptive policies"),
@@ -645,16 +657,24 @@ def outcome(r: RunResult, judge: Judge, target: float) -> panel_stats.Outcome:
     return panel_stats.Outcome(time_to_target(r, judge, target), end)
 
 
-def summary_data(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> dict:
+def summary_data(
+    regimes: list[Regime], policy: str = DEFAULT_POLICY, stopped: Sequence[StoppedRun] = ()
+) -> dict:
     """summary.json: each method's paired time-to-target ratio to its regime's best fixed K
-    (docs/design.md §6, Judging a policy), crossings interpolated between evaluations."""
-    data = {
-        g.name: (
-            g.best_fixed.name,
-            {m.name: {r.seed: outcome(r, g.judge, g.target) for r in m.runs} for m in g.methods},
-        )
-        for g in regimes
-    }
+    (docs/design.md §6, Judging a policy), crossings interpolated between evaluations. A main
+    seed's run that did not finish (diverged, failed) is a seed that did not reach the target,
+    with no end time to bound it (panel_stats.DID_NOT_FINISH): dropped, it would make the
+    method that diverged look as if it always reached."""
+    data = {}
+    for g in regimes:
+        methods = {
+            m.name: {r.seed: outcome(r, g.judge, g.target) for r in m.runs} for m in g.methods
+        }
+        for s in stopped:
+            method, _, variant = s.label.partition(" ")
+            if s.stage == "main" and variant.partition("=")[2] == g.name:
+                methods.setdefault(method, {})[s.seed] = panel_stats.DID_NOT_FINISH
+        data[g.name] = (g.best_fixed.name, methods)
     return panel_stats.summary(policy, data)
 
 

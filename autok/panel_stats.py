@@ -20,8 +20,9 @@ paired across methods:
 - censoring: a run that never reaches the target counts at its end time (a lower bound on its
   time to target); its entry says which fraction of seeds reached it, and `censored` is true.
   A censored ratio is therefore optimistic for the censored arm: for a method, when the method
-  is censored; pessimistic for it when the baseline is. Seeds whose run has no summary (a
-  diverged run) drop out of the pairing.
+  is censored; pessimistic for it when the baseline is. A run that did not finish (diverged,
+  failed: DID_NOT_FINISH) did not reach the target and has no end time to bound it: it counts
+  in `reached` (and `did_not_finish`) but drops out of the ratio, whose seeds `n` counts.
 """
 
 from __future__ import annotations
@@ -148,6 +149,10 @@ class Outcome:
         return self.end if self.time is None else self.time
 
 
+# A main seed's run that did not finish: no crossing, no end time
+DID_NOT_FINISH = Outcome(None, math.inf)
+
+
 def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 
@@ -158,12 +163,13 @@ def compare(
     """One summary entry, seeds paired (those both arms ran); before Holm. `within`: the bound
     whose seed count it plans (seeds_for_bound)."""
     seeds = sorted(set(method) & set(baseline))
-    if not seeds:
-        return {"ratio": None, "ci_low": None, "ci_high": None, "p": math.nan, "reached": 0.0}
+    timed = [s for s in seeds if math.isfinite(method[s].end) and math.isfinite(baseline[s].end)]
+    reached = sum(method[s].time is not None for s in seeds) / len(seeds) if seeds else 0.0
+    if not timed:
+        return {"ratio": None, "ci_low": None, "ci_high": None, "p": math.nan, "reached": reached}
     r = paired_log_ratio(
-        [method[s].censored_time for s in seeds], [baseline[s].censored_time for s in seeds]
+        [method[s].censored_time for s in timed], [baseline[s].censored_time for s in timed]
     )
-    reached = sum(method[s].time is not None for s in seeds) / len(seeds)
     censored = any(method[s].time is None or baseline[s].time is None for s in seeds)
     return {
         "ratio": r.ratio,
@@ -175,6 +181,7 @@ def compare(
         "n": r.n,
         "resolvable_ratio": _finite(resolvable_ratio(r.sd_log, r.n)),
         "seeds_for_within": seeds_for_bound(r.ratio, r.sd_log, within),
+        "did_not_finish": len(seeds) - len(timed),
     }
 
 

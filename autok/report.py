@@ -349,6 +349,7 @@ class StoppedRun:
     epochs_done: int
     peak: float  # best test metric over the epochs it finished (nan if none)
     why: str
+    stage: str = "main"  # a panel's: "pilot" or "main" (experiment.json)
 
 
 LOG_TAIL_BYTES = 64 * 1024  # a log grows without bound; why a run stopped is at its end
@@ -401,7 +402,8 @@ def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun
                 why = re.sub(r"^[\w.]+(Error|Exception|Diverged): ", "", why).split("; ")[0]
         values = [epoch_metric(e) for e in epochs]
         best = quality.better(values)
-        out.append(StoppedRun(meta["label"], meta["seed"], len(epochs), best, why))
+        stage = meta.get("stage", "main")
+        out.append(StoppedRun(meta["label"], meta["seed"], len(epochs), best, why, stage))
     return out
 
 
@@ -1236,11 +1238,7 @@ def report(root: Path) -> str:
     from autok import panel
 
     if panel.is_panel(runs):  # regimes judged apart (their metrics differ): its own report
-        lines = [
-            f"{s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}"
-            for s in collect_stopped(root)
-        ]
-        text = panel.report(root, runs, lines)
+        text = panel.report(root, runs, collect_stopped(root))
         write_csv(runs, root / "report.csv")
         return text
     rows = table_rows(runs)

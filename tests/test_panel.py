@@ -343,6 +343,30 @@ def test_a_policy_resolvably_faster_counts_and_one_within_5_percent_meets_the_go
     assert "| r | 1.010 |" in panel.render_goals([goal])
 
 
+def test_a_run_that_did_not_finish_is_a_seed_that_did_not_reach_the_target():
+    """A diverged main-seed run has no summary: it counts as not reaching (the goal's 'reached
+    in every seed' fails) and drops out of the ratio, rather than vanishing from the panel."""
+    from autok import panel
+    from autok.report import StoppedRun
+
+    runs = [
+        *[_run("k8", s, [0.6, 0.88, 0.9], 1.0) for s in (1, 2, 3)],
+        *[_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.0, "exposed-sync") for s in (1, 2)],
+    ]
+    stopped = [StoppedRun("exposed-sync regime=r", 3, 2, 0.7, "training diverged")]
+    regimes = panel.build_regimes(runs)
+    summary = panel.summary_data(regimes, stopped=stopped)
+    e = summary["regimes"]["r"]["exposed-sync"]
+    assert e["reached"] == pytest.approx(2 / 3) and e["did_not_finish"] == 1 and e["n"] == 2
+    (goal,) = panel.goals(summary, regimes)
+    assert not goal.within
+    # a pilot run that stopped is no main seed; nor is another regime's
+    others = [StoppedRun("exposed-sync regime=q", 3, 2, 0.7, "x"),
+              StoppedRun("exposed-sync regime=r", 3, 2, 0.7, "x", stage="pilot")]  # fmt: skip
+    e = panel.summary_data(regimes, stopped=others)["regimes"]["r"]["exposed-sync"]
+    assert e["reached"] == 1.0 and e["did_not_finish"] == 0
+
+
 def test_a_policy_that_misses_the_target_in_one_seed_fails_and_says_so():
     from autok import panel
 
