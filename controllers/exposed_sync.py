@@ -24,30 +24,33 @@ target·(1 − margin)).
 
 Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
 at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
-K may not exceed that value until `cooldown` rounds pass without it firing again. A raise starts
-the loss guard's best window afresh: a larger K runs at a higher training loss from its first
-window (each replica's steps start further from the average), so compared with the best window
-at the smaller K the guard backed off every raise on a link that had just slowed (the panel's
-flip-link and flip-wan: K 8 → 4 → 2 → 1 within three windows of the WAN's start); a rise at one K
-still fires it.
+K may not exceed that value until `cooldown` rounds pass without it firing again. A raise by
+more than `margin` re-baselines the loss guard once: its next judged window sets the level
+instead of being compared with the best window at the smaller K. A larger K runs at a higher
+training loss from its first window (each replica's steps start further from the average), and
+compared across the raise the guard backed off every raise on a link that had just slowed (the
+panel's flip-link and flip-wan: K 8 → 4 → 2 → 1 within three windows of the WAN's start). A rise
+at one K still fires it; a K raised again in every judged window (a link that swings by more than
+the margin each window) leaves only the drift guard.
 
 Heterogeneous data: on label-skewed shards the replicas disagree far more than on iid shards at
 the same K, and that drift grows with K (FedAvg, SCAFFOLD), so the link's K* can miss the quality
 target altogether (the controller panel's skew-wan regime: at K* ≈ 11 no seed reached it). The
-first of the guard's windows (at least `window` rounds and 32 steps) whose boundaries average
-K ≥ 2 gives the mean drift ratio once: above `skew_drift` the data counts as heterogeneous for
-the rest of the run, at or under it as iid. On the panel's pilot seeds the first 32 steps at
-fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid shards, 2.0–2.4 (K = 4) and 1.3–1.7
-(K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies between. A window at K = 1 does not judge:
-the replicas start every step together, and the ratio reads 0.9 on the same Dirichlet shards. The
-drift ratio falls with K on skewed data (a larger K's averaged update is longer), so with a first
-judged K far above 16 mild skew may go undetected; a later window would mix skew with the rise of
-drift late in any run, so it is judged once.
+first `window` rounds (and 32 steps) in a row at K ≥ 2 give the mean drift ratio once (a round at
+K = 1 starts the count again; a non-finite mean does not judge): above `skew_drift` the data
+counts as heterogeneous for the rest of the run, at or under it as iid. On the panel's pilot
+seeds the first 32 steps at fixed K gave 0.7–0.8 (K = 4) and 0.55–0.65 (K = 16) on iid shards,
+2.0–2.4 (K = 4) and 1.3–1.7 (K = 16) on Dirichlet shards (α = 1 and 0.1): 1.4 lies between. A
+round at K = 1 does not judge: the replicas start every step together, and the ratio reads 0.9
+on the same Dirichlet shards. The drift ratio falls with K on skewed data (a larger K's averaged
+update is longer), so with a first judged K far above 16 mild skew may go undetected; a later
+window would mix skew with the rise of drift late in any run, so it is judged once.
 
-Until it is judged, K stays under the soft cap as if the data were skewed: a jump from K = 1 to
-the WAN's K* ≈ 8–12 on skewed shards (the panel's flip-link, where the LAN phase ran at K = 1 and
-left skew unjudged) dropped test accuracy from 0.76–0.80 to 0.43–0.62 within an epoch in three of
-five seeds, while on iid data the provisional cap costs one window below K*.
+Until it is judged, the soft cap bounds any rise above the current K, as if the data were
+skewed: a jump from K = 1 to the WAN's K* ≈ 8–12 on skewed shards (the panel's flip-link, where
+the LAN phase ran at K = 1 and left skew unjudged) dropped test accuracy from 0.76–0.80 to
+0.43–0.62 within an epoch in three of five seeds, while on iid data the provisional cap costs a
+window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 12).
 
 The soft cap: with the link's K* (K·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,

@@ -2,7 +2,8 @@
 
 The guard fires when the window's mean drift ratio (docs/design.md §4) exceeds `drift_limit` times
 its level calibrated over the first post-warmup window, or when the window's mean training loss
-exceeds (1 + loss_rise) times the best window mean seen so far.
+exceeds (1 + loss_rise) times the best window mean seen so far (exposed-sync starts the best
+afresh after a raise of K: controllers/exposed_sync.py).
 """
 
 from __future__ import annotations
