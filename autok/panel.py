@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,7 +344,9 @@ def _p(a: list[float], b: list[float]) -> str:
     return "—" if math.isnan(p) else f"{p:.3f}"
 
 
-def render_regime(g: Regime) -> str:
+def render_regime(g: Regime, entries: Mapping[str, dict] | None = None) -> str:
+    """The regime's table; `entries` (summary.json's, per method) adds the seeds whose run did
+    not finish, which the runs behind the table do not hold."""
     j = g.judge
     scale = 100.0 if j.accuracy else 1.0
     best_ttt = min((m.ttt_mean() for m in g.methods), default=math.inf)
@@ -371,6 +373,9 @@ def render_regime(g: Regime) -> str:
     bf = g.best_fixed
     for m in g.methods:
         reached = f"{len(m.reached)}/{len(m.ttt)}"
+        # summary.json counts a seed whose run did not finish as not reached
+        if n_stopped := (entries or {}).get(m.name, {}).get("did_not_finish", 0):
+            reached += f" (+{n_stopped} did not finish)"
         ttt = (
             _cell(mean_std(m.reached), ".1f", m.ttt_mean() == best_ttt)
             if m.all_reached
@@ -573,11 +578,12 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
     parts = ["## Controller panel: every method against every fixed K, per regime", ""]
     parts += [render_summary(regimes)]
     for g in regimes:
-        if g.plan is None:
-            parts.append(render_regime(g))
-            continue
         entries = (summary or {}).get("regimes", {}).get(g.name, {})
-        heading, _, table = render_regime(g).partition("\n")  # the regime's name comes first
+        if g.plan is None:
+            parts.append(render_regime(g, entries))
+            continue
+        # the regime's name comes first
+        heading, _, table = render_regime(g, entries).partition("\n")
         parts += [heading + "\n", render_plan(g), table, render_resolution(g, entries)]
     if summary is not None:
         parts += ["## The goals", "", render_goals(goals(summary, regimes))]
@@ -672,7 +678,7 @@ def summary_data(
         }
         for s in stopped:
             method, _, variant = s.label.partition(" ")
-            if s.stage == "main" and variant.partition("=")[2] == g.name:
+            if s.stage == "main" and variant == f"regime={g.name}":
                 methods.setdefault(method, {})[s.seed] = panel_stats.DID_NOT_FINISH
         data[g.name] = (g.best_fixed.name, methods)
     return panel_stats.summary(policy, data)

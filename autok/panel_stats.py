@@ -164,24 +164,31 @@ def compare(
     whose seed count it plans (seeds_for_bound)."""
     seeds = sorted(set(method) & set(baseline))
     timed = [s for s in seeds if math.isfinite(method[s].end) and math.isfinite(baseline[s].end)]
-    reached = sum(method[s].time is not None for s in seeds) / len(seeds) if seeds else 0.0
+    entry: dict = {
+        "ratio": None,
+        "ci_low": None,
+        "ci_high": None,
+        "p": math.nan,
+        "reached": sum(method[s].time is not None for s in seeds) / len(seeds) if seeds else 0.0,
+        "censored": any(method[s].time is None or baseline[s].time is None for s in timed),
+        "n": len(timed),
+        "resolvable_ratio": None,
+        "seeds_for_within": None,
+        "did_not_finish": sum(not math.isfinite(method[s].end) for s in seeds),
+    }
     if not timed:
-        return {"ratio": None, "ci_low": None, "ci_high": None, "p": math.nan, "reached": reached}
+        return entry
     r = paired_log_ratio(
         [method[s].censored_time for s in timed], [baseline[s].censored_time for s in timed]
     )
-    censored = any(method[s].time is None or baseline[s].time is None for s in seeds)
     return {
+        **entry,
         "ratio": r.ratio,
         "ci_low": _finite(r.ci_low),
         "ci_high": _finite(r.ci_high),
         "p": r.p,
-        "reached": reached,
-        "censored": censored,
-        "n": r.n,
         "resolvable_ratio": _finite(resolvable_ratio(r.sd_log, r.n)),
         "seeds_for_within": seeds_for_bound(r.ratio, r.sd_log, within),
-        "did_not_finish": len(seeds) - len(timed),
     }
 
 

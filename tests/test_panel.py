@@ -360,11 +360,23 @@ def test_a_run_that_did_not_finish_is_a_seed_that_did_not_reach_the_target():
     assert e["reached"] == pytest.approx(2 / 3) and e["did_not_finish"] == 1 and e["n"] == 2
     (goal,) = panel.goals(summary, regimes)
     assert not goal.within
-    # a pilot run that stopped is no main seed; nor is another regime's
+    assert "| 2/2 (+1 did not finish) |" in panel.render(regimes, summary)
+    # a pilot run that stopped is no main seed; nor is another regime's, nor a non-regime label
     others = [StoppedRun("exposed-sync regime=q", 3, 2, 0.7, "x"),
+              StoppedRun("exposed-sync other=r", 3, 2, 0.7, "x"),
               StoppedRun("exposed-sync regime=r", 3, 2, 0.7, "x", stage="pilot")]  # fmt: skip
     e = panel.summary_data(regimes, stopped=others)["regimes"]["r"]["exposed-sync"]
     assert e["reached"] == 1.0 and e["did_not_finish"] == 0
+    # the baseline's seed that did not finish is not charged to the method; every seed of a
+    # method that never finished: the whole entry, no ratio
+    base = [StoppedRun("k8 regime=r", 4, 1, 0.5, "x"),
+            StoppedRun("exposed-sync regime=r", 4, 1, 0.5, "x"),
+            StoppedRun("exposed-sync regime=r", 5, 1, 0.5, "x"),
+            StoppedRun("qsr regime=r", 1, 1, 0.5, "x")]  # fmt: skip
+    summary = panel.summary_data(regimes, stopped=base)["regimes"]["r"]
+    assert summary["exposed-sync"]["did_not_finish"] == 1  # seed 4: both stopped; 5: no k8
+    assert summary["qsr"]["ratio"] is None and summary["qsr"]["n"] == 0
+    assert summary["qsr"]["did_not_finish"] == 1 and summary["qsr"]["seeds_for_within"] is None
 
 
 def test_a_policy_that_misses_the_target_in_one_seed_fails_and_says_so():
