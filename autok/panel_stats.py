@@ -104,11 +104,16 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
+def _detectable_log(sd_log: float, n: int) -> float:
+    """The log ratio a paired t-test of n seeds detects with 80% power at α = 0.05."""
+    return (_t(1 - ALPHA / 2, n - 1) + _t(POWER, n - 1)) * sd_log / math.sqrt(n)
+
+
 def resolvable_ratio(sd_log: float, n: int) -> float:
     """The smallest ratio a paired t-test of n seeds detects with 80% power at α = 0.05."""
     if n < 2 or math.isnan(sd_log):
         return math.nan
-    return math.exp((_t(1 - ALPHA / 2, n - 1) + _t(POWER, n - 1)) * sd_log / math.sqrt(n))
+    return math.exp(_detectable_log(sd_log, n))
 
 
 def resolvable_ratio_unpaired(log_a: Sequence[float], log_b: Sequence[float]) -> float:
@@ -132,7 +137,7 @@ def seeds_for_bound(ratio: float, sd_log: float, bound: float) -> int | None:
         return None
     margin = math.log(bound) - math.log(ratio)
     for n in range(2, SEEDS_MAX + 1):
-        if (_t(1 - ALPHA / 2, n - 1) + _t(POWER, n - 1)) * sd_log / math.sqrt(n) <= margin:
+        if _detectable_log(sd_log, n) <= margin:
             return n
     return None
 

@@ -252,10 +252,12 @@ class ExposedSyncController:
 
     def _add_to_skew_window(self, stats: BoundaryStats) -> None:
         """Until skew is judged: rounds at K >= 2 in a row (one at K = 1 starts them again)."""
-        if self.skewed is None:
-            self._skew_win = _Window() if stats.sync_period < 2 else self._skew_win
-            if stats.sync_period >= 2:
-                self._skew_win.add(stats)
+        if self.skewed is not None:
+            return
+        if stats.sync_period < 2:
+            self._skew_win = _Window()
+        else:
+            self._skew_win.add(stats)
 
     def _judge_skew(self) -> None:
         """Once: the mean drift ratio over the first `window` rounds and GUARD_MIN_STEPS steps
