@@ -60,7 +60,14 @@ _SYNC, _FAILURES = GROUPS[0], GROUPS[7]
 
 
 # The built-in task's settings: a --task builds its own data and model instead.
-TASK_OWNS = ("dataset", "data_dir", "model", "mnist1d_samples", "image_size")
+TASK_OWNS = (
+    "dataset",
+    "data_dir",
+    "model",
+    "mnist1d_samples",
+    "mnist1d_test_samples",
+    "image_size",
+)
 # The engine's options that `autok train`'s loop does not take (autok.Sync's alone: no group,
 # so no flag), refused from a --config file (docs/design.md §2).
 LIBRARY_ONLY = tuple(n for n, f in SyncOptions.model_fields.items() if about_of(f, n).group is None)

@@ -73,20 +73,21 @@ def require_run(settings: TrainConfig | Mapping[str, Any]) -> None:
         for feature in (f"--dataset {get('dataset')}", f"--model {get('model')}"):
             if feature not in FEATURES or not missing(FEATURES[feature][0]):
                 continue
-            if not _cached(feature, get("mnist1d_samples")):  # read only when it matters
+            sizes = (get("mnist1d_samples"), get("mnist1d_test_samples"))
+            if not _cached(feature, *sizes):  # read only when it matters
                 require(feature)
     if get("tensorboard") is not None:
         require("--tensorboard")
 
 
-def _cached(feature: str, mnist1d_samples: int) -> bool:
-    """mnist1d is generated once and cached: a run that finds the cache whole never imports the
-    package, so it is not refused for lacking it."""
+def _cached(feature: str, mnist1d_samples: int, test_samples: int | None = None) -> bool:
+    """mnist1d is generated once and cached: a run that finds the cache whole (and the held-out
+    draw's, when it tests on one) never imports the package, so it is not refused for lacking it."""
     if feature != "--dataset mnist1d":
         return False
-    from autok.trainer.loop.data import DATA_SEED, mnist1d_cached
+    from autok.trainer.loop.data import mnist1d_ready
 
-    return mnist1d_cached(mnist1d_samples, DATA_SEED)
+    return mnist1d_ready(mnist1d_samples, test_samples)
 
 
 def require_storage(url: str | None) -> None:

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from autok.config import SyncSettings, TrainConfig
 from autok.procs import die_with_parent, start_worker_server, under_torchrun, worker_start_method
-from autok.trainer.loop.data import DATA_SEED, prepare_mnist1d
+from autok.trainer.loop.data import DATA_SEED, prepare_mnist1d, prepare_mnist1d_test
 
 
 def usable_cpus() -> int:
@@ -48,6 +48,7 @@ def prepare_data(cfg: TrainConfig) -> None:
     """Work done once before the workers start, so N processes do not repeat it."""
     if cfg.task is None and cfg.dataset == "mnist1d":
         prepare_mnist1d(cfg.mnist1d_samples, DATA_SEED)
+        prepare_mnist1d_test(cfg.mnist1d_test_samples)
 
 
 def worker(

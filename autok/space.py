@@ -346,7 +346,8 @@ def load_space(path: Path | None) -> list[Dim]:
             raise ConfigError(f"{where}: given twice")
         if name not in TrainConfig.model_fields:
             raise ConfigError(f"{where}: not an `autok train` setting")
-        if name in ("out", "workers"):
+        # mnist1d_test_samples: every trial's objective is read on the one test set
+        if name in ("out", "workers", "mnist1d_test_samples"):
             raise ConfigError(f"{where}: fixed per sweep, cannot be searched")
         if name == "task":  # its metric sets the sweep's direction: one per sweep
             raise ConfigError(f"{where}: fixed per sweep (give --task), cannot be searched")

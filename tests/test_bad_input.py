@@ -316,6 +316,10 @@ TRAIN = [
     R(["train", "--workers", "10000", "--out", "{out}"], "--workers"),
     R(["train", "--loader-workers", "10000", "--out", "{out}"], "--loader-workers"),
     R(["train", "--mnist1d-samples", "1000000000", "--out", "{out}"], "--mnist1d-samples"),
+    R(["train", "--mnist1d-test-samples", "1000000000", "--out", "{out}"], "--mnist1d-test-samples",
+      id="test-samples-huge"),
+    R(["train", "--mnist1d-test-samples", "10", "--out", "{out}"], "--mnist1d-test-samples",
+      id="test-samples-few"),
     R(["train", "--seed", str(10**23), "--out", "{out}"], "--seed"),
     R(["train", "--seed", "-1", "--out", "{out}"], "--seed"),
     R(["train", "--seed", str(2**32), "--out", "{out}"], "--seed"),
@@ -503,6 +507,11 @@ TRAIN = [
         ["train", "--dataset", "digits", "--mnist1d-samples", "900", "--out", "{out}"],
         "--mnist1d-samples: --dataset digits does not read it",
         id="digits+mnist1d-samples",
+    ),
+    R(
+        ["train", "--dataset", "digits", "--mnist1d-test-samples", "900", "--out", "{out}"],
+        "--mnist1d-test-samples: --dataset digits does not read it",
+        id="digits+mnist1d-test-samples",
     ),
     R(
         ["train", "--image-size", "64", "--out", "{out}"],
@@ -935,6 +944,8 @@ SWEEP = [
             ("string", "lr: {type: float, low: '0.1', high: 0.5}\n"),
             ("unknown", "frobnicate: {type: int, low: 1, high: 2}\n"),
             ("out", "out: {type: categorical, choices: [a, b]}\n"),
+            # each trial's objective would be read on another test set
+            ("test-set", "mnist1d_test_samples: {type: int, low: 1000, high: 2000}\n"),
             ("no-type", "lr: {low: 0.1, high: 0.5}\n"),
             ("bound-invalid", "lr: {type: float, low: -1.0, high: 0.5}\n"),
             ("bound-too-big", "sync_period: {type: int, low: 1, high: 100000000}\n"),

@@ -185,6 +185,29 @@ def test_a_damaged_mnist1d_cache_is_made_again(tmp_path, monkeypatch, damage):
     assert path.stat().st_mtime_ns == mtime
 
 
+def test_a_held_out_mnist1d_test_set_leaves_the_training_set_as_it_was(tmp_path, monkeypatch):
+    """--mnist1d-test-samples tests on a second draw of that size: the training set (the 80%) is
+    the same tensors, the test set is new samples of every class, none of them trained on."""
+    monkeypatch.setenv("AUTOK_CACHE", str(tmp_path))
+    plain = build_splits("mnist1d", mnist1d_samples=500)
+    # a draw as large as the data set: were it the same draw, its own 80% would be the
+    # training rows to the last bit
+    held = build_splits("mnist1d", mnist1d_samples=500, mnist1d_test_samples=500)
+    pairs = zip(plain.train.tensors, held.train.tensors, strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert len(plain.test) == 100 and len(held.test) == 500
+    xs, ys = held.test.tensors
+    assert torch.bincount(ys, minlength=10).tolist() == [50] * 10
+    seen = {tuple(r.tolist()) for r in held.train.tensors[0].flatten(1)}
+    assert not any(tuple(r.tolist()) in seen for r in xs.flatten(1))
+    # made once and cached like the data set
+    assert data.mnist1d_cached(500, data.HELD_OUT_SEED)
+    mtime = data.prepare_mnist1d(500, data.HELD_OUT_SEED).stat().st_mtime_ns
+    again = build_splits("mnist1d", mnist1d_samples=500, mnist1d_test_samples=500)
+    assert torch.equal(again.test.tensors[0], xs)
+    assert data.prepare_mnist1d(500, data.HELD_OUT_SEED).stat().st_mtime_ns == mtime
+
+
 def test_a_whole_mnist1d_cache_of_any_size_is_kept(tmp_path, monkeypatch):
     """mnist1d makes whole tens of samples: 105 asked, 100 made, and that cache is whole."""
     monkeypatch.setenv("AUTOK_CACHE", str(tmp_path))

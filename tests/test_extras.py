@@ -178,7 +178,7 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path, blocked, args, line):
 def test_a_cached_mnist1d_needs_no_package(tmp_path, monkeypatch):
     """mnist1d is made once and cached (trainer/loop/data.py): a run whose data set is cached whole
     never imports the package, so it is not refused; another size still needs it."""
-    from autok.trainer.loop.data import DATA_SEED, prepare_mnist1d
+    from autok.trainer.loop.data import DATA_SEED, HELD_OUT_SEED, prepare_mnist1d
 
     env = _without(tmp_path, ("mnist1d",))
     monkeypatch.setenv("AUTOK_CACHE", env["AUTOK_CACHE"])
@@ -187,14 +187,21 @@ def test_a_cached_mnist1d_needs_no_package(tmp_path, monkeypatch):
         "from autok.config import ConfigError\n"
         "from autok.extras import require_run\n"
         "require_run({'mnist1d_samples': 500})\n"
-        "try:\n"
-        "    require_run({'mnist1d_samples': 600})\n"
-        "except ConfigError as exc:\n"
-        "    print(exc)\n"
+        "for settings in ({'mnist1d_samples': 600},\n"
+        "                 {'mnist1d_samples': 500, 'mnist1d_test_samples': 300}):\n"
+        "    try:\n"
+        "        require_run(settings)\n"
+        "    except ConfigError as exc:\n"
+        "        print(exc)\n"
     )
     res = _run([sys.executable, "-c", code], env, tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout == "--dataset mnist1d needs mnist1d: pip install 'autok[data]'\n"
+    assert res.stdout == "--dataset mnist1d needs mnist1d: pip install 'autok[data]'\n" * 2
+    prepare_mnist1d(300, HELD_OUT_SEED)  # the held-out draw cached too: no package needed
+    code = "from autok.extras import require_run\n"
+    code += "require_run({'mnist1d_samples': 500, 'mnist1d_test_samples': 300})\n"
+    res = _run([sys.executable, "-c", code], env, tmp_path)
+    assert res.returncode == 0 and res.stdout == "", res.stderr[-2000:]
 
 
 # ----- pyproject.toml: the core, the extras and autok/extras.py agree ----------------------------

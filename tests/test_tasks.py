@@ -80,7 +80,8 @@ def test_metrics_are_judged_from_sums_so_any_sharding_gives_the_same_value():
 
 
 def test_a_task_owns_its_data_and_model_flags():
-    for field, value in [("model", "mlp"), ("dataset", "digits"), ("mnist1d_samples", 900)]:
+    owned = [("model", "mlp"), ("dataset", "digits"), ("mnist1d_samples", 900)]
+    for field, value in [*owned, ("mnist1d_test_samples", 900)]:
         with pytest.raises(ValueError, match=f"--{field.replace('_', '-')}: the task builds"):
             TrainConfig(task=TASK, **{field: value})
 

@@ -197,6 +197,13 @@ def prepare_mnist1d(num_samples: int, seed: int) -> Path:
     return _mnist1d_cache(num_samples, seed)
 
 
+def mnist1d_ready(num_samples: int, test_samples: int | None) -> bool:
+    """Whether a run's whole mnist1d (the data set, and the held-out draw it tests on if any) is
+    cached: then the run never imports the mnist1d package."""
+    held_out = test_samples is None or mnist1d_cached(test_samples, HELD_OUT_SEED)
+    return held_out and mnist1d_cached(num_samples, DATA_SEED)
+
+
 def mnist1d_cached(num_samples: int, seed: int) -> bool:
     """Whether the cache holds the whole data set: then a run reads it, and the mnist1d package
     (an extra: autok/extras.py) is not needed to make it."""
@@ -245,11 +252,24 @@ def _read_whole(path: Path, num_samples: int) -> tuple | None:
     return (x, y, xt, yt) if whole else None
 
 
-def _mnist1d(num_samples: int, seed: int) -> Splits:
+def prepare_mnist1d_test(test_samples: int | None) -> None:
+    """The held-out draw, made and cached once like the data set (nothing when not asked for)."""
+    if test_samples is not None:
+        _mnist1d_arrays(test_samples, HELD_OUT_SEED)
+
+
+def _mnist1d(num_samples: int, seed: int, test_samples: int | None = None) -> Splits:
+    """The data set's 80% to train on; its 20% to test on, or, with `test_samples`, every sample of
+    a second draw of that size (a finer accuracy: docs/design.md §6, "Judging a policy"; the
+    training set is the same either way)."""
+    import numpy as np
     import torch
     from torch.utils.data import TensorDataset
 
     x, y, xt, yt = _mnist1d_arrays(num_samples, seed)
+    if test_samples is not None:
+        hx, hy, hxt, hyt = _mnist1d_arrays(test_samples, HELD_OUT_SEED)
+        xt, yt = np.concatenate([hx, hxt]), np.concatenate([hy, hyt])
     mean, std = x.mean(), x.std()
 
     def ds(a, b):
@@ -380,6 +400,11 @@ def _imagefolder(root: Path, image_size: int) -> Splits:
 
 # The data set is part of the task, not of the run: --seed varies training, never the data.
 DATA_SEED = 42
+# The seed of a --mnist1d-test-samples set: another draw of the same generator, so its samples are
+# new to training and of the same distribution, up to each draw's own standardization in
+# make_dataset (about 0.3% of σ apart for the panel's sizes, before the loader applies the
+# training set's).
+HELD_OUT_SEED = 43
 
 
 def build_splits(
@@ -387,10 +412,11 @@ def build_splits(
     data_dir: Path | None = None,
     *,
     mnist1d_samples: int = 5000,
+    mnist1d_test_samples: int | None = None,
     image_size: int = 32,
 ) -> Splits:
     if dataset == "mnist1d":
-        return _mnist1d(mnist1d_samples, DATA_SEED)
+        return _mnist1d(mnist1d_samples, DATA_SEED, mnist1d_test_samples)
     if dataset == "digits":
         return _digits(DATA_SEED)
     assert data_dir is not None

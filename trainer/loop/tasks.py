@@ -129,7 +129,11 @@ def classification(cfg: Any) -> Task:
     from autok.trainer.loop.models import build_model
 
     splits = build_splits(
-        cfg.dataset, cfg.data_dir, mnist1d_samples=cfg.mnist1d_samples, image_size=cfg.image_size
+        cfg.dataset,
+        cfg.data_dir,
+        mnist1d_samples=cfg.mnist1d_samples,
+        mnist1d_test_samples=cfg.mnist1d_test_samples,
+        image_size=cfg.image_size,
     )
     model = build_model(cfg.model, splits.meta.input_shape, splits.meta.num_classes)
     return Task(model, splits.train, splits.test)

@@ -1,0 +1,116 @@
+"""How skewed do a panel's shards read, on its fixed-K runs? The drift ratio (the replicas'
+disagreement over the averaged update, `boundaries.jsonl`) is what `exposed-sync` judges skew by
+(controllers/exposed_sync.py), and it falls as K grows; this fits that fall and puts every run on
+one scale, to see whether one reading could tell mild skew from strong.
+
+    python -m benchmarks.skew_signal DIR [--steps 64]
+
+For every run at a fixed K ≥ 2 (its `run.yaml` names no policy: the pilot's runs and the best
+fixed K's) it takes the mean drift ratio of the boundaries in the first `--steps` steps, fits
+log ratio = a(regime, seed) − γ·log K by least squares over all of them, and prints per regime
+and K the ratios' range over seeds and the index ratio·(K/4)^γ: the ratio each run would read at
+K = 4. K = 1 is left out, as the rule leaves it out: the replicas start every step together, and
+the ratio reads about 0.9 on any shards (docs/design.md §6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from autok.report import read_boundaries
+
+REGIME = re.compile(r"(?:^|_)regime=([^_]+)")
+
+
+def fixed_k(run: Path) -> int | None:
+    """The run's K if it ran at one fixed K ≥ 2 (no policy), else None."""
+    try:
+        settings = yaml.safe_load((run / "run.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(settings, dict) or settings.get("policy", "fixed") != "fixed":
+        return None
+    k = settings.get("sync_period")
+    return k if isinstance(k, int) and k >= 2 and settings.get("strategy") == "cpdp" else None
+
+
+def early_ratios(root: Path, steps: int) -> dict[tuple[str, int, str], float]:
+    """{(regime, K, seed): mean drift ratio over the boundaries before `steps`}, for the runs at
+    a fixed K ≥ 2 with at least one finite ratio there; a seed run at one K under two labels
+    (the pilot's kN and a best fixed K) counts once."""
+    out = {}
+    for run in sorted(root.glob("*/seed-*")):
+        m, k = REGIME.search(run.parent.name), fixed_k(run)
+        path = run / "boundaries.jsonl"
+        if m is None or k is None or not path.is_file():
+            continue
+        ratios = [
+            float(r["drift_ratio"])
+            for r in read_boundaries(path)
+            if r.get("global_step", math.inf) < steps and r.get("drift_ratio") is not None
+        ]
+        ratios = [x for x in ratios if math.isfinite(x) and x > 0]
+        if ratios:
+            out[(m.group(1), k, run.name)] = sum(ratios) / len(ratios)
+    return out
+
+
+def fall_with_k(ratios: dict[tuple[str, int, str], float]) -> float:
+    """γ in log ratio = a(regime, seed) − γ·log K, least squares, each (regime, seed) its own a:
+    the within-group slope of log ratio on log K, pooled. NaN when no group has two Ks."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for (regime, k, seed), r in ratios.items():
+        groups[(regime, seed)].append((math.log(k), math.log(r)))
+    sxy = sxx = 0.0
+    for pts in groups.values():
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxy += sum((x - mx) * (y - my) for x, y in pts)
+        sxx += sum((x - mx) ** 2 for x, _ in pts)
+    return -sxy / sxx if sxx > 0 else math.nan
+
+
+def table(ratios: dict[tuple[str, int, str], float], gamma: float) -> list[str]:
+    by: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (regime, k, _), r in ratios.items():
+        by[(regime, k)].append(r)
+    lines = [
+        f"drift ratio falls as K^-{gamma:.2f} (fitted); index = ratio x (K/4)^{gamma:.2f}",
+        "| regime | K | seeds | drift ratio | index |",
+        "|---|---|---|---|---|",
+    ]
+    for (regime, k), rs in sorted(by.items()):
+        scale = (k / 4) ** gamma
+        lines.append(
+            f"| {regime} | {k} | {len(rs)} | {min(rs):.2f}-{max(rs):.2f} "
+            f"| {min(rs) * scale:.2f}-{max(rs) * scale:.2f} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", type=Path, help="an experiment directory with fixed-K runs")
+    p.add_argument("--steps", type=int, default=64, help="read the boundaries before this step")
+    args = p.parse_args(argv)
+    if not args.dir.is_dir():
+        p.error(f"{args.dir}: not a directory")
+    if args.steps < 1:
+        p.error("--steps: at least 1")
+    ratios = early_ratios(args.dir, args.steps)
+    if not ratios:
+        print(f"{args.dir}: no fixed-K run (kN_regime=R/seed-S) with a drift ratio")
+        return 1
+    print("\n".join(table(ratios, fall_with_k(ratios))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
