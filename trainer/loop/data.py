@@ -255,7 +255,7 @@ def _read_whole(path: Path, num_samples: int) -> tuple | None:
 def prepare_mnist1d_test(test_samples: int | None) -> None:
     """The held-out draw, made and cached once like the data set (nothing when not asked for)."""
     if test_samples is not None:
-        _mnist1d_arrays(test_samples, HELD_OUT_SEED)
+        prepare_mnist1d(test_samples, HELD_OUT_SEED)
 
 
 def _mnist1d(num_samples: int, seed: int, test_samples: int | None = None) -> Splits:
