@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from autok.config import SyncSettings
+from autok.trainer.engine.handoff import hand
 from autok.trainer.engine.observer import BaseObserver, Observer, StepInfo
 from autok.trainer.engine.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
 from autok.trainer.engine.outer import OuterFactory, TorchOuter
@@ -318,6 +319,7 @@ def _check_service(
     dev = device or next(model.parameters()).device
     flags = torch.zeros(world, device=dev if dist.get_backend() == "nccl" else "cpu")
     flags[rank] = why is not None
+    hand(flags)  # the backend's thread may drop it after this returns (trainer/engine/handoff.py)
     dist.all_reduce(flags)
     if why is not None:
         raise OptionError(why)

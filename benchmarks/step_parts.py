@@ -9,8 +9,10 @@ every rank), and a round's
 figure is each variant's median step. Printed: each variant's median over rounds and its excess
 over the plain step in µs, with the spread (min-max) of the per-round excess.
 
-- `comm hook`: autok's Python DDP comm hook (the path with an emulated link), against DDP's
-  built-in C++ one;
+- `comm hook`: autok's Python DDP comm hook (with no link on the CPU: the path for unused
+  parameters, its future completed by a done-callback, trainer/engine/grad_hook.py `_first_of`),
+  against DDP's built-in C++ one;
+- `torch allreduce_hook`: torch's own Python hook, its future a `then` callback's;
 - `end-of-compute hook`: the built-in path's timing: one hook on a parameter's gradient
   accumulation that queues an autograd callback (trainer/engine/grad_hook.py, GradSyncState.arm);
 - `end-of-compute tensor hook`: the same callback from a tensor hook on that parameter, as the
@@ -43,6 +45,7 @@ from benchmarks.engine import RESULTS, _workers
 VARIANTS = (
     "plain",
     "comm hook",
+    "torch allreduce_hook",
     "end-of-compute hook",
     "end-of-compute tensor hook",
     "module forward hook",
@@ -80,6 +83,10 @@ def _variant(name: str, model: nn.Module, world: int):
     ddp = (_Override if name == "forward override" else DistributedDataParallel)(model)
     if name == "comm hook":
         ddp.register_comm_hook(GradSyncState(world, None), emulated_allreduce_hook)
+    if name == "torch allreduce_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        ddp.register_comm_hook(None, allreduce_hook)
     if name == "end-of-compute hook":
         state = GradSyncState(world, None, builtin=True)
         state.params = [p for p in model.parameters() if p.requires_grad]

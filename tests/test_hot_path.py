@@ -22,7 +22,7 @@ pytestmark = pytest.mark.dist
 # removes some.
 DDP_STEP = 740
 LOCAL_STEP = 580
-BOUNDARY = 4010
+BOUNDARY = 4125
 
 
 def _counts(strategy: str, rank: int) -> list[tuple[int, bool]]:

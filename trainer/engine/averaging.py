@@ -56,6 +56,7 @@ from autok.trainer.engine.flat_buffer import (
 from autok.trainer.engine.fragments import WHOLE, fragment_plan
 from autok.trainer.engine.fused_grads import FusedGrads
 from autok.trainer.engine.grad_watch import UNCHECKED
+from autok.trainer.engine.handoff import hand
 from autok.trainer.engine.landing import add_to_momentum, land_, land_delayed_
 from autok.trainer.engine.link import LinkClock, allreduce_sum_, delayed
 from autok.trainer.engine.options import OptionError
@@ -411,6 +412,7 @@ class ParameterAverager:
         if self.compress != "none":
             start_compressed(self, buf, pending, clock)
         elif overlap:
+            hand(buf)  # the backend's thread may drop it after the wait (handoff.py)
             fut = dist.all_reduce(buf, async_op=True).get_future()
             if clock is not None:
                 nbytes = buf.numel() * buf.element_size()

@@ -45,6 +45,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal
 
+from autok.trainer.engine.handoff import hand
+
 if TYPE_CHECKING:
     import torch
 
@@ -235,7 +237,9 @@ def quantized_allreduce_(
         _feedback(layout, r, x, mem.send[r], residual, 0, mem.work, mem.sent)
         rlo, rhi = layout.raw[r]
         layout.parts(mem.send[r], r)[1].copy_(buf[nc + rlo : nc + rhi])
-    dist.all_to_all_single(mem.recv.view(-1), mem.send.view(-1))
+    recv, send = mem.recv.view(-1), mem.send.view(-1)
+    hand(recv, send)  # the backend's thread may drop them after this returns (handoff.py)
+    dist.all_to_all_single(recv, send)
     # phase 2: this rank's share summed in rank order in float32, quantized again (with its own
     # error feedback), and sent to every rank
     lo, hi = layout.comp[rank]
@@ -245,7 +249,9 @@ def quantized_allreduce_(
         _decode(layout, rank, mem.recv[i], share, mem.work, add=i > 0)
     _feedback(layout, rank, share[: hi - lo], mem.mine, residual2, lo, mem.work, mem.sent)
     layout.parts(mem.mine, rank)[1].copy_(share[hi - lo :])
-    dist.all_gather(list(mem.gathered.unbind(0)), mem.mine)
+    rows = list(mem.gathered.unbind(0))
+    hand(*rows, mem.mine)
+    dist.all_gather(rows, mem.mine)
     # every rank decodes the same N rows: the same sum everywhere
     for r in range(n):
         lo, hi = layout.comp[r]

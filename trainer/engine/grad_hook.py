@@ -12,7 +12,7 @@ what the step spent blocked on the network. What the loop does between `backward
 `optimizer.step()` (GradScaler's unscale and its inf check, clipping) is the loop's compute, not
 sync.
 
-Why two paths (docs/design.md §4, Per step): any Python comm hook costs about 115 µs per
+Why two paths (docs/design.md §4, Per step): any Python comm hook costs about 40-120 µs per
 synchronized step against DDP's built-in C++ one (world 2, cnn1d,
 `python -m benchmarks.step_parts`): the call into Python and its future's callback on the gloo
 thread; torch's own Python `allreduce_hook` costs the same. With no link to emulate, on the CPU, DDP
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
+from autok.trainer.engine.handoff import hand, hand_callback
 from autok.trainer.engine.link import LinkClock, delayed
 
 # Called in every synchronized backward: looked up once. A final callback runs once every node
@@ -50,6 +51,9 @@ class GradSyncState:
     world_size: int
     clock: LinkClock | None
     process_group: dist.ProcessGroup | None = None
+    # nccl completes a collective's future as it queues the work, so a `then` callback runs on
+    # the hook's own thread; gloo completes it on its worker thread (looked up with the group)
+    inline_futures: bool = False
     last_ready: float | None = None  # perf_counter of the latest bucket-ready call
     # perf_counter when DDP had waited for every bucket (a callback queued behind DDP's own,
     # see _done); None until a synchronized backward gets there
@@ -218,6 +222,23 @@ def _first(values: list[torch.Tensor]) -> torch.Tensor:
     return values[0]
 
 
+def _first_of(fut: torch.futures.Future) -> torch.futures.Future:
+    """fut's first value, as `fut.then(...)` would give it, but completed by a done-callback of
+    fut's that handoff.py holds: gloo runs a `then` callback, and frees it with the future it
+    completes, on its own thread, where a future (a Python value) cannot be watched; this
+    callback stays referenced until gloo has let it go, and frees nothing there."""
+    out: torch.futures.Future = torch.futures.Future()
+
+    def _complete(f: torch.futures.Future) -> None:
+        try:
+            out.set_result(f.value()[0])
+        except Exception as exc:  # a failed collective: its error, to whoever waits on out
+            out.set_exception(exc)
+
+    fut.add_done_callback(hand_callback(_complete))
+    return out
+
+
 def emulated_allreduce_hook(
     state: GradSyncState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -244,9 +265,19 @@ def emulated_allreduce_hook(
     # of checks per call on every step, which DDP's built-in C++ hook never pays.
     if state.process_group is None:  # looked up once, not on every bucket of every step
         state.process_group = dist.distributed_c10d._get_default_group()
-    fut = state.process_group.allreduce([tensor]).get_future()
-    if state.clock is None:
-        return fut.then(lambda f: f.value()[0])
+        state.inline_futures = dist.get_backend(state.process_group) == "nccl"
+    # The collective gets a tensor of its own over the bucket's memory, handed over and let go
+    # like any other (handoff.py): DDP keeps the bucket itself, with references of its own, so
+    # the count handoff would wait for on it is DDP's, not the backend's
+    sent = tensor.view(tensor.shape)
+    hand(sent)
+    fut = state.process_group.allreduce([sent]).get_future()
+    if state.clock is None and state.inline_futures:
+        return fut.then(lambda f: f.value()[0])  # run, and freed, here
+    if state.clock is None and not tensor.is_cuda:
+        return _first_of(fut)
+    if state.clock is None:  # (gloo with a CUDA tensor: a device-aware future, as delayed makes)
+        return delayed(fut, 0.0, _first, device=tensor.device)
     if tensor.is_cuda:  # the link is booked when the device has the gradients, not when queued
         return delayed(fut, state.clock.reserve_when(event, nbytes), _first, device=tensor.device)
     return delayed(fut, state.clock.reserve(nbytes), _first, device=tensor.device)

@@ -28,6 +28,8 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autok.trainer.engine.handoff import hand, hand_callback
+
 if TYPE_CHECKING:  # torch loads on first use: `autok --help` reads PROFILES without it
     import torch
     import torch.distributed as dist
@@ -525,7 +527,7 @@ def delayed(
         else:
             deadline.then(lambda: _release_booked(releaser, deadline, out, value, ready))
 
-    fut.add_done_callback(_on_done)
+    fut.add_done_callback(hand_callback(_on_done))  # (gloo's thread drops it after the run)
     return out
 
 
@@ -547,6 +549,7 @@ def allreduce_sum_(
 
     t0 = time.perf_counter()
     deadline = clock.reserve(tensor.numel() * tensor.element_size()) if clock else 0.0
+    hand(tensor)  # the backend's thread may drop it after this returns (handoff.py)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
