@@ -57,6 +57,20 @@ def test_a_callback_is_held_until_the_future_that_runs_it_lets_it_go(empty_hando
     assert handoff.settle(0.05) == 0
 
 
+@pytest.mark.parametrize("wrap", ["first_of", "delayed"])
+def test_a_failed_collectives_callback_is_let_go_while_its_error_is_kept(empty_handoff, wrap):
+    """The error reaches whoever waits, without the traceback that would hold the callback's
+    frame (and so the callback) for as long as the error is kept: at exit, 5 s of waiting."""
+    from autok.trainer.engine import grad_hook, link
+
+    fut: torch.futures.Future = torch.futures.Future()
+    out = grad_hook._first_of(fut) if wrap == "first_of" else link.delayed(fut, 0.0)
+    fut.set_exception(RuntimeError("gloo: connection closed by peer"))
+    with pytest.raises(RuntimeError, match="connection closed"):
+        out.wait()
+    assert handoff.settle(1.0) == 0  # out, and the error in it, still kept here
+
+
 def test_the_held_list_is_bounded(empty_handoff, monkeypatch):
     monkeypatch.setattr(handoff, "MAX_HELD", 3)
     keep = [torch.ones(1, requires_grad=True) for _ in range(5)]

@@ -233,7 +233,7 @@ def _first_of(fut: torch.futures.Future) -> torch.futures.Future:
         try:
             out.set_result(f.value()[0])
         except Exception as exc:  # a failed collective: its error, to whoever waits on out
-            out.set_exception(exc)
+            out.set_exception(exc.with_traceback(None))  # (its traceback: handoff.hand_callback)
 
     fut.add_done_callback(hand_callback(_complete))
     return out

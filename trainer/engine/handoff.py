@@ -81,7 +81,9 @@ def _script_list(items: list) -> Any:
 
 def hand_callback(fn: F) -> F:
     """Call with a Python callback before attaching it to a collective's future (returns it): a
-    fresh closure, which nothing but that future keeps once the caller's frame is gone."""
+    fresh closure, which nothing but that future keeps once the caller's frame is gone. An
+    exception it passes on must not carry its traceback: that holds the callback's frame, and
+    the frame the callback, for as long as whoever waits keeps the exception."""
     with _lock:
         released = _prune()
         _held.append((fn, _CALLBACK, None))

@@ -519,7 +519,7 @@ def delayed(
                 ready = torch.cuda.Event()
                 ready.record(torch.cuda.current_stream(device))
         except Exception as exc:  # surface collective errors to whoever waits on `out`
-            value = exc
+            value = exc.with_traceback(None)  # (its traceback: handoff.hand_callback)
         if isinstance(value, BaseException):  # a failed collective: its error, at once
             releaser.release_at(0.0, out, value, None)
         elif not isinstance(deadline, Booking):
