@@ -42,12 +42,15 @@ print(f"held {held} of {n}", flush=True)
 dist.destroy_process_group()
 """
 
-_EXIT = """
-import sys, torch, torch.distributed as dist
+EXIT = """
+import atexit, sys, torch, torch.distributed as dist
 rank, store, side = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
 if side == "autok":
+    from autok.trainer.engine import handoff
     from autok.trainer.engine.link import allreduce_sum_
+    # registered before autok's wait, so it runs after it: what is held as finalization begins
+    atexit.register(lambda: print(f"held at exit: {handoff.held()}", flush=True))
     for _ in range(50):
         allreduce_sum_(torch.zeros(4), None)
 else:
@@ -56,7 +59,8 @@ else:
 """
 
 
-def _pair(script: Path, store: Path, *args: str) -> list[subprocess.CompletedProcess]:
+def pair(script: Path, store: Path, *args: str) -> list[subprocess.CompletedProcess]:
+    """Two processes, ranks 0 and 1, running `script` joined by a file store; their results."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
@@ -87,15 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         probe, exit_ = Path(d) / "probe.py", Path(d) / "exit.py"
         probe.write_text(_PROBE)
-        exit_.write_text(_EXIT)
-        runs = _pair(probe, Path(d) / "probe-store", str(args.probe))
+        exit_.write_text(EXIT)
+        runs = pair(probe, Path(d) / "probe-store", str(args.probe))
         held = [r.stdout.strip() for r in runs]
         print(f"probe: just after dist.all_reduce returned, gloo's thread still {', '.join(held)}")
         failed = {"torch": 0, "autok": 0}
         t0 = time.monotonic()
         for i in range(args.pairs):
             for side in failed:
-                runs = _pair(exit_, Path(d) / f"store-{side}-{i}", side)
+                runs = pair(exit_, Path(d) / f"store-{side}-{i}", side)
                 if any(r.returncode != 0 for r in runs):
                     failed[side] += 1
                     why = next(r.stderr.strip().splitlines()[-1:] for r in runs if r.returncode)

@@ -59,16 +59,16 @@ def rows(g: Regime, band: Band) -> list[Row]:
     """Every method of the regime against its best fixed K, on the seeds where both reached the
     target (at least two)."""
     out = []
-    best = {r.seed: r for r in g.best_fixed.runs}
+    # the times to the target, as build_regimes read them (Method.ttt, one per run)
+    best = {r.seed: (r, t) for r, t in zip(g.best_fixed.runs, g.best_fixed.ttt, strict=True)}
     for m in g.methods:
         if m is g.best_fixed:
             continue
         pairs = []
-        for r in m.runs:
-            b = best.get(r.seed)
-            if b is None:
+        for r, t1 in zip(m.runs, m.ttt, strict=True):
+            if r.seed not in best:
                 continue
-            t1, t0 = (panel.time_to_target(x, g.judge, g.target) for x in (r, b))
+            b, t0 = best[r.seed]
             s1, s0 = band_time(r, g, band), band_time(b, g, band)
             if None not in (t1, t0, s1, s0):
                 pairs.append((t1, t0, s1, s0))

@@ -4,8 +4,6 @@ of it, and a process waits for that before the interpreter finalizes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -167,42 +165,18 @@ def test_every_tensor_autok_hands_a_collective_is_held_and_let_go():
         assert left == 0 and held == 0
 
 
-_EXIT_RIGHT_AFTER = """
-import atexit, sys, torch, torch.distributed as dist
-from autok.trainer.engine import handoff
-from autok.trainer.engine.link import allreduce_sum_
-# registered before autok's wait, so it runs after it: what is still held as finalization begins
-atexit.register(lambda: print(f"held at exit: {handoff.held()}", flush=True))
-rank, store = int(sys.argv[1]), sys.argv[2]
-dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
-for _ in range(50):
-    allreduce_sum_(torch.zeros(4), None)  # a fresh tensor each time, dropped at once
-# and exit: the interpreter finalizes while gloo's thread may still hold the last one
-"""
-
-
 @pytest.mark.dist
 def test_a_process_that_exits_right_after_its_collectives_exits_cleanly(tmp_path):
-    """Each process has let go of every tensor when finalization begins, and exits with 0.
-    With torch's own all_reduce in place of allreduce_sum_, 5 of 20 such pairs aborted on this
-    machine ("terminate called without an active exception", exit -6; benchmarks/exit_race.py):
-    three pairs catch a return of that about half the time; the count at exit, every time."""
+    """Each process has let go of every tensor when finalization begins, and exits with 0
+    (benchmarks/exit_race.py's script: 50 allreduce_sum_ of fresh tensors, then exit). With
+    torch's own all_reduce in their place, 5 of 20 such pairs aborted on this machine ("terminate
+    called without an active exception", exit -6): three pairs catch a return of that about half
+    the time; the count at exit, every time."""
+    from benchmarks import exit_race
+
     script = tmp_path / "exit_right_after.py"
-    script.write_text(_EXIT_RIGHT_AFTER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for pair in range(3):
-        store = tmp_path / f"store{pair}"
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(script), str(rank), str(store)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in (0, 1)
-        ]
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err[-500:]
-            assert "held at exit: 0" in out, out
+    script.write_text(exit_race.EXIT)
+    for i in range(3):
+        for p in exit_race.pair(script, tmp_path / f"store{i}", "autok"):
+            assert p.returncode == 0, p.stderr[-500:]
+            assert "held at exit: 0" in p.stdout, p.stdout
