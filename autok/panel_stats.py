@@ -84,8 +84,8 @@ def paired_log_ratio(method: Sequence[float], baseline: Sequence[float]) -> Pair
         return PairedRatio(math.exp(mean), math.nan, math.nan, math.nan, n, math.nan)
     sd = statistics.stdev(d)
     se = sd / math.sqrt(n)
-    if se == 0:
-        return PairedRatio(math.exp(mean), math.exp(mean), math.exp(mean), float(mean != 0), n, sd)
+    if se == 0:  # every seed the same ratio: certain, so p is 0 unless that ratio is 1
+        return PairedRatio(math.exp(mean), math.exp(mean), math.exp(mean), float(mean == 0), n, sd)
     from scipy import stats
 
     half = _t(1 - ALPHA / 2, n - 1) * se

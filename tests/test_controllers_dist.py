@@ -50,6 +50,26 @@ def test_exposed_sync_climbs_on_wan_and_all_ranks_agree():
     assert s0["k_path"][0]["sync_period"] == 1 and len(s0["k_path"]) >= 2
 
 
+def _lan_worker(rank, world, options):
+    cfg = tiny_cfg(
+        link="lan", clock="virtual", compute_ms=20, warmup_epochs=0, epochs=3,
+        mnist1d_samples=2000, workers=world, **options,
+    )  # fmt: skip
+    return Trainer(cfg, rank, world, None).run()
+
+
+def test_exposed_sync_by_default_is_k_1_bit_for_bit_where_k_1_is_best():
+    # Started at K = 1 (its default under the direct rule), the first boundary's K* on a fast
+    # link is under 1, so the run is fixed K = 1's from its first step: the same parameters, not a
+    # trajectory that starts a few steps apart (docs/design.md §6)
+    policy, _ = run_dist(_lan_worker, 2, {"policy": "exposed-sync"})
+    fixed, _ = run_dist(_lan_worker, 2, {"sync_period": 1})
+    assert [seg["sync_period"] for seg in policy["k_path"]] == [1], policy["k_path"]
+    assert policy["param_digest_per_rank"] == fixed["param_digest_per_rank"]
+    assert policy["final_test_accuracy"] == fixed["final_test_accuracy"]
+    assert policy["virtual_seconds"] == fixed["virtual_seconds"]
+
+
 def test_exposed_sync_leaves_k_alone_without_a_link():
     # Without a link a boundary still costs a few ms on this machine (a localhost allreduce,
     # local packing, and waiting for the slower peer, which docs/design.md §4 counts as exposed).

@@ -462,6 +462,16 @@ def test_the_paired_ratio_ci_and_p_are_scipys_on_the_log_times():
     assert r.n == 5 and r.ci_low < r.ratio < r.ci_high
 
 
+def test_a_paired_ratio_without_spread_is_certain_and_a_tie_has_p_1():
+    from autok.panel_stats import paired_log_ratio
+
+    tie = paired_log_ratio([10.0, 12.0, 9.0], [10.0, 12.0, 9.0])  # a policy run as the fixed K
+    assert (tie.ratio, tie.ci_low, tie.ci_high, tie.p, tie.sd_log) == (1.0, 1.0, 1.0, 1.0, 0.0)
+    slower = paired_log_ratio([20.0, 24.0, 18.0], [10.0, 12.0, 9.0])
+    assert slower.ratio == pytest.approx(2.0) and slower.ci_high == pytest.approx(2.0)
+    assert slower.p == 0.0
+
+
 def np_log(xs):
     return [math.log(x) for x in xs]
 

@@ -104,6 +104,22 @@ def test_the_run_and_the_engine_judge_the_fused_boundary_by_one_rule(strategy, o
     assert fused_is_exact(strategy, optimizer) == expected
 
 
+@pytest.mark.parametrize(
+    "given, k",
+    [
+        ({}, 4),
+        ({"strategy": "ddp"}, 1),
+        ({"policy": "exposed-sync"}, 1),  # the direct rule with lowering: K* from one step
+        ({"policy": "exposed-sync", "k_rule": "double"}, 4),
+        ({"policy": "exposed-sync", "k_lowering": False}, 4),
+        ({"policy": "exposed-sync", "sync_period": 8}, 8),
+        ({"policy": "adacomm"}, 4),
+    ],
+)
+def test_the_default_k_is_1_where_the_policy_sets_k_from_its_first_boundary(given, k):
+    assert SyncOptions(**given).sync_period == k
+
+
 def test_the_k_policy_settings_default_as_the_policies_own_options():
     from autok.controllers import PolicyOptions
 

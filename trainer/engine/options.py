@@ -321,7 +321,7 @@ class SyncOptions(
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         self._check_policy_options()
         if self.sync_period is None:
-            self.sync_period = 1 if self.strategy == "ddp" else 4
+            self.sync_period = self._default_sync_period()
         self._check_outer()
         if self.strategy == "ddp":
             if self.sync_period != 1:
@@ -378,6 +378,18 @@ class SyncOptions(
                 f"{self.sync_period}"
             )
         return self
+
+    def _default_sync_period(self) -> int:
+        """K where --sync-period is not given: 1 on ddp; 1 under exposed-sync's direct rule with
+        lowering (its first boundary, one step, measures the link and sets K* from it, so where
+        K = 1 is best the run is K = 1's from its first step; started at 4, its first four steps
+        alone moved the panel's time to target per seed by 0.71-1.15x: docs/design.md §6);
+        else 4, the study's K."""
+        if self.strategy == "ddp":
+            return 1
+        if self.policy == "exposed-sync" and self.k_rule == "direct" and self.k_lowering:
+            return 1
+        return 4
 
     def _check_policy_options(self) -> None:
         """A K-policy option the chosen policy does not read is refused, not ignored: a run
