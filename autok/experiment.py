@@ -658,9 +658,32 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
                     f"experiment gives {run.settings.get(key)!r}; choose a new --out (a run "
                     "there is kept, never redone)"
                 )
+            if was is not None and (why := started_elsewhere(run_dir, run)):
+                raise ConfigError(why)
             continue
         if why := unproven(run_dir, run.dir, secret):
             raise ConfigError(why)
+
+
+def started_elsewhere(run_dir: Path, run: Run) -> str | None:
+    """Why a kept run whose run.yaml matches still does not stand for `run` (one line), or None:
+    both leave K to its default, and the K it started at (its config.json) is not the one these
+    settings start at now (exposed-sync's default start moved from 4 to 1: docs/policies.md)."""
+    if "sync_period" in run.settings or not (run_dir / "config.json").is_file():
+        return None
+    settings = {**run.settings, "random_mean": 1.0} if run.mean_k_of else run.settings
+    try:
+        started = json.loads(_read_small(run_dir / "config.json"))["sync_period"]
+        now = load_config({}, settings).sync_period
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        return None  # nothing to compare: the run.yaml check stands alone
+    if started == now:
+        return None
+    return (
+        f"--out: {run_dir} holds a run that started at K = {started}, these settings now start "
+        f"at K = {now} (the default changed); choose a new --out (a run there is kept, never "
+        "redone)"
+    )
 
 
 def _recorded(run_dir: Path) -> dict[str, Any] | None:

@@ -289,7 +289,10 @@ def resolve(g: Regime, entries: dict[str, dict]) -> tuple[str, str]:
     faster = {
         m: e
         for m, e in entries.items()
-        if e.get("ci_high") is not None and e["ci_high"] < 1 and (e.get("p_holm") or 1) < 0.05
+        if e.get("ci_high") is not None
+        and e["ci_high"] < 1
+        and (p_holm := e.get("p_holm")) is not None
+        and p_holm < 0.05
     }
     if expect == "none-faster":
         if faster:

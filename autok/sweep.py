@@ -410,6 +410,31 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
     return rows
 
 
+# The K exposed-sync starts at where none is given, recorded in a study when it is made: a study
+# made before it was recorded started those trials at 4 (docs/policies.md, "Where it starts").
+K_START_ATTR = "exposed_sync_starts_at"
+EXPOSED_SYNC_START = 1
+
+
+def k_start_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Dim]) -> str | None:
+    """Why a study cannot be resumed by this version (the rest of one line), or None: it was made
+    when exposed-sync started at K = 4 unless given, and some new trial could start at 1."""
+    if attrs.get(K_START_ATTR) == EXPOSED_SYNC_START:
+        return None
+    drawn = {d.name: d.choices for d in space}
+    if "sync_period" in fixed or "sync_period" in drawn:
+        return None  # every trial's K is given
+    policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
+    rules = drawn.get("k_rule") or (fixed.get("k_rule", "direct"),)
+    lowering = drawn.get("k_lowering") or (fixed.get("k_lowering", True),)
+    if "exposed-sync" not in policies or "direct" not in rules or True not in lowering:
+        return None
+    return (
+        "was made when exposed-sync started at K = 4 unless given; its new trials would start "
+        "at 1 beside its old ones at 4: choose a new --out"
+    )
+
+
 def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop) -> list[dict]:
     import optuna
 
@@ -459,8 +484,11 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     # A resumed study keeps its fixed part: trials under another would sit in one table, front
     # and best.yaml as if comparable. Only what does not touch a trial's result may change.
     given = {k: _plain(v) for k, v in fixed.items()}
+    if opts.resume and (why := k_start_problem(study.user_attrs, fixed, space)):
+        raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
     if not opts.resume:
         study.set_user_attr("fixed", given)
+        study.set_user_attr(K_START_ATTR, EXPOSED_SYNC_START)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
         was_fixed, notes = _as_ran(was_fixed, space)
         if k := first_difference(was_fixed, given, SWEEP_RESUME_MAY_CHANGE):
@@ -654,6 +682,11 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
             if best[d.name] is not None or d.name not in CONDITIONAL
         }
         config = {k: _plain(v) for k, v in trial_settings(fixed, drawn).items() if k != "out"}
+        # the K the trial started at, pinned: a default that moves would not rerun it (its
+        # settings ran, so they validate; kept as drawn if not)
+        with contextlib.suppress(ConfigError):
+            k = load_config({}, {**config, "out": None}).sync_period
+            config.setdefault("sync_period", k)
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
             f"{best['peak_test_metric']:.4g}, {best['wall_seconds']:.1f} s of training\n"

@@ -343,6 +343,20 @@ def test_a_policy_resolvably_faster_counts_and_one_within_5_percent_meets_the_go
     assert "| r | 1.010 |" in panel.render_goals([goal])
 
 
+def test_a_policy_faster_by_the_same_ratio_in_every_seed_is_resolvably_faster():
+    from types import SimpleNamespace
+
+    from autok import panel
+
+    # no spread: CI [0.8, 0.8] and p 0 (Holm 0): certain, not "no p, so 1"
+    g = SimpleNamespace(plan={"prediction": {"expect": {"faster": ["qsr"]}}, "arms": ["k8"],
+                              "best_fixed": "k8"})  # fmt: skip
+    sure = {"qsr": {"ratio": 0.8, "ci_low": 0.8, "ci_high": 0.8, "p_holm": 0.0}}
+    assert panel.resolve(g, sure)[0] == "confirms"  # type: ignore[arg-type]
+    untested = {"qsr": {"ratio": 0.8, "ci_low": 0.7, "ci_high": 0.9, "p_holm": None}}
+    assert panel.resolve(g, untested)[0] == "unresolved"  # type: ignore[arg-type]
+
+
 def test_a_run_that_did_not_finish_is_a_seed_that_did_not_reach_the_target():
     """A diverged main-seed run has no summary: it counts as not reaching (the goal's 'reached
     in every seed' fails) and drops out of the ratio, rather than vanishing from the panel."""

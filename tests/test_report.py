@@ -304,6 +304,30 @@ def test_a_finished_run_saved_with_an_option_it_never_read_stands_for_the_run_wi
         check_run_dirs([run], tmp_path)
 
 
+def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_one(tmp_path):
+    """Its run.yaml matches, but it left K to a default that has since changed (exposed-sync
+    started at 4 before it started at 1): the K it started at (config.json) is compared too."""
+    import json
+
+    from autok.config import ConfigError
+    from autok.experiment import Run, check_run_dirs
+
+    settings = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2, "workers": 2}
+    run = Run("exposed-sync", 1, settings)
+    run_dir = tmp_path / run.dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(settings))
+    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 1}))
+    check_run_dirs([run], tmp_path)  # started where these settings start
+    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 4}))
+    with pytest.raises(ConfigError, match="started at K = 4, these settings now start at K = 1"):
+        check_run_dirs([run], tmp_path)
+    given = Run("exposed-sync", 1, {**settings, "sync_period": 4})  # K given: run.yaml says it
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(given.settings))
+    check_run_dirs([given], tmp_path)
+
+
 def test_a_diverged_run_is_told_from_a_failed_one_by_the_line_autok_train_ends_with():
     from autok.experiment import failure
 

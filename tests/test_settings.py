@@ -114,6 +114,13 @@ def test_the_run_and_the_engine_judge_the_fused_boundary_by_one_rule(strategy, o
         ({"policy": "exposed-sync", "k_lowering": False}, 4),
         ({"policy": "exposed-sync", "sync_period": 8}, 8),
         ({"policy": "adacomm"}, 4),
+        ({"policy": "composite"}, 4),  # it reads the direct rule too, but starts from QSR's base
+        # the smallest K the fragments allow: F, or F·τ with a delay
+        ({"policy": "exposed-sync", "strategy": "localsgd", "fragments": 2}, 2),
+        (
+            {"policy": "exposed-sync", "strategy": "localsgd", "fragments": 2, "fragment_delay": 2},
+            4,
+        ),
     ],
 )
 def test_the_default_k_is_1_where_the_policy_sets_k_from_its_first_boundary(given, k):

@@ -507,6 +507,23 @@ def test_a_study_made_with_a_setting_its_trials_never_read_resumes_without_it():
     assert read(qsr, []) == qsr | {"max_sync_period": 100}
 
 
+def test_a_study_made_when_exposed_sync_started_at_4_is_not_resumed_with_trials_at_1():
+    from autok.space import Dim
+    from autok.sweep import EXPOSED_SYNC_START, K_START_ATTR, k_start_problem
+
+    old: dict = {"fixed": {}}  # a study made before the start was recorded
+    policies = [Dim("policy", "categorical", choices=("fixed", "exposed-sync"))]
+    assert "started at K = 4" in (k_start_problem(old, {}, policies) or "")
+    assert "started at K = 4" in (k_start_problem(old, {"policy": "exposed-sync"}, []) or "")
+    assert k_start_problem(old, {}, []) is None  # fixed: K = 4 then and now
+    assert k_start_problem(old, {"policy": "exposed-sync", "sync_period": 4}, []) is None
+    assert k_start_problem(old, {"policy": "exposed-sync", "k_rule": "double"}, []) is None
+    ks = [Dim("sync_period", "int", 1, 8)]
+    assert k_start_problem(old, {"policy": "exposed-sync"}, ks) is None
+    new = {K_START_ATTR: EXPOSED_SYNC_START}
+    assert k_start_problem(new, {}, policies) is None
+
+
 @pytest.mark.timeout(900)
 def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path):
     """End to end: a space over the policy and exposed-sync's share, with a fixed share the
@@ -541,6 +558,7 @@ def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path)
     ran = configs[int(re.search(r"# best trial (\d+) ", text).group(1))]
     assert best == {k: ran[k] for k in best} and {"policy", "workers"} <= set(best), best
     assert ("k_growth" in best) == (best["policy"] == "exposed-sync"), best
+    assert best["sync_period"] == ran["sync_period"]  # pinned: the K its trial started at
     load_config({}, {**best, "out": None})  # a run: raises if not
 
 

@@ -388,7 +388,8 @@ class SyncOptions(
         if self.strategy == "ddp":
             return 1
         if self.policy == "exposed-sync" and self.k_rule == "direct" and self.k_lowering:
-            return 1
+            # the smallest K a round of F fragment syncs, each τ steps late, allows
+            return max(1, self.fragments, self.fragments * self.fragment_delay)
         return 4
 
     def _check_policy_options(self) -> None:
@@ -428,7 +429,7 @@ class SyncOptions(
         the
         model is known: `Sync` and, before anything is written, the CLI's check_task."""
         frags, tau, k = self.fragments, self.fragment_delay, self.sync_period
-        assert k is not None  # the validator resolves K (its strategy's default) before this
+        assert k is not None  # the validator resolves K (its default) before this
         if frags > 1 and self.strategy != "localsgd":
             raise ValueError(
                 f"--fragments: streams the parameter averaging of localsgd only; {self.strategy} "
