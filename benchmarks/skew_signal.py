@@ -11,6 +11,10 @@ log ratio = a(regime, seed) − γ·log K by least squares over all of them, and
 and K the ratios' range over seeds and the index ratio·(K/4)^γ: the ratio each run would read at
 K = 4. K = 1 is left out, as the rule leaves it out: the replicas start every step together, and
 the ratio reads about 0.9 on any shards (docs/design.md §6).
+
+Beside it, the window `exposed-sync` itself judges skew on: each of its runs' first 4 boundaries
+and 32 steps in a row at K ≥ 2 (controllers/exposed_sync.py: a boundary at K = 1 starts it again),
+its mean drift ratio, and the index at that window's mean K (`judged_windows`).
 """
 
 from __future__ import annotations
@@ -95,6 +99,56 @@ def table(ratios: dict[tuple[str, int, str], float], gamma: float) -> list[str]:
     return lines
 
 
+JUDGED_ROUNDS, JUDGED_STEPS = 4, 32  # exposed-sync's defaults: --sync-window 4, GUARD_MIN_STEPS
+
+
+def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
+    """{regime: [(mean drift ratio, mean K)]}: each `exposed-sync` run's first window of
+    JUDGED_ROUNDS boundaries and JUDGED_STEPS steps in a row at K ≥ 2, the one its skew is judged
+    on (whole-model boundaries: a run with --fragments counts rounds, not read here)."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for run in sorted(root.glob("*/seed-*")):
+        m, path = REGIME.search(run.parent.name), run / "boundaries.jsonl"
+        try:
+            settings = yaml.safe_load((run / "run.yaml").read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if m is None or not isinstance(settings, dict) or not path.is_file():
+            continue
+        if settings.get("policy") != "exposed-sync":
+            continue
+        window: list[tuple[float, int, int]] = []
+        for r in read_boundaries(path):
+            k, ratio = int(r.get("sync_period", 1)), float(r.get("drift_ratio", math.nan))
+            if k < 2:
+                window = []
+                continue
+            window.append((ratio, k, int(r.get("interval_steps", k))))
+            if len(window) >= JUDGED_ROUNDS and sum(w[2] for w in window) >= JUDGED_STEPS:
+                mean = sum(w[0] for w in window) / len(window)
+                if math.isfinite(mean):
+                    out[m.group(1)].append((mean, sum(w[1] for w in window) / len(window)))
+                break
+    return out
+
+
+def judged_table(judged: dict[str, list[tuple[float, float]]], gamma: float) -> list[str]:
+    lines = [
+        "exposed-sync's judged window (its first 4 boundaries and 32 steps at K >= 2)",
+        "| regime | runs | mean K | drift ratio | index |",
+        "|---|---|---|---|---|",
+    ]
+    for regime, rows in sorted(judged.items()):
+        ks = [k for _, k in rows]
+        index = [r * (k / 4) ** gamma for r, k in rows]
+        lines.append(
+            f"| {regime} | {len(rows)} | {min(ks):.1f}-{max(ks):.1f} "
+            f"| {min(r for r, _ in rows):.2f}-{max(r for r, _ in rows):.2f} "
+            f"| {min(index):.2f}-{max(index):.2f} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="an experiment directory with fixed-K runs")
@@ -108,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if not ratios:
         print(f"{args.dir}: no fixed-K run (kN_regime=R/seed-S) with a drift ratio")
         return 1
-    print("\n".join(table(ratios, fall_with_k(ratios))))
+    gamma = fall_with_k(ratios)
+    print("\n".join(table(ratios, gamma)))
+    if judged := judged_windows(args.dir):
+        print("\n" + "\n".join(judged_table(judged, gamma)))
     return 0
 
 

@@ -50,3 +50,24 @@ def test_a_directory_without_fixed_k_runs_says_so(tmp_path, capsys):
     _run(tmp_path, "exposed-sync_regime=a", 1, {"policy": "exposed-sync"}, [(0, 2.0)])
     assert skew_signal.main([str(tmp_path)]) == 1
     assert "no fixed-K run" in capsys.readouterr().out
+
+
+def test_the_judged_window_is_exposed_syncs_first_four_boundaries_and_32_steps_at_k_2_or_more(
+    tmp_path,
+):
+    run = tmp_path / "exposed-sync_regime=mild" / "seed-1"
+    run.mkdir(parents=True)
+    (run / "run.yaml").write_text(yaml.safe_dump({"strategy": "cpdp", "policy": "exposed-sync"}))
+    base = dict.fromkeys((*BOUNDARY_COUNTS, *BOUNDARY_NUMBERS), 0)
+    # K = 1 (left out), K = 4 once (started again by the K = 1 after it), then K = 8 four times
+    # (32 steps: judged), then a boundary past the window
+    ks = [(1, 0.9), (4, 9.0), (1, 0.9), (8, 2.0), (8, 2.2), (8, 1.8), (8, 2.0), (8, 50.0)]
+    lines = [
+        json.dumps({**base, "boundary": i, "sync_period": k, "interval_steps": k, "drift_ratio": r})
+        for i, (k, r) in enumerate(ks)
+    ]
+    (run / "boundaries.jsonl").write_text("\n".join(lines) + "\n")
+    (got,) = skew_signal.judged_windows(tmp_path)["mild"]
+    assert math.isclose(got[0], 2.0) and got[1] == 8.0
+    table = skew_signal.judged_table({"mild": [got]}, 0.5)
+    assert "| mild | 1 | 8.0-8.0 | 2.00-2.00 | 2.83-2.83 |" in table  # 2 x (8/4)^0.5
