@@ -301,9 +301,7 @@ def expand(
             for seed in plan.seeds if on_pilot and plan else seeds or exp.get("seeds", [42]):
                 s = {**settings, "seed": seed}
                 try:
-                    # a mean taken from another run is known only once it ran: any valid one
-                    # stands in for it here
-                    cfg = load_config({}, {**s, "random_mean": 1.0} if mean_of else s)
+                    cfg = validated(s, mean_of)
                     if cfg.task is not None and cfg.task not in tasks_checked:
                         check_task(cfg)  # imports and builds it once, before any run starts
                         tasks_checked.add(cfg.task)
@@ -665,16 +663,21 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
             raise ConfigError(why)
 
 
+def validated(settings: dict[str, Any], mean_of: str | None) -> TrainConfig:
+    """A run's settings as `autok train` would read them. A mean K taken from another run
+    (`mean_of`) is known only once that run ran: any valid one stands in for it here."""
+    return load_config({}, {**settings, "random_mean": 1.0} if mean_of else settings)
+
+
 def started_elsewhere(run_dir: Path, run: Run) -> str | None:
     """Why a kept run whose run.yaml matches still does not stand for `run` (one line), or None:
     both leave K to its default, and the K it started at (its config.json) is not the one these
     settings start at now (exposed-sync's default start moved from 4 to 1: docs/policies.md)."""
     if "sync_period" in run.settings or not (run_dir / "config.json").is_file():
         return None
-    settings = {**run.settings, "random_mean": 1.0} if run.mean_k_of else run.settings
     try:
         started = json.loads(_read_small(run_dir / "config.json"))["sync_period"]
-        now = load_config({}, settings).sync_period
+        now = validated(run.settings, run.mean_k_of).sync_period
     except (ConfigError, OSError, ValueError, KeyError, TypeError):
         return None  # nothing to compare: the run.yaml check stands alone
     if started == now:

@@ -28,18 +28,26 @@ from pathlib import Path
 
 import yaml
 
+from autok.controllers.exposed_sync import GUARD_MIN_STEPS
+from autok.controllers.options import PolicySettings
 from autok.report import read_boundaries
 
 REGIME = re.compile(r"(?:^|_)regime=([^_]+)")
 
 
-def fixed_k(run: Path) -> int | None:
-    """The run's K if it ran at one fixed K ≥ 2 (no policy), else None."""
+def run_settings(run: Path) -> dict | None:
+    """The run's run.yaml, or None where it has none readable."""
     try:
         settings = yaml.safe_load((run / "run.yaml").read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None
-    if not isinstance(settings, dict) or settings.get("policy", "fixed") != "fixed":
+    return settings if isinstance(settings, dict) else None
+
+
+def fixed_k(run: Path) -> int | None:
+    """The run's K if it ran at one fixed K ≥ 2 (no policy), else None."""
+    settings = run_settings(run)
+    if settings is None or settings.get("policy", "fixed") != "fixed":
         return None
     k = settings.get("sync_period")
     return k if isinstance(k, int) and k >= 2 and settings.get("strategy") == "cpdp" else None
@@ -99,7 +107,9 @@ def table(ratios: dict[tuple[str, int, str], float], gamma: float) -> list[str]:
     return lines
 
 
-JUDGED_ROUNDS, JUDGED_STEPS = 4, 32  # exposed-sync's defaults: --sync-window 4, GUARD_MIN_STEPS
+# the window exposed-sync judges skew on, at its defaults (controllers/exposed_sync.py)
+JUDGED_ROUNDS = PolicySettings.model_fields["sync_window"].default
+JUDGED_STEPS = GUARD_MIN_STEPS
 
 
 def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
@@ -109,13 +119,10 @@ def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for run in sorted(root.glob("*/seed-*")):
         m, path = REGIME.search(run.parent.name), run / "boundaries.jsonl"
-        try:
-            settings = yaml.safe_load((run / "run.yaml").read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+        settings = run_settings(run)
+        if m is None or settings is None or settings.get("policy") != "exposed-sync":
             continue
-        if m is None or not isinstance(settings, dict) or not path.is_file():
-            continue
-        if settings.get("policy") != "exposed-sync":
+        if not path.is_file():
             continue
         window: list[tuple[float, int, int]] = []
         for r in read_boundaries(path):
@@ -134,7 +141,8 @@ def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
 
 def judged_table(judged: dict[str, list[tuple[float, float]]], gamma: float) -> list[str]:
     lines = [
-        "exposed-sync's judged window (its first 4 boundaries and 32 steps at K >= 2)",
+        f"exposed-sync's judged window (its first {JUDGED_ROUNDS} boundaries and {JUDGED_STEPS} "
+        "steps at K >= 2)",
         "| regime | runs | mean K | drift ratio | index |",
         "|---|---|---|---|---|",
     ]
