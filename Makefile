@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
-# The main job: mnist1d, 4 workers, the emulated WAN, cpdp from K=4 with beta=0.3, and K
+# The main job: mnist1d, 4 workers, the emulated WAN, cpdp from K=1 with beta=0.3, and K
 # chosen online by the exposed-sync controller.
 train: $(STAMP)
 	$(BIN)/autok train --policy exposed-sync $(ARGS)

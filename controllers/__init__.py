@@ -24,6 +24,7 @@ from autok.controllers.options import (
 from autok.controllers.post_local import PostLocalController
 from autok.controllers.qsr import QSRController, default_alpha
 from autok.controllers.random_k import RandomController
+from autok.controllers.scheduled import ScheduledController, parse_k_schedule
 
 
 def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
@@ -82,6 +83,15 @@ _SHARE_READS = frozenset(
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})
+
+
+def _scheduled(k: int, o: PolicyOptions) -> ScheduledController:
+    # without a schedule (a factory called directly): K as given, throughout; a run needs
+    # --k-schedule (trainer/engine/options.py), whose first K is then its --sync-period
+    schedule = parse_k_schedule(o.k_schedule) if o.k_schedule else ((0, k),)
+    return ScheduledController(schedule, max_sync_period=o.max_sync_period)
+
+
 _CAPPED = frozenset({"max_sync_period"})  # reads only the cap on K
 
 POLICIES: dict[str, Policy] = {
@@ -108,6 +118,11 @@ POLICIES: dict[str, Policy] = {
             base=k, peak_lr=o.peak_lr, max_sync_period=o.max_sync_period
         ),
         _CAPPED,
+    ),
+    "scheduled": Policy(
+        _scheduled,
+        frozenset({"k_schedule"}) | _CAPPED,
+        note="K set in advance by step: --k-schedule",
     ),
     "random": Policy(
         lambda k, o: RandomController(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.config import JsonDict
+
+from autok.controllers.scheduled import parse_k_schedule
 
 K_MAX = 2**20
 COUNT_MAX = 1_000_000  # epochs, windows, cooldowns, restarts: beyond any run
@@ -141,6 +143,24 @@ class PolicySettings(BaseModel):
         description="random: the mean of the K drawn at each boundary (default: --sync-period)",
         json_schema_extra=about(),
     )
+    k_schedule: str | None = Field(
+        None,
+        max_length=2048,
+        description="scheduled: K from step 0, then from each step given: K,K@step=N,... "
+        "(steps counted from 0), e.g. 16,32@step=160,16@step=352; its first K is the run's "
+        "--sync-period",
+        json_schema_extra=about(),
+    )
+
+    @field_validator("k_schedule")
+    @classmethod
+    def _parses(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                parse_k_schedule(text)
+            except ValueError as exc:
+                raise ValueError(f"--k-schedule: {exc}") from None
+        return text
 
 
 class PolicyOptions(PolicySettings):

@@ -368,6 +368,48 @@ TRAIN = [
         id="rtt-and-schedule",
     ),
     R(["train", "--random-mean", "4", "--out", "{out}"], "--random-mean", id="mean-not-random"),
+    R(["train", "--policy", "scheduled", "--out", "{out}"], "--k-schedule", id="no-k-schedule"),
+    R(["train", "--k-schedule", "4", "--out", "{out}"], "--k-schedule", id="k-schedule-fixed"),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "4,8@epoch=2", "--out", "{out}"],
+        "--k-schedule",
+        id="k-schedule-epochs",
+    ),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "4,8@step=0", "--out", "{out}"],
+        "--k-schedule",
+        id="k-schedule-step-0",
+    ),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "4,8@step=9999999999999"]
+        + ["--out", "{out}"],
+        "--k-schedule",
+        id="k-schedule-huge-step",
+    ),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "4,128@step=9", "--out", "{out}"],
+        "--k-schedule",
+        id="k-schedule-above-max",
+    ),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "8,4@step=9", "--sync-period", "4"]
+        + ["--out", "{out}"],
+        "--sync-period",
+        id="k-schedule-and-sync-period",
+    ),
+    # a boundary that syncs one fragment, or decides K steps late, cannot change K on time
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "8,16@step=20", "--fragments", "2"]
+        + ["--strategy", "localsgd", "--out", "{out}"],
+        "--fragments",
+        id="k-schedule-fragments",
+    ),
+    R(
+        ["train", "--policy", "scheduled", "--k-schedule", "8", "--overlap-boundary"]
+        + ["--strategy", "localsgd", "--out", "{out}"],
+        "--overlap-boundary",
+        id="k-schedule-overlap",
+    ),
     *REGIMES,
     R(["train", "--policy", "random", "--random-mean", "0.5", "--out", "{out}"], "--random-mean"),
     R(

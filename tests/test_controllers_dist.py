@@ -123,3 +123,37 @@ def test_post_local_runs_ddp_like_until_the_lr_step_then_k():
     assert first and set(first) == {1}, log0
     later = [nxt for e, _, _, nxt in log0 if e == 1]
     assert later and set(later) == {4}, log0
+
+
+def _scheduled_worker(rank, world, options):
+    cfg = tiny_cfg(
+        link="wan", clock="virtual", compute_ms=20, warmup_epochs=0, epochs=2,
+        mnist1d_samples=2000, workers=world, **options,
+    )  # fmt: skip
+    steps: list[tuple[int, int, int]] = []
+
+    class Log:
+        def on_boundary(self, stats, decision):
+            steps.append((stats.global_step, stats.sync_period, stats.interval_steps))
+
+    summary = Trainer(cfg, rank, world, None, observers=[Log()]).run()
+    summary["boundaries"] = steps
+    return summary
+
+
+def test_scheduled_changes_k_at_the_step_it_names_and_one_k_is_fixed_k_bit_for_bit():
+    # One segment is fixed K: the same parameters and virtual time, not a policy of its own
+    one, _ = run_dist(_scheduled_worker, 2, {"policy": "scheduled", "k_schedule": "4"})
+    fixed, _ = run_dist(_scheduled_worker, 2, {"sync_period": 4})
+    assert one["param_digest_per_rank"] == fixed["param_digest_per_rank"]
+    assert one["virtual_seconds"] == fixed["virtual_seconds"]
+    # K 4 from step 0 and 8 from step 10: the interval before 10 is K = 2, cut short so that a
+    # boundary falls on step 9, the last before the change; every later one is K = 8's (or an
+    # epoch's end)
+    s0, s1 = run_dist(_scheduled_worker, 2, {"policy": "scheduled", "k_schedule": "4,8@step=10"})
+    assert s0["boundaries"] == s1["boundaries"]
+    before = [b for b in s0["boundaries"] if b[0] < 10]
+    assert before == [(3, 4, 4), (7, 4, 4), (9, 2, 2)], before
+    after = [b for b in s0["boundaries"] if b[0] >= 10]
+    assert after[0] == (17, 8, 8) and {k for _, k, _ in after} == {8}, after
+    assert s0["param_digest_per_rank"][0] == s0["param_digest_per_rank"][1]

@@ -23,6 +23,7 @@ from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
 from autok.controllers.options import COUNT_MAX as COUNT_MAX
 from autok.controllers.options import K_MAX as K_MAX
+from autok.controllers.scheduled import parse_k_schedule
 from autok.trainer.engine.about import GROUPS as GROUPS
 from autok.trainer.engine.about import About as About
 from autok.trainer.engine.about import ReadOnlyUnder, about, about_of
@@ -320,6 +321,7 @@ class SyncOptions(
         if self.random_mean is not None and self.policy != "random":
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         self._check_policy_options()
+        self._check_k_schedule()
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
         self._check_outer()
@@ -379,14 +381,50 @@ class SyncOptions(
             )
         return self
 
+    def _check_k_schedule(self) -> None:
+        """`scheduled` needs its schedule, whose first K is the run's K: a --sync-period that
+        differs would be recorded as the K the run started at, and is refused."""
+        if self.policy != "scheduled":
+            return
+        if self.k_schedule is None:
+            raise ValueError(
+                "--k-schedule: --policy scheduled needs one: K,K@step=N,... (e.g. "
+                "16,32@step=160,16@step=352)"
+            )
+        # K changes at the step named only where each boundary syncs the whole model when it
+        # is reached (controllers/scheduled.py)
+        for name, given, what in (
+            ("fragments", self.fragments > 1, "a fragment boundary syncs part of the model"),
+            ("fragment_delay", self.fragment_delay > 0, "a delayed average decides K late"),
+            ("overlap_boundary", self.overlap_boundary, "an overlapped average decides K late"),
+        ):
+            if given:
+                raise ValueError(
+                    f"{flag(name)}: --policy scheduled changes K at the step it names, and {what}; "
+                    f"drop {flag(name)} (or use another policy)"
+                )
+        schedule = parse_k_schedule(self.k_schedule)
+        first = schedule[0][1]
+        if self.sync_period is not None and self.sync_period != first:
+            raise ValueError(
+                f"--sync-period: {self.sync_period} differs from --k-schedule's first K {first}; "
+                "drop --sync-period (the schedule names every K)"
+            )
+        if (top := max(k for _, k in schedule)) > self.max_sync_period:
+            raise ValueError(
+                f"--k-schedule: K {top} is above --max-sync-period {self.max_sync_period}"
+            )
+
     def _default_sync_period(self) -> int:
         """K where --sync-period is not given: 1 on ddp; 1 under exposed-sync's direct rule with
         lowering (its first boundary, one step, measures the link and sets K* from it, so where
         K = 1 is best the run is K = 1's from its first step; started at 4, its first four steps
         alone moved the panel's time to target per seed by 0.71-1.15x: docs/design.md §6);
-        else 4, the study's K."""
+        under scheduled, its --k-schedule's first K; else 4, the study's K."""
         if self.strategy == "ddp":
             return 1
+        if self.policy == "scheduled" and self.k_schedule is not None:
+            return parse_k_schedule(self.k_schedule)[0][1]
         if self.policy == "exposed-sync" and self.k_rule == "direct" and self.k_lowering:
             # the smallest K a round of F fragment syncs, each τ steps late, allows
             return max(1, self.fragments, self.fragments * self.fragment_delay)

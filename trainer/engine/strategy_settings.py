@@ -41,7 +41,8 @@ class StrategySettings(BaseModel):
         ge=1,
         le=K_MAX,
         description="K, optimizer steps between boundaries (default: 4; 1 on ddp and under "
-        "exposed-sync's direct rule with lowering, which sets K from its first boundary)",
+        "exposed-sync's direct rule with lowering, which sets K from its first boundary; "
+        "--k-schedule's first K under scheduled)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
     # listed first of its group, before the policies' own options (inherited: earlier fields)

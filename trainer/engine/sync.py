@@ -348,6 +348,8 @@ class Sync:
             return 0.0
         loss_sum = self._loss.take()  # one host sync per boundary, not per step
         common = fields_at_launch(self, interval, k, lr, fragment)
+        if not boundary_step:  # sync_now(), between steps: the interval's last step is the one
+            common["global_step"] -= 1  # before global_step (at a step, it is global_step)
         emit(
             self.observers,
             "on_local_interval",
