@@ -442,10 +442,12 @@ class Goal:
     regime: str
     ratio: float | None  # the default policy's time to target over the best fixed K's
     ci_high: float | None
+    ci_low: float | None
     reached: float  # the share of seeds in which the default policy reached the target
     baseline_reached: bool
     faster: list[str]  # the policies whose upper bound is at most GOAL_FASTER
     seeds_for_within: int | None  # seeds to bring the upper bound to GOAL_WITHIN (a plan)
+    did_not_finish: int = 0  # the default policy's main-seed runs that stopped before the end
 
     @property
     def within(self) -> bool:
@@ -473,10 +475,12 @@ def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) ->
                 g.name,
                 e.get("ratio"),
                 e.get("ci_high"),
+                e.get("ci_low"),
                 e["reached"],
                 entries.get(g.best_fixed.name, {}).get("reached") == 1.0,  # stopped runs too
                 faster,
                 e.get("seeds_for_within"),
+                e.get("did_not_finish", 0),
             )
         )
     return out
@@ -516,6 +520,142 @@ def render_goals(gs: list[Goal], policy: str = DEFAULT_POLICY) -> str:
         "the ratio and the per-seed spread what this panel measured (— where the ratio is not "
         "under 1.05); it plans the next panel, it does not change this one's verdict.",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def decisions(m: Method) -> tuple[float, float]:
+    """From the method's records after warmup: the share of its decisions that held K at a cap
+    (the soft skew cap, the guard's ceiling, --max-sync-period: "K at its cap", "capped"), and
+    its back-offs per run (controllers/exposed_sync.py writes both reasons)."""
+    held = total = backs = 0
+    for r in m.runs:
+        for b in after_warmup(r):
+            why = str(b.get("reason", ""))
+            total += 1
+            held += "at its cap" in why or "capped" in why
+            backs += why.startswith("back off")
+    return (held / total if total else 0.0), backs / max(1, len(m.runs))
+
+
+# A mean K this far from the best fixed K's counts as another K, not the same one reached by
+# another path: the panel's K grid steps by 2x, so 25% is well inside a step
+K_APART = 1.25
+
+
+def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | None:
+    """Why the default policy missed "within 5%" in this regime, from the panel's own records
+    (mean K, network share, drift ratio, its decisions), and what would change it; None where
+    it met the goal. Three cases, in this order: it missed the target in some seed (quality,
+    runs stopped before the end counted apart); it was resolvably slower (the CI's lower bound
+    above 1: time); or the seeds cannot tell (the CI spans 1, or there is none)."""
+    if goal.within:
+        return None
+    m = g.method(policy)
+    if m is None or not m.runs:
+        return f"**did not finish**: none of its {goal.did_not_finish} runs finished."
+    b = g.best_fixed
+    mk, bk = statistics.fmean(m.mean_k), statistics.fmean(b.mean_k)
+    ms, bs = statistics.fmean(m.net_share), statistics.fmean(b.net_share)
+    md, bd = statistics.fmean(m.drift), statistics.fmean(b.drift)
+    held, backs = decisions(m)
+    level = "above" if mk > bk * K_APART else "below" if mk * K_APART < bk else "near"
+    drift = "" if math.isnan(md) or math.isnan(bd) else f", drift ratio {md:.2f} ({bd:.2f})"
+    said = (
+        f"{policy} ran at a mean K of {mk:.1f}, {level} the best fixed K's {bk:.0f}; "
+        f"{ms:.0%} of its time waited for the network ({bs:.0%} at the best fixed K){drift}; "
+        f"{held:.0%} of its decisions held K at a cap, {backs:.1f} back-offs a run"
+    )
+    if goal.reached < 1.0:
+        if not goal.baseline_reached:
+            change = (
+                "the best fixed K missed the target in some seed too: it lies near the most any "
+                "K reaches in this run, so the run's length decides it before K does"
+            )
+        else:
+            change = {
+                "above": "a K nearer the best fixed K's on these shards, where drift at its "
+                "larger K cost the quality the target asks for",
+                "below": "not a smaller K: the best fixed K reached it at a larger one; the "
+                "path (a back-off's or the cap's moves) rather than the level",
+                "near": "the path rather than the level: the same mean K, fixed, reached it",
+            }[level]
+        stopped = (
+            f" ({goal.did_not_finish} of them stopped before the end)"
+            if goal.did_not_finish
+            else ""
+        )
+        return (
+            f"**quality**: the target missed in {1 - goal.reached:.0%} of the seeds{stopped}"
+            f"{'' if goal.baseline_reached else ', and by the best fixed K in some'}; "
+            f"{said}. What would change it: {change}."
+        )
+    if goal.ci_low is not None and goal.ci_low > 1.0:
+        if level == "below":
+            change = "a larger K here: it synchronized more often than the best fixed K" + (
+                f", whose K = {bk:.0f} reached the target in every seed"
+                if goal.baseline_reached
+                else ""
+            )
+        elif level == "above":
+            change = "a smaller K here: the drift of its larger K cost more steps than it saved"
+        else:
+            change = "its K path, not its level: the same mean K, fixed, was faster"
+        return (
+            f"**time**: resolvably slower, {goal.ratio:.3f}× (CI from {goal.ci_low:.3f}); "
+            f"{said}. What would change it: {change}."
+        )
+    ratio = "—" if goal.ratio is None else f"{goal.ratio:.3f}×"
+    if goal.ci_low is None or goal.ci_high is None:
+        return f"**not resolved**: {ratio} with no CI (fewer than 2 paired seeds); {said}."
+    if goal.ratio is not None and goal.ratio >= GOAL_WITHIN:
+        need = f"its ratio is above {GOAL_WITHIN}, so more seeds alone would not bound it there"
+    elif goal.seeds_for_within:
+        need = (
+            f"about {goal.seeds_for_within} seeds would bound it at {GOAL_WITHIN} were the "
+            "ratio and spread the same"
+        )
+    else:
+        need = f"with this spread no panel of {panel_stats.SEEDS_MAX} seeds would bound it"
+    span = f"{goal.ci_low:.3f}–{goal.ci_high:.3f}"
+    return f"**not resolved**: {ratio} ({span}), the CI spans 1: {need}; {said}."
+
+
+def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
+    """The adaptive policy whose CI's upper bound is lowest in this regime (the nearest to "10%
+    faster"), with its summary entry; None where no policy has one."""
+    entries = summary["regimes"].get(g.name, {})
+    ranked = sorted(
+        (e["ci_high"], name)
+        for name, e in entries.items()
+        if (m := g.method(name)) is not None and not m.fixed and e.get("ci_high") is not None
+    )
+    return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
+
+
+def render_why(
+    gs: list[Goal], regimes: list[Regime], summary: dict, policy: str = DEFAULT_POLICY
+) -> str:
+    """Per regime where the default policy missed "within 5%", why and what would change it
+    (why_missed); then, per regime where no policy was 10% faster, the nearest."""
+    by_name = {g.name: g for g in regimes}
+    lines = ["### Why the goals were missed, from the records", "", f"Within 5% ({policy}):", ""]
+    for goal in gs:
+        g = by_name.get(goal.regime)
+        why = None if g is None else why_missed(goal, g, policy)
+        if why is not None:
+            lines.append(f"- {goal.regime}: {why}")
+    if len(lines) == 4:
+        lines.append(
+            f"- {policy} met it in every regime." if gs else f"- {policy} ran in no regime."
+        )
+    head = f"10% faster (upper bound ≤ {GOAL_FASTER:.2f}): where no policy was, the nearest:"
+    lines += ["", head, ""]
+    for goal in gs:
+        g = by_name.get(goal.regime)
+        near = None if g is None or goal.faster else nearest_faster(summary, g)
+        if near is not None:
+            name, e = near
+            lines.append(f"- {goal.regime}: {name}, {e['ratio']:.3f}× ({_ci(e)})")
     return "\n".join(lines) + "\n"
 
 
@@ -589,8 +729,9 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
         heading, _, table = render_regime(g, entries).partition("\n")
         parts += [heading + "\n", render_plan(g), table, render_resolution(g, entries)]
     if summary is not None:
-        parts += ["## The goals", "", render_goals(goals(summary, regimes))]
-        parts += [render_evidence(regimes)]
+        gs = goals(summary, regimes)
+        parts += ["## The goals", "", render_goals(gs)]
+        parts += [render_evidence(regimes), render_why(gs, regimes, summary)]
     return "\n".join(parts)
 
 

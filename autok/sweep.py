@@ -32,6 +32,7 @@ from autok.space import (
     as_ran,
     check_settings,
     never_read,
+    one_off,
     suggest_all,
     trial_settings,
     unread_reason,
@@ -273,6 +274,15 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
         whys = [check_settings(fixed, {**c, d.name: v}) for c in read for v in values]
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
+        # each choice too: one that makes no valid run with any draw near the others (--policy
+        # scheduled with no --k-schedule) would fail every trial that draws it
+        others = one_off(space, (d.name,))
+        for c in d.choices or ():
+            whys = [check_settings(fixed, {**o, d.name: c}) for o in others]
+            if all(whys):
+                raise ConfigError(
+                    f"--space: {d.name}: choice {c!r:.40} makes no valid run: {whys[0]}"
+                )
 
 
 def objective_values(opts: SweepOptions, res: TrialResult) -> list[float]:

@@ -249,16 +249,19 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
     space = write(
         tmp_path / "space.yaml",
         {
+            # ddp runs with K = 1 only: a space whose every draw of it failed would be refused
+            # up front (check_space), so K is drawn too
             "strategy": {"type": "categorical", "choices": ["cpdp", "ddp"]},
+            "sync_period": {"type": "categorical", "choices": [1, 2]},
             "lr": {"type": "float", "low": 0.05, "high": 1e6, "log": True},
         },
     )
     first = write(
         tmp_path / "enqueue.yaml",
         [
-            {"strategy": "ddp", "lr": 0.1},  # ddp with the fixed K=2: refused at config time
-            {"strategy": "cpdp", "lr": 1e6},  # diverges
-            {"strategy": "cpdp", "lr": 0.1},
+            {"strategy": "ddp", "sync_period": 2, "lr": 0.1},  # refused at config time
+            {"strategy": "cpdp", "sync_period": 2, "lr": 1e6},  # diverges
+            {"strategy": "cpdp", "sync_period": 2, "lr": 0.1},
         ],
     )
     out = tmp_path / "robust"
@@ -273,8 +276,6 @@ def test_failing_and_diverging_trials_are_recorded_and_the_sweep_goes_on(tmp_pat
         "--out",
         str(out),
         *FIXED,
-        "--sync-period",
-        "2",
         timeout=600,
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -397,6 +398,12 @@ def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
         check_space(fixed, space[:1])  # with no policy drawn, the default `fixed` never reads it
     with pytest.raises(ConfigError, match="makes a valid run: --optimizer adamw does not read it"):
         check_space(fixed | {"optimizer": "adamw"}, space[1:2])
+    # a choice that makes no run with any draw fails every trial that draws it: refused up
+    # front; with the setting it needs fixed, accepted
+    scheduled = [Dim("policy", "categorical", choices=("fixed", "scheduled"))]
+    with pytest.raises(ConfigError, match="choice 'scheduled' makes no valid run: --k-schedule"):
+        check_space(fixed, scheduled)
+    check_space(fixed | {"k_schedule": "4,8@step=10"}, scheduled)
     # a fixed setting some trials read is dropped from the others; one none reads is refused
     searched = fixed | {"target_sync_share": 0.3}
     check_fixed(searched, space)
