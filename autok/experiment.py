@@ -50,6 +50,7 @@ from autok.procs import start_logged
 from autok.resources import experiments_dir
 from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
 from autok.space import as_ran
+from autok.trainer.loop.environment import difference, environment
 
 MAX_RUNS = 10_000  # an experiment's runs (runs x vary x seeds), as --trials caps a sweep
 
@@ -658,6 +659,8 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
                 )
             if was is not None and (why := started_elsewhere(run_dir, run)):
                 raise ConfigError(why)
+            if finished and (why := made_elsewhere(run_dir)):
+                raise ConfigError(why)
             continue
         if why := unproven(run_dir, run.dir, secret):
             raise ConfigError(why)
@@ -686,6 +689,23 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
         f"--out: {run_dir} holds a run that started at K = {started}, these settings now start "
         f"at K = {now} (the default changed); choose a new --out (a run there is kept, never "
         "redone)"
+    )
+
+
+def made_elsewhere(run_dir: Path) -> str | None:
+    """Why a finished kept run does not stand for one made here (one line naming --out), or
+    None: its summary.json's `environment` (Python and package versions) is not this one, or it
+    has none. On the virtual clock a run is a function of its seed and settings on one
+    installation only (trainer/loop/environment.py)."""
+    try:
+        recorded = json.loads(_read_small(run_dir / "summary.json")).get("environment")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if (why := difference(recorded, environment())) is None:
+        return None
+    return (
+        f"--out: {run_dir} holds a run made with {why}; a run's numbers depend on them, so "
+        "choose a new --out (a run there is kept, never redone)"
     )
 
 

@@ -89,6 +89,10 @@ def test_the_summary_reports_start_up_and_collectives_beside_training_time(run_d
     assert summary["param_syncs"] == summary["grad_syncs"]
     assert summary["collectives"] == summary["param_syncs"] + 1
     assert sum(int(r["collectives"]) for r in rows) == summary["collectives"]
+    # what its numbers depend on besides settings and seed: this installation's versions
+    from autok.trainer.loop.environment import environment
+
+    assert summary["environment"] == environment() and summary["environment"]["torch"]
 
 
 def test_tensorboard_gets_the_boundary_and_epoch_scalars(run_dir):

@@ -16,6 +16,7 @@ import yaml
 from scipy import stats
 
 from autok.report import collect, mean_std, render, report, table_rows, welch_p
+from autok.trainer.loop.environment import environment
 from tests.test_cli import autok
 
 
@@ -296,7 +297,7 @@ def test_a_finished_run_saved_with_an_option_it_never_read_stands_for_the_run_wi
     run = Run("cpdp-k3", 1, settings)
     run_dir = tmp_path / run.dir
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
     (run_dir / "run.yaml").write_text(yaml.safe_dump(settings | {"target_sync_share": 0.3}))
     check_run_dirs([run], tmp_path)
     (run_dir / "run.yaml").write_text(yaml.safe_dump(settings | {"epochs": 3}))
@@ -316,7 +317,7 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     run = Run("exposed-sync", 1, settings)
     run_dir = tmp_path / run.dir
     run_dir.mkdir(parents=True)
-    (run_dir / "summary.json").write_text("{}")
+    (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
     (run_dir / "run.yaml").write_text(yaml.safe_dump(settings))
     (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 1}))
     check_run_dirs([run], tmp_path)  # started where these settings start
@@ -326,6 +327,32 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     given = Run("exposed-sync", 1, {**settings, "sync_period": 4})  # K given: run.yaml says it
     (run_dir / "run.yaml").write_text(yaml.safe_dump(given.settings))
     check_run_dirs([given], tmp_path)
+
+
+def test_a_kept_run_made_with_other_package_versions_does_not_stand_for_this_one(tmp_path):
+    """On the virtual clock a run is a function of its seed and settings on one installation:
+    a finished run whose summary.json records another environment (or none) is refused, in one
+    line naming --out and the first difference; one made here is kept."""
+    from autok.config import ConfigError
+    from autok.experiment import Run, check_run_dirs
+
+    settings = {"strategy": "cpdp", "sync_period": 3, "epochs": 2, "workers": 2}
+    run = Run("cpdp-k3", 1, settings)
+    run_dir = tmp_path / run.dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(settings))
+    here = environment()
+    assert here["python"] and here["torch"] and here["numpy"]  # installed: versions, not None
+    (run_dir / "summary.json").write_text(json.dumps({"environment": here}))
+    check_run_dirs([run], tmp_path)
+    other = here | {"numpy": "1.0.0"}
+    (run_dir / "summary.json").write_text(json.dumps({"environment": other}))
+    with pytest.raises(ConfigError, match="made with numpy 1.0.0, this environment has "):
+        check_run_dirs([run], tmp_path)
+    for old in ({}, {"environment": "torch 2"}, [1]):  # before autok recorded it; not a record
+        (run_dir / "summary.json").write_text(json.dumps(old))
+        with pytest.raises(ConfigError, match="--out: .* no record of its package versions"):
+            check_run_dirs([run], tmp_path)
 
 
 def test_a_diverged_run_is_told_from_a_failed_one_by_the_line_autok_train_ends_with():

@@ -39,6 +39,7 @@ from autok.trainer.loop.checkpoint import (
     write_rank_file,
 )
 from autok.trainer.loop.data import ShardSampler, class_labels, dirichlet_partition
+from autok.trainer.loop.environment import environment
 from autok.trainer.loop.epoch_sums import TrainSums
 from autok.trainer.loop.records import RunRecords
 from autok.trainer.loop.runlog import LOGGER, RunLog, run_logger
@@ -246,6 +247,7 @@ class Trainer:
         if self.virtual is not None:  # the modelled training time (docs/design.md §4)
             summary["virtual_seconds"] = self.virtual.now()
         summary["total_seconds"] = time.time() - self.started
+        summary["environment"] = environment()  # what the numbers depend on besides settings
         emit(self.observers, "on_end", summary)
         return summary
 
