@@ -352,6 +352,16 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"--resume: {why}; move the file away to resume without it")
     saved.pop("link_profile", None)
     saved.pop("stop_after_epochs", None)  # a one-shot instruction, not a property of the run
+    from autok.trainer.loop.environment import difference, environment
+
+    # a run saved before it was recorded: nothing to compare (trainer/loop/environment.py)
+    if (was := saved.pop("environment", None)) is not None and (
+        why := difference(was, environment())
+    ):
+        raise ConfigError(
+            f"--resume: {run} was started with {why}; continued here its numbers would mix "
+            "two installations: resume it where it started, or start a new --out"
+        )
     from autok.space import as_ran
 
     saved, notes = as_ran(saved)
@@ -520,6 +530,9 @@ def resolved_config(cfg: TrainConfig, out: Path) -> dict[str, Any]:
         k: None if isinstance(v, float) and not math.isfinite(v) else v
         for k, v in cfg.link_profile.__dict__.items()
     }
+    from autok.trainer.loop.environment import environment
+
+    resolved["environment"] = environment()  # what its numbers depend on besides settings
     return resolved
 
 
@@ -554,6 +567,8 @@ def check_restarted_run(cfg: TrainConfig, out: Path) -> bool:
         keys = sorted(set(ours) | set(saved)) if isinstance(saved, dict) else []
         differs = next((k for k in keys if saved.get(k) != ours.get(k)), None)
         what = f" (its {flag(differs)} differs)" if differs else ""
+        if differs == "environment":
+            what = " (it was started with other package versions or another CPU)"
         raise ConfigError(
             f"--out: {out} holds a run this command did not configure{what}; a torchrun "
             "restart continues only its own run: give a new --out, or --resume that run"

@@ -659,7 +659,7 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
                 )
             if was is not None and (why := started_elsewhere(run_dir, run)):
                 raise ConfigError(why)
-            if finished and (why := made_elsewhere(run_dir)):
+            if why := made_elsewhere(run_dir, finished):
                 raise ConfigError(why)
             continue
         if why := unproven(run_dir, run.dir, secret):
@@ -692,13 +692,14 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
     )
 
 
-def made_elsewhere(run_dir: Path) -> str | None:
-    """Why a finished kept run does not stand for one made here (one line naming --out), or
-    None: its summary.json's `environment` (Python and package versions) is not this one, or it
-    has none. On the virtual clock a run is a function of its seed and settings on one
-    installation only (trainer/loop/environment.py)."""
+def made_elsewhere(run_dir: Path, finished: bool) -> str | None:
+    """Why a kept run does not stand for one made here, finished or to be resumed (one line
+    naming --out), or None: the `environment` its summary.json (finished) or config.json (to be
+    resumed) records is not this one, or it records none. On the virtual clock a run is a
+    function of its seed and settings on one installation only (trainer/loop/environment.py)."""
     try:
-        recorded = json.loads(_read_small(run_dir / "summary.json")).get("environment")
+        name = "summary.json" if finished else "config.json"
+        recorded = json.loads(_read_small(run_dir / name)).get("environment")
     except (OSError, ValueError, AttributeError):
         recorded = None
     if (why := difference(recorded, environment())) is None:

@@ -456,6 +456,17 @@ class Goal:
         return self.reached == 1.0 and not self.baseline_reached
 
 
+# A policy whose K is set in advance (`scheduled`): in a panel it stands for K chosen per phase
+# in hindsight, a bound on what a policy could do (docs/design.md §6), not a policy that counts
+# towards a goal
+IN_HINDSIGHT = frozenset({"scheduled"})
+
+
+def in_hindsight(g: Regime, name: str) -> bool:
+    m = g.method(name)
+    return m is not None and bool(m.runs) and m.runs[0].config.get("policy") in IN_HINDSIGHT
+
+
 def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) -> list[Goal]:
     out = []
     for g in regimes:
@@ -467,6 +478,7 @@ def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) ->
             m
             for m, x in entries.items()
             if m != g.best_fixed.name
+            and not in_hindsight(g, m)
             and x.get("ci_high") is not None
             and x["ci_high"] <= GOAL_FASTER
         )
@@ -516,6 +528,9 @@ def render_goals(gs: list[Goal], policy: str = DEFAULT_POLICY) -> str:
         f"{len(fast)} regime(s){': ' + ', '.join(fast) if fast else ''}: "
         f"{yes[len(fast) >= GOAL_REGIMES]}.",
         "",
+        "A K set in advance (`scheduled`) stands for a choice made in hindsight and does not "
+        "count as a policy that is 10% faster.",
+        "",
         "Seeds for ≤ 1.05: how many seeds would bring the upper bound to 1.05 with 80% power, were "
         "the ratio and the per-seed spread what this panel measured (— where the ratio is not "
         "under 1.05); it plans the next panel, it does not change this one's verdict.",
@@ -525,14 +540,16 @@ def render_goals(gs: list[Goal], policy: str = DEFAULT_POLICY) -> str:
 
 def decisions(m: Method) -> tuple[float, float]:
     """From the method's records after warmup: the share of its decisions that held K at a cap
-    (the soft skew cap, the guard's ceiling, --max-sync-period: "K at its cap", "capped"), and
-    its back-offs per run (controllers/exposed_sync.py writes both reasons)."""
+    (the soft skew cap, the guard's ceiling, --max-sync-period: "K at its cap", "K capped at ...
+    (soft cap"), and its back-offs per run (controllers/exposed_sync.py writes these reasons;
+    the engine's own cap at an epoch's length, "capped at N, the steps between forced
+    boundaries", is not the policy's and is not counted)."""
     held = total = backs = 0
     for r in m.runs:
         for b in after_warmup(r):
             why = str(b.get("reason", ""))
             total += 1
-            held += "at its cap" in why or "capped" in why
+            held += "at its cap" in why or "(soft cap" in why
             backs += why.startswith("back off")
     return (held / total if total else 0.0), backs / max(1, len(m.runs))
 
@@ -621,13 +638,17 @@ def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | Non
 
 
 def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
-    """The adaptive policy whose CI's upper bound is lowest in this regime (the nearest to "10%
-    faster"), with its summary entry; None where no policy has one."""
+    """The adaptive policy (not a fixed K, nor one set in hindsight) whose CI's upper bound is
+    lowest in this regime (the nearest to "10% faster"), with its summary entry; None where no
+    policy has one."""
     entries = summary["regimes"].get(g.name, {})
     ranked = sorted(
         (e["ci_high"], name)
         for name, e in entries.items()
-        if (m := g.method(name)) is not None and not m.fixed and e.get("ci_high") is not None
+        if (m := g.method(name)) is not None
+        and not m.fixed
+        and not in_hindsight(g, name)
+        and e.get("ci_high") is not None
     )
     return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
 

@@ -37,6 +37,7 @@ from autok.space import (
     trial_settings,
     unread_reason,
 )
+from autok.trainer.loop.environment import difference, environment
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
@@ -275,11 +276,12 @@ def check_space(fixed: dict[str, Any], space: list[Dim]) -> None:
         if all(whys):
             raise ConfigError(f"--space: {d.name}: no value of it makes a valid run: {whys[0]}")
         # each choice too: one that makes no valid run with any draw near the others (--policy
-        # scheduled with no --k-schedule) would fail every trial that draws it
-        others = one_off(space, (d.name,))
+        # scheduled with no --k-schedule) would fail every trial that draws it; tried only
+        # where it is read (a trial that does not read it drops it, and says nothing of it)
+        others = [o for o in one_off(space, (d.name,)) if applies(d.name, {**fixed, **o})]
         for c in d.choices or ():
             whys = [check_settings(fixed, {**o, d.name: c}) for o in others]
-            if all(whys):
+            if whys and all(whys):
                 raise ConfigError(
                     f"--space: {d.name}: choice {c!r:.40} makes no valid run: {whys[0]}"
                 )
@@ -423,6 +425,7 @@ def sweep_optuna(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim]) ->
 # The K exposed-sync starts at where none is given, recorded in a study when it is made: a study
 # made before it was recorded started those trials at 4 (docs/policies.md, "Where it starts").
 K_START_ATTR = "exposed_sync_starts_at"
+ENVIRONMENT_ATTR = "environment"  # the study's Python, packages and CPU, set when it is made
 EXPOSED_SYNC_START = 1
 
 
@@ -496,9 +499,16 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     given = {k: _plain(v) for k, v in fixed.items()}
     if opts.resume and (why := k_start_problem(study.user_attrs, fixed, space)):
         raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
+    here = environment()  # a trial's numbers depend on it (trainer/loop/environment.py)
+    if opts.resume and (why := difference(study.user_attrs.get(ENVIRONMENT_ATTR), here)):
+        raise ConfigError(
+            f"--resume: the study {opts.study_name!r} ran its trials with {why}; new trials "
+            "beside them would mix two installations: choose a new --out"
+        )
     if not opts.resume:
         study.set_user_attr("fixed", given)
         study.set_user_attr(K_START_ATTR, EXPOSED_SYNC_START)
+        study.set_user_attr(ENVIRONMENT_ATTR, here)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
         was_fixed, notes = _as_ran(was_fixed, space)
         if k := first_difference(was_fixed, given, SWEEP_RESUME_MAY_CHANGE):

@@ -673,3 +673,25 @@ def test_why_a_goal_was_missed_is_read_from_the_records_case_by_case():
     goal, g, text = judged(best + met)
     assert goal.within and panel.why_missed(goal, g) is None
     assert "- exposed-sync met it in every regime." in text
+
+
+def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not_the_policys():
+    """A `scheduled` arm (K per phase, chosen after the run: the phase oracle) is a bound, not a
+    policy: it is not counted 10% faster, nor named the nearest. The engine's cap at an epoch's
+    length is not a cap the policy held K at."""
+    from autok import panel
+
+    best = [_run("k8", s, [0.6, 0.88, 0.9], 1.0, ks=(8, 8)) for s in (1, 2, 3)]
+    es = [_run("exposed-sync", s, [0.6, 0.88, 0.9], f, "exposed-sync", ks=(8, 8))
+          for s, f in ((1, 1.0), (2, 0.97), (3, 0.99))]  # fmt: skip
+    oracle = [_run("sched-1-8", s, [0.6, 0.88, 0.9], f, "scheduled")
+              for s, f in ((1, 0.8), (2, 0.81), (3, 0.8))]  # fmt: skip
+    regimes = panel.build_regimes(best + es + oracle)
+    summary = panel.summary_data(regimes)
+    (goal,) = panel.goals(summary, regimes)
+    assert summary["regimes"]["r"]["sched-1-8"]["ci_high"] <= panel.GOAL_FASTER
+    assert goal.faster == []
+    assert panel.nearest_faster(summary, regimes[0])[0] == "exposed-sync"
+    for b in es[0].boundaries[1:]:
+        b["reason"] = "raise: sync share 30% > target 20%: K* 40; K 40 capped at 32, the steps "
+    assert panel.decisions(regimes[0].method("exposed-sync"))[0] == pytest.approx(0.0)

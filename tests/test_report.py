@@ -353,6 +353,13 @@ def test_a_kept_run_made_with_other_package_versions_does_not_stand_for_this_one
         (run_dir / "summary.json").write_text(json.dumps(old))
         with pytest.raises(ConfigError, match="--out: .* no record of its package versions"):
             check_run_dirs([run], tmp_path)
+    # one to be resumed (no summary yet) is read by the config.json it started with
+    from autok.experiment import made_elsewhere
+
+    (run_dir / "config.json").write_text(json.dumps({"environment": other}))
+    assert "numpy 1.0.0" in (made_elsewhere(run_dir, finished=False) or "")
+    (run_dir / "config.json").write_text(json.dumps({"environment": here}))
+    assert made_elsewhere(run_dir, finished=False) is None
 
 
 def test_a_diverged_run_is_told_from_a_failed_one_by_the_line_autok_train_ends_with():

@@ -261,6 +261,27 @@ def test_a_resume_to_fewer_epochs_than_done_is_refused(stopped_run, tmp_path, ca
     assert tree(run) == before
 
 
+def test_a_run_started_in_another_installation_is_not_continued_here(stopped_run, tmp_path, capsys):
+    """config.json records the Python, packages and CPU the run started with: continued with
+    other ones its numbers would mix two installations, so the resume is refused, in one line,
+    before anything is written. A run saved before it was recorded resumes (nothing to compare)."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["environment"]["torch"]  # recorded at the start
+    config["environment"]["numpy"] = "1.0.0"
+    (run / "config.json").write_text(json.dumps(config))
+    before = tree(run)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"autok: error: --resume: {run} was started with numpy 1.0.0, this "), err
+    assert err.count("\n") == 1 and tree(run) == before
+    del config["environment"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "config.json").read_text())["environment"]["torch"]
+
+
 def test_a_manifest_that_is_not_a_regular_file_is_refused_without_opening_it(
     stopped_run, tmp_path, capsys
 ):

@@ -206,6 +206,17 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
         "gives --momentum 0.5"
     ), res.stderr
     assert len(trials(out)) == 4
+    # nor in another installation: its trials' numbers depend on it (the study records it)
+    import optuna
+
+    study = optuna.load_study(study_name="autok", storage=f"sqlite:///{out / 'study.db'}")
+    study.set_user_attr("environment", study.user_attrs["environment"] | {"numpy": "1.0.0"})
+    res = autok("sweep", *more, *FIXED)
+    assert res.returncode == 2 and res.stderr.startswith(
+        "autok: error: --resume: the study 'autok' ran its trials with numpy 1.0.0, this "
+        "environment has "
+    ), res.stderr
+    assert len(trials(out)) == 4
 
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["workers"] == 2 and "sync_period" in best and "lr" in best
@@ -404,6 +415,15 @@ def test_a_conditional_setting_is_drawn_only_where_the_trial_reads_it():
     with pytest.raises(ConfigError, match="choice 'scheduled' makes no valid run: --k-schedule"):
         check_space(fixed, scheduled)
     check_space(fixed | {"k_schedule": "4,8@step=10"}, scheduled)
+    # a schedule choice is tried where it is read: one that never makes a run under
+    # `scheduled` (it starts at 16, and K is fixed at 8) is refused, not excused by `fixed`
+    drawn = scheduled + [Dim("k_schedule", "categorical", choices=("16,32@step=9", "8,32@step=9"))]
+    with pytest.raises(ConfigError, match="choice '16,32@step=9' makes no valid run: --sync-pe"):
+        check_space(fixed | {"sync_period": 8}, drawn)
+    check_space(
+        fixed | {"sync_period": 8},
+        drawn[:1] + [Dim("k_schedule", "categorical", choices=("8,32@step=9",))],
+    )
     # a fixed setting some trials read is dropped from the others; one none reads is refused
     searched = fixed | {"target_sync_share": 0.3}
     check_fixed(searched, space)

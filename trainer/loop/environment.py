@@ -2,12 +2,14 @@
 compute them (summary.json's `environment`).
 
 On the virtual clock a run is a function of its seed and settings on one installation
-(docs/design.md §4), not across installations: the same commit and settings, in a fresh
-environment whose packages pip resolved anew, gave the controller panel's iid-wan best fixed K
-on seed 75 a final accuracy of 0.9461 where the committed panel had 0.93175
-(docs/controller-panel/README.md). A run that does not say what it ran on cannot be told apart
-from one that did not, so `autok experiment run` keeps a finished run only where its
-environment is this one (autok/experiment.py).
+(docs/design.md §4), not across installations: the same code and settings, in a fresh
+install whose packages pip resolved anew (the machine perhaps another), gave the controller
+panel's iid-wan best fixed K on seed 75 a final accuracy of 0.9461 where the committed panel had
+0.93175 (docs/controller-panel/phase-oracle/README.md). Which difference did it is not known:
+the panel's runs recorded none. So a run records what it ran with (config.json at its start,
+summary.json at its end), and a run is not continued or kept where that is not this one:
+`autok train --resume` (autok/cli.py), `autok experiment run` (autok/experiment.py),
+`autok sweep --resume` (autok/sweep.py).
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ PACKAGES = ("torch", "numpy", "scipy", "mnist1d", "scikit-learn", "torchvision")
 
 
 def environment() -> dict[str, str | None]:
-    """{"python": "3.11.7", "torch": "2.14.1", ...}: this process's, as summary.json records it."""
+    """{"python": "3.11.7", "torch": "2.14.1", ..., "cpu": "AVX512"}: this process's, as
+    config.json and summary.json record it. `cpu` is the instruction set torch's CPU kernels
+    were chosen for: the same versions on another machine may sum in another order."""
+    import torch  # here, not at import: `autok experiment` reads this before it needs torch
+
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
+    out["cpu"] = torch.backends.cpu.get_cpu_capability()
     return out
 
 
