@@ -846,7 +846,11 @@ def _seeds_note(groups: dict[str, list[RunResult]], what: str) -> str:
 
 # Settings that differ between runs without being what the grid compares: where a run lives
 # and which seed it drew (seeds are averaged, never an axis).
-NOT_AN_AXIS = frozenset({"seed", "out", "data_dir", "resume", "metrics_port", "run_name"})
+# environment: not a setting a grid varies; runs of several installations are said apart
+# (installations)
+NOT_AN_AXIS = frozenset(
+    {"seed", "out", "data_dir", "resume", "metrics_port", "run_name", "environment"}
+)
 AXIS_NAMES = {"sync_period": "K", "strategy": "method", "lr": "LR"}
 
 
@@ -1231,6 +1235,27 @@ def one_run(d: Path) -> str | None:
     )
 
 
+def installations(runs: list[RunResult]) -> str | None:
+    """One line where the runs record more than one installation (summary.json's
+    `environment`, trainer/loop/environment.py), or some record one and some none: the same
+    settings and seed give other numbers in another, so the tables compare unlike runs. None
+    where they record one, or none at all (runs made before autok recorded it: nothing to tell)."""
+    seen = {json.dumps(r.summary.get("environment"), sort_keys=True, default=str): r for r in runs}
+    if len(seen) < 2:
+        return None
+    known = [e for r in seen.values() if isinstance(e := r.summary.get("environment"), dict)]
+    why = "some record none"
+    if len(known) > 1:
+        a, b = known[0], known[1]
+        name = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), "a field")
+        why = f"{name} {str(a.get(name))[:40]} and {str(b.get(name))[:40]}, for one"
+    return (
+        f"**Not comparable as they stand:** these runs were made in {len(seen)} installations "
+        f"(summary.json's `environment`: {why}); the same settings and seed give other numbers "
+        "in another. Compare the runs of one installation (a new `--out` reruns them here)."
+    )
+
+
 def report(root: Path) -> str:
     runs = collect(root)
     if not runs:
@@ -1244,6 +1269,9 @@ def report(root: Path) -> str:
     rows = table_rows(runs)
     quality = quality_of(runs)
     text = render(rows, f"autok report: {root}", quality, exposed_waits(runs))
+    if mixed := installations(runs):
+        title, _, rest = text.partition("\n\n")
+        text = f"{title}\n\n{mixed}\n\n{rest}"
     if resolution := render_resolution(rows, quality):
         text += "\n" + resolution
     stopped = collect_stopped(root, quality)

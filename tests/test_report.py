@@ -854,3 +854,30 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
         f.write("half of the new")
         raise RuntimeError("interrupted")
     assert path.read_text() == "old\n" and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_report_says_when_its_runs_were_made_in_more_than_one_installation(tmp_path):
+    """The same settings and seed give other numbers in another installation: a report over runs
+    of two (or of one and of none recorded) says so at its top; runs of one say nothing, nor do
+    runs that all predate the record. `environment` is never a plotted axis."""
+    from autok.report import NOT_AN_AXIS, installations
+
+    here = environment()
+    for s in (1, 2):
+        fake_run(tmp_path, "cpdp k4", s, 0.9, 10.0, k=4)
+    assert installations(collect(tmp_path)) is None  # none recorded: nothing to tell
+    for d in sorted(tmp_path.glob("*/seed-*")):
+        summary = json.loads((d / "summary.json").read_text())
+        seed_1 = d.name == "seed-1"
+        summary["environment"] = here | ({"numpy": "1.0.0"} if seed_1 else {})
+        (d / "summary.json").write_text(json.dumps(summary))
+    line = installations(collect(tmp_path))
+    assert line is not None and "2 installations" in line
+    assert f"numpy 1.0.0 and {here['numpy']}" in line or f"numpy {here['numpy']} and 1.0.0" in line
+    assert line in report(tmp_path)
+    for d in sorted(tmp_path.glob("*/seed-*")):
+        summary = json.loads((d / "summary.json").read_text())
+        summary["environment"] = here
+        (d / "summary.json").write_text(json.dumps(summary))
+    assert installations(collect(tmp_path)) is None
+    assert "environment" in NOT_AN_AXIS
