@@ -105,7 +105,7 @@ class ScheduledController:
         self.sync_period = min(k, self.max_sync_period)
         why = f"scheduled: K {seg_k} from step {first}"
         if k < seg_k:
-            why += f", {k} to end at step {nxt}"
+            why += f", {k} to end before step {nxt}"
         if self.sync_period < k:
             why += f", capped at {self.max_sync_period}"
         return SyncDecision(self.sync_period, why)

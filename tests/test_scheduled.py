@@ -70,10 +70,13 @@ def test_max_sync_period_and_a_rollback_bound_k_and_the_reason_says_so():
     c.rollback(8)  # the trainer halved 16
     assert c.sync_period == 8 and c.observe(at(23)).next_sync_period == 8
     # a rollback from a K cut short to end its segment halves the segment's K, not the cut's:
-    # K 2 (8 cut to end at step 10) halved to 1 would hold every later segment at 1
+    # K 2 (8 cut to end before step 10) halved to 1 would hold every later segment at 1
     c = ScheduledController(parse_k_schedule("8,32@step=10"))
     d = c.observe(at(7))
-    assert (d.next_sync_period, d.reason) == (2, "scheduled: K 8 from step 0, 2 to end at step 10")
+    assert (d.next_sync_period, d.reason) == (
+        2,
+        "scheduled: K 8 from step 0, 2 to end before step 10",
+    )
     c.rollback(1)
     assert c.sync_period == 1  # the trainer's halved K, for the interval it restarts with
     d = c.observe(at(9))
