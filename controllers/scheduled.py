@@ -85,7 +85,12 @@ def k_at(schedule: Schedule, step: int) -> tuple[int, int]:
     """(K for the interval that starts at `step`, the segment's first step): the segment's K,
     cut short so that the interval ends where the next segment starts."""
     first, k, nxt = segment_at(schedule, step)
-    return (k if nxt is None else min(k, nxt - step)), first
+    return cut(k, nxt, step), first
+
+
+def cut(k: int, nxt: int | None, step: int) -> int:
+    """A segment's K for the interval from `step`, cut short to end before `nxt` (if any)."""
+    return k if nxt is None else min(k, nxt - step)
 
 
 @dataclass
@@ -101,7 +106,7 @@ class ScheduledController:
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         self.step = step = stats.global_step + 1  # the next interval's first step
         first, seg_k, nxt = segment_at(self.schedule, step)
-        k, _ = k_at(self.schedule, step)
+        k = cut(seg_k, nxt, step)
         self.sync_period = min(k, self.max_sync_period)
         why = f"scheduled: K {seg_k} from step {first}"
         if k < seg_k:

@@ -59,14 +59,14 @@ class InFlight:
 
 
 def fields_at_launch(
-    sync: Sync, interval: Interval, k: int, lr: float, fragment: int
+    sync: Sync, interval: Interval, k: int, lr: float, fragment: int, last_step: int
 ) -> dict[str, Any]:
     """The BoundaryStats fields of an averaging boundary known when it launches (`InFlight.common`;
     `finish_in_flight` adds what the collective reduced). A dict, not a record of its own: it is
     saved as it is with an average in flight (`InFlight.state_dict`)."""
     return {
         "boundary": sync.boundary,
-        "global_step": sync.global_step,
+        "global_step": last_step,  # the interval's last step (docs/design.md §7)
         "epoch": sync.epoch,
         "sync_period": k,
         "interval_steps": interval.steps,

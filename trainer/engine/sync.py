@@ -347,9 +347,10 @@ class Sync:
             ddp_boundary(self, interval, k, lr, forced)
             return 0.0
         loss_sum = self._loss.take()  # one host sync per boundary, not per step
-        common = fields_at_launch(self, interval, k, lr, fragment)
-        if not boundary_step:  # sync_now(), between steps: the interval's last step is the one
-            common["global_step"] -= 1  # before global_step (at a step, it is global_step)
+        # the interval's last step: this one at a step; between steps (sync_now()), the one
+        # before global_step, which already counts the next
+        last = self.global_step if boundary_step else self.global_step - 1
+        common = fields_at_launch(self, interval, k, lr, fragment, last)
         emit(
             self.observers,
             "on_local_interval",

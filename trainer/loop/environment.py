@@ -15,6 +15,7 @@ summary.json at its end), and a run is not continued or kept where that is not t
 from __future__ import annotations
 
 import platform
+from functools import cache
 from importlib import metadata
 
 # The distributions whose versions can change a run's numbers: the tensor library, the array
@@ -25,8 +26,16 @@ PACKAGES = ("torch", "numpy", "scipy", "mnist1d", "scikit-learn", "torchvision")
 
 def environment() -> dict[str, str | None]:
     """{"python": "3.11.7", "torch": "2.14.1", ..., "cpu": "AVX512"}: this process's, as
-    config.json and summary.json record it. `cpu` is the instruction set torch's CPU kernels
-    were chosen for: the same versions on another machine may sum in another order."""
+    config.json and summary.json record it (a fresh dict each call). `cpu` is the instruction
+    set torch's CPU kernels were chosen for: the same versions on another machine may sum in
+    another order."""
+    return dict(_read())
+
+
+@cache
+def _read() -> tuple[tuple[str, str | None], ...]:
+    """Read once a process: it cannot change while it runs, and `autok experiment run` compares
+    it with every kept run's."""
     import torch  # here, not at import: `autok experiment` reads this before it needs torch
 
     out: dict[str, str | None] = {"python": platform.python_version()}
@@ -36,7 +45,7 @@ def environment() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     out["cpu"] = torch.backends.cpu.get_cpu_capability()
-    return out
+    return tuple(out.items())
 
 
 def difference(recorded: object, now: dict[str, str | None]) -> str | None:
