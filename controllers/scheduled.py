@@ -93,6 +93,17 @@ def cut(k: int, nxt: int | None, step: int) -> int:
     return k if nxt is None else min(k, nxt - step)
 
 
+def never_applies(schedule: Schedule, steps: int) -> str | None:
+    """What a run of `steps` steps never reaches of the schedule, in words, or None: no error
+    (a loop's length is its own, and a resumed run with more epochs would reach it), but a user
+    should not find out from the K path."""
+    late = [f"K {k} from step {step}" for step, k in schedule if step >= steps]
+    if not late:
+        return None
+    verb = "never applies" if len(late) == 1 else "never apply"
+    return f"{', '.join(late)} {verb}: the run has {steps} steps"
+
+
 @dataclass
 class ScheduledController:
     schedule: Schedule

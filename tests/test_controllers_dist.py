@@ -125,7 +125,7 @@ def test_post_local_runs_ddp_like_until_the_lr_step_then_k():
     assert later and set(later) == {4}, log0
 
 
-def _scheduled_worker(rank, world, options):
+def _scheduled_worker(rank, world, options, out_dir=None):
     cfg = tiny_cfg(
         link="wan", clock="virtual", compute_ms=20, warmup_epochs=0, epochs=2,
         mnist1d_samples=2000, workers=world, **options,
@@ -136,12 +136,12 @@ def _scheduled_worker(rank, world, options):
         def on_boundary(self, stats, decision):
             steps.append((stats.global_step, stats.sync_period, stats.interval_steps))
 
-    summary = Trainer(cfg, rank, world, None, observers=[Log()]).run()
+    summary = Trainer(cfg, rank, world, out_dir, observers=[Log()]).run()
     summary["boundaries"] = steps
     return summary
 
 
-def test_scheduled_changes_k_at_the_step_it_names_and_one_k_is_fixed_k_bit_for_bit():
+def test_scheduled_changes_k_at_the_step_it_names_and_one_k_is_fixed_k_bit_for_bit(tmp_path):
     # One segment is fixed K: the same parameters and virtual time, not a policy of its own
     one, _ = run_dist(_scheduled_worker, 2, {"policy": "scheduled", "k_schedule": "4"})
     fixed, _ = run_dist(_scheduled_worker, 2, {"sync_period": 4})
@@ -149,8 +149,11 @@ def test_scheduled_changes_k_at_the_step_it_names_and_one_k_is_fixed_k_bit_for_b
     assert one["virtual_seconds"] == fixed["virtual_seconds"]
     # K 4 from step 0 and 8 from step 10: the interval before 10 is K = 2, cut short so that a
     # boundary falls on step 9, the last before the change; every later one is K = 8's (or an
-    # epoch's end)
-    s0, s1 = run_dist(_scheduled_worker, 2, {"policy": "scheduled", "k_schedule": "4,8@step=10"})
+    # epoch's end); K 16 from a step past the run's end never applies, and the log says so
+    late = {"policy": "scheduled", "k_schedule": "4,8@step=10,16@step=99999"}
+    s0, s1 = run_dist(_scheduled_worker, 2, late, tmp_path)
+    log = (tmp_path / "train.log").read_text(encoding="utf-8")
+    assert "--k-schedule: K 16 from step 99999 never applies: the run has" in log, log
     assert s0["boundaries"] == s1["boundaries"]
     before = [b for b in s0["boundaries"] if b[0] < 10]
     assert before == [(3, 4, 4), (7, 4, 4), (9, 2, 2)], before

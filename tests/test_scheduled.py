@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from autok.controllers import PolicyOptions, build_controller
-from autok.controllers.scheduled import ScheduledController, k_at, parse_k_schedule
+from autok.controllers.scheduled import (
+    ScheduledController,
+    k_at,
+    never_applies,
+    parse_k_schedule,
+)
 from autok.trainer.engine.options import SyncOptions
 from tests.test_controllers import stats
 
@@ -35,6 +40,15 @@ def test_a_schedule_parses_to_first_steps_and_ks():
 def test_a_bad_schedule_says_what_is_wrong(text, says):
     with pytest.raises(ValueError, match=says):
         parse_k_schedule(text)
+
+
+def test_a_segment_from_a_step_past_the_run_is_named():
+    schedule = parse_k_schedule("4,8@step=10,16@step=64,32@step=99")
+    assert never_applies(schedule, 65) == "K 32 from step 99 never applies: the run has 65 steps"
+    assert never_applies(schedule, 64) == (
+        "K 16 from step 64, K 32 from step 99 never apply: the run has 64 steps"
+    )
+    assert never_applies(schedule, 100) is None
 
 
 def test_k_is_cut_short_so_a_boundary_falls_where_the_next_segment_starts():

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from autok.controllers.scheduled import never_applies, parse_k_schedule
 from autok.trainer.engine.divergence import Diverged, Rollback, params_finite
 from autok.trainer.engine.link import allreduce_sum_
 from autok.trainer.engine.observer import StepInfo, emit
@@ -143,6 +144,12 @@ class Trainer:
         )
         # Every epoch ends with a boundary: a K above its steps could never take effect.
         self.sync.period_cap = self.steps_per_epoch
+        if rank == 0 and cfg.policy == "scheduled" and cfg.k_schedule is not None:
+            steps = cfg.epochs * self.steps_per_epoch
+            if late := never_applies(parse_k_schedule(cfg.k_schedule), steps):
+                self.log.warning(
+                    f"autok: --k-schedule: {late} ({cfg.epochs} epochs of {self.steps_per_epoch})"
+                )
         # --clock virtual: the engine's clock books every time (trainer/engine/clock.py); the
         # epochs'
         # times and the stragglers' delays are booked on it too, never measured or slept
