@@ -112,11 +112,13 @@ JUDGED_ROUNDS = PolicySettings.model_fields["sync_window"].default
 JUDGED_STEPS = GUARD_MIN_STEPS
 
 
-def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
-    """{regime: [(mean drift ratio, mean K)]}: each `exposed-sync` run's first window of
-    JUDGED_ROUNDS boundaries and JUDGED_STEPS steps in a row at K ≥ 2, the one its skew is judged
-    on (whole-model boundaries: a run with --fragments counts rounds, not read here)."""
-    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+def judged_windows(
+    root: Path, rounds: int = JUDGED_ROUNDS, steps: int = JUDGED_STEPS
+) -> dict[str, list[tuple[float, float, str]]]:
+    """{regime: [(mean drift ratio, mean K, seed)]}: each `exposed-sync` run's first window of
+    `rounds` boundaries and `steps` steps in a row at K ≥ 2, by default the one its skew is
+    judged on (whole-model boundaries: a run with --fragments counts rounds, not read here)."""
+    out: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for run in sorted(root.glob("*/seed-*")):
         m, path = REGIME.search(run.parent.name), run / "boundaries.jsonl"
         settings = run_settings(run)
@@ -131,28 +133,40 @@ def judged_windows(root: Path) -> dict[str, list[tuple[float, float]]]:
                 window = []
                 continue
             window.append((ratio, k, int(r.get("interval_steps", k))))
-            if len(window) >= JUDGED_ROUNDS and sum(w[2] for w in window) >= JUDGED_STEPS:
+            if len(window) >= rounds and sum(w[2] for w in window) >= steps:
                 mean = sum(w[0] for w in window) / len(window)
                 if math.isfinite(mean):
-                    out[m.group(1)].append((mean, sum(w[1] for w in window) / len(window)))
+                    k_mean = sum(w[1] for w in window) / len(window)
+                    out[m.group(1)].append((mean, k_mean, run.name))
                 break
     return out
 
 
-def judged_table(judged: dict[str, list[tuple[float, float]]], gamma: float) -> list[str]:
+def judged_table(
+    judged: dict[str, list[tuple[float, float, str]]],
+    gamma: float,
+    rounds: int = JUDGED_ROUNDS,
+    steps: int = JUDGED_STEPS,
+    per_seed: bool = False,
+) -> list[str]:
     lines = [
-        f"exposed-sync's judged window (its first {JUDGED_ROUNDS} boundaries and {JUDGED_STEPS} "
-        "steps at K >= 2)",
-        "| regime | runs | mean K | drift ratio | index |",
-        "|---|---|---|---|---|",
+        f"exposed-sync's window of its first {rounds} boundaries and {steps} steps at K >= 2"
+        + (
+            " (the one it judges skew on)"
+            if (rounds, steps) == (JUDGED_ROUNDS, JUDGED_STEPS)
+            else ""
+        ),
+        "| regime | runs | mean K | drift ratio | index |" + (" per seed |" if per_seed else ""),
+        "|---|---|---|---|---|" + ("---|" if per_seed else ""),
     ]
     for regime, rows in sorted(judged.items()):
-        ks = [k for _, k in rows]
-        index = [r * (k / 4) ** gamma for r, k in rows]
+        ks = [k for _, k, _ in rows]
+        index = [r * (k / 4) ** gamma for r, k, _ in rows]
+        seeds = ", ".join(f"{seed.removeprefix('seed-')} {r:.2f}" for r, _, seed in rows)
         lines.append(
             f"| {regime} | {len(rows)} | {min(ks):.1f}-{max(ks):.1f} "
-            f"| {min(r for r, _ in rows):.2f}-{max(r for r, _ in rows):.2f} "
-            f"| {min(index):.2f}-{max(index):.2f} |"
+            f"| {min(r for r, _, _ in rows):.2f}-{max(r for r, _, _ in rows):.2f} "
+            f"| {min(index):.2f}-{max(index):.2f} |" + (f" {seeds} |" if per_seed else "")
         )
     return lines
 
@@ -161,19 +175,28 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="an experiment directory with fixed-K runs")
     p.add_argument("--steps", type=int, default=64, help="read the boundaries before this step")
+    p.add_argument(
+        "--judge-rounds", type=int, default=JUDGED_ROUNDS, help="exposed-sync's window: rounds"
+    )
+    p.add_argument(
+        "--judge-steps", type=int, default=JUDGED_STEPS, help="exposed-sync's window: steps"
+    )
+    p.add_argument("--per-seed", action="store_true", help="each run's reading of that window")
     args = p.parse_args(argv)
     if not args.dir.is_dir():
         p.error(f"{args.dir}: not a directory")
-    if args.steps < 1:
-        p.error("--steps: at least 1")
+    for name in ("steps", "judge_rounds", "judge_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: at least 1")
     ratios = early_ratios(args.dir, args.steps)
     if not ratios:
         print(f"{args.dir}: no fixed-K run (kN_regime=R/seed-S) with a drift ratio")
         return 1
     gamma = fall_with_k(ratios)
     print("\n".join(table(ratios, gamma)))
-    if judged := judged_windows(args.dir):
-        print("\n" + "\n".join(judged_table(judged, gamma)))
+    if judged := judged_windows(args.dir, args.judge_rounds, args.judge_steps):
+        lines = judged_table(judged, gamma, args.judge_rounds, args.judge_steps, args.per_seed)
+        print("\n" + "\n".join(lines))
     return 0
 
 

@@ -68,6 +68,13 @@ def test_the_judged_window_is_exposed_syncs_first_four_boundaries_and_32_steps_a
     ]
     (run / "boundaries.jsonl").write_text("\n".join(lines) + "\n")
     (got,) = skew_signal.judged_windows(tmp_path)["mild"]
-    assert math.isclose(got[0], 2.0) and got[1] == 8.0
+    assert math.isclose(got[0], 2.0) and got[1] == 8.0 and got[2] == "seed-1"
     table = skew_signal.judged_table({"mild": [got]}, 0.5)
     assert "| mild | 1 | 8.0-8.0 | 2.00-2.00 | 2.83-2.83 |" in table  # 2 x (8/4)^0.5
+    # a longer window takes the boundary after it too; one longer than the run reads nothing
+    (longer,) = skew_signal.judged_windows(tmp_path, rounds=5, steps=40)["mild"]
+    assert math.isclose(longer[0], (2.0 + 2.2 + 1.8 + 2.0 + 50.0) / 5)
+    assert skew_signal.judged_windows(tmp_path, rounds=6, steps=48) == {}
+    table = skew_signal.judged_table({"mild": [longer]}, 0.5, 5, 40, per_seed=True)
+    assert table[0] == "exposed-sync's window of its first 5 boundaries and 40 steps at K >= 2"
+    assert table[-1].endswith("| 1 11.60 |")
