@@ -40,6 +40,8 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         guard=Guard(drift_limit=o.drift_limit, loss_rise=o.loss_rise),
         skew_drift=o.skew_drift,
         skew_cap=o.skew_cap,
+        skew_strong=o.skew_strong,
+        skew_strong_cap=o.skew_strong_cap,
     )
 
 
@@ -80,6 +82,8 @@ _SHARE_READS = frozenset(
         "loss_rise",
         "skew_drift",
         "skew_cap",
+        "skew_strong",
+        "skew_strong_cap",
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})

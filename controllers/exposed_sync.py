@@ -63,6 +63,14 @@ ratio: so K grows as the square root of the link's K* from the point where drift
 count. A hard cap at `skew_cap` (this rule's first form) held K at 4 on a slow link (100 ms
 RTT), where K = 16 reached the target in 0.6 of the time (docs/results.md).
 
+How strong the skew is (`skew_strong`, off by default): on Dirichlet 0.1 shards the soft cap's
+K = 6 on the WAN (⌊√(4 · 11)⌋) is too large where the best fixed K is 4, and two runs of ten blew
+up there in one install; on α = 1 shards it is not. The first judging window cannot tell them
+apart (drift ratio 1.79–2.75 and 1.34–1.93 at K = 6 on the panel's seeds), but the ratio over
+the first GRADE_WINDOWS such windows (12 rounds and 96 steps) reads 2.54–2.89 and 1.39–2.08 (the
+panel's seeds 75–84; docs/design.md §6). Read once on skewed data, above `skew_strong` it
+scales the soft cap with `skew_strong_cap` instead of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN).
+
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
 cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model
 sync) rather than boundaries, and K changes only where a round ends, so a window spans the same
@@ -163,6 +171,11 @@ def direct_sync_period(
 # biased low, so the guard fired on noise and held K at 1 (the es-lowering K path on flip-link
 # in the controller panel's first run). A non-finite loss is judged once its window closes.
 GUARD_MIN_STEPS = 32
+# Strong skew is read over this many judging windows (rounds and steps): on the controller
+# panel's first judging window (4 rounds, 32 steps at K = 6) Dirichlet 0.1 and 1 shards overlap
+# (drift ratio 1.79-2.75 and 1.34-1.93), and the ratio of both rises over the first epochs
+# (docs/design.md §6: `python -m benchmarks.skew_signal DIR --judge-rounds 12 --judge-steps 96`)
+GRADE_WINDOWS = 3
 
 
 @dataclass
@@ -226,6 +239,11 @@ class ExposedSyncController:
     estimated: bool = False
     skew_drift: float = 1.4  # the first judged window's drift ratio above which data is skewed
     skew_cap: int = 4  # on skewed data, the link K* above which K grows as its square root
+    # on skewed data, a drift ratio above `skew_strong` (> 0) over the longer grading window is
+    # strong skew: the soft cap scales with `skew_strong_cap` instead
+    skew_strong: float = 0.0
+    skew_strong_cap: int = 2
+    skew_ratio: float | None = None  # the grading window's drift ratio, once read
     # None until a window at K >= 2 judges it (held under the soft cap meanwhile); False with
     # skew_drift = 0 (off)
     skewed: bool | None = None
@@ -234,6 +252,7 @@ class ExposedSyncController:
     _win: _Window = field(default_factory=_Window)
     _guard_win: _Window = field(default_factory=_Window)
     _skew_win: _Window = field(default_factory=_Window)  # rounds at K >= 2 only
+    _grade_win: _Window = field(default_factory=_Window)  # the same rounds, for the grade
 
     def __post_init__(self) -> None:
         if self.floor is None:
@@ -254,13 +273,16 @@ class ExposedSyncController:
         return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
 
     def _add_to_skew_window(self, stats: BoundaryStats) -> None:
-        """Until skew is judged: rounds at K >= 2 in a row (one at K = 1 starts them again)."""
-        if self.skewed is not None:
-            return
+        """Until skew is judged (and graded): rounds at K >= 2 in a row (one at K = 1 starts
+        them again)."""
+        grading = self.skew_strong > 0 and self.skewed is not False and self.skew_ratio is None
         if stats.sync_period < 2:
-            self._skew_win = _Window()
-        else:
+            self._skew_win, self._grade_win = _Window(), _Window()
+            return
+        if self.skewed is None:
             self._skew_win.add(stats)
+        if grading:
+            self._grade_win.add(stats)
 
     def _judge_skew(self) -> None:
         """Once: the mean drift ratio over the first `window` rounds and GUARD_MIN_STEPS steps
@@ -273,18 +295,43 @@ class ExposedSyncController:
         if math.isfinite(ratio):
             self.skewed = ratio > self.skew_drift
 
+    def _grade_skew(self) -> bool:
+        """Once, on skewed data with `skew_strong` set: the mean drift ratio over the first
+        GRADE_WINDOWS × (`window` rounds, GUARD_MIN_STEPS steps) at K >= 2 in a row (the module's
+        docstring: a longer window than the judgement's). True when it was read just now."""
+        g = self._grade_win
+        if not self.skewed or self.skew_strong <= 0 or self.skew_ratio is not None:
+            return False
+        if g.rounds < GRADE_WINDOWS * self.window or g.steps < GRADE_WINDOWS * GUARD_MIN_STEPS:
+            return False
+        self._grade_win = _Window()
+        ratio = g.drift_ratio / g.n
+        if not math.isfinite(ratio):
+            return False
+        self.skew_ratio = ratio
+        return True
+
+    def cap_scale(self) -> int:
+        """The soft cap's scale: `skew_strong_cap` where the grading window read strong skew,
+        else `skew_cap` (before it is read too: the milder cap until then)."""
+        ratio = self.skew_ratio
+        if self.skew_strong > 0 and self.skewed and ratio is not None and ratio > self.skew_strong:
+            return self.skew_strong_cap
+        return self.skew_cap
+
     def skew_ceiling(self) -> int | None:
         """On skewed data K's soft cap: the cap itself until the link's K* is known, then
         ⌊√(skew_cap · K*)⌋ where K* exceeds the cap (the module's docstring); until a window has
         judged the data, the same bound on a rise above the current K."""
         if self.skewed is False:
             return None
-        if self.link_k is None or self.link_k <= self.skew_cap:
-            cap = self.skew_cap
+        scale = self.cap_scale()
+        if self.link_k is None or self.link_k <= scale:
+            cap = scale
         elif not math.isfinite(self.link_k):
             cap = self.max_sync_period  # the share was all sync: no K* to scale
         else:
-            cap = max(self.skew_cap, math.floor(math.sqrt(self.skew_cap * self.link_k)))
+            cap = max(scale, math.floor(math.sqrt(scale * self.link_k)))
         # unjudged, it only stops a rise: a K the user started above it is theirs until judged
         return cap if self.skewed else max(cap, self.sync_period)
 
@@ -309,22 +356,24 @@ class ExposedSyncController:
         judged = self._skew_win.drift_ratio / max(1, self._skew_win.n)
         was_skewed = self.skewed
         self._judge_skew()
+        graded = self._grade_skew()
         reason = self._judge_guard()
         cap = self.skew_ceiling()
         if (
-            self.skewed
-            and was_skewed is None
+            ((self.skewed and was_skewed is None) or graded)
             and reason is None  # a back-off goes below the cap anyway, and starts a cooldown
             and cap is not None
             and self.sync_period > cap
         ):
             self._win, self.sync_period = _Window(), cap  # a K known too large: now
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
-            return SyncDecision(
-                cap,
-                f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}: K capped at "
-                f"{cap} (soft cap {self.skew_cap}{link})",
+            scale = self.cap_scale()
+            why = (
+                f"strong skew: drift ratio {self.skew_ratio:.3g} > {self.skew_strong:g}"
+                if graded
+                else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
+            return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")
         needed = self.window if self.estimated or self.rule != "direct" else 1
         if reason is None and self._win.rounds < needed:
             return SyncDecision(self.sync_period, f"measuring ({self._win.rounds}/{needed})")
@@ -375,6 +424,7 @@ class ExposedSyncController:
         self.sync_period = sync_period
         self.ceiling, self.since_fire = sync_period, 0
         self._win, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
+        self._grade_win = _Window()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -386,9 +436,11 @@ class ExposedSyncController:
             "guard_window": vars(self._guard_win).copy(),
             "estimated": self.estimated,
             "skewed": self.skewed,
+            "skew_ratio": self.skew_ratio,
             "link_k": self.link_k,
             "rebaseline": self.rebaseline,
             "skew_window": vars(self._skew_win).copy(),
+            "grade_window": vars(self._grade_win).copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -408,6 +460,15 @@ class ExposedSyncController:
         if skewed is False and "link_k" not in state and self.guard.calibrated_drift is None:
             skewed = None  # saved before the soft cap, before its one window: not judged yet
         self.skewed = False if self.skew_drift <= 0 else skewed
+        ratio = state.get("skew_ratio")  # saved before it was kept: not read yet
+        if ratio is not None and (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, int | float)
+            or not math.isfinite(ratio)
+            or ratio < 0
+        ):
+            raise ValueError(f"exposed-sync state: skew_ratio must be a number >= 0, not {ratio!r}")
+        self.skew_ratio = None if ratio is None else float(ratio)
         k = state.get("link_k")  # a state saved before the soft cap: unknown, the cap holds
         if k is not None and (
             isinstance(k, bool) or not isinstance(k, int | float) or math.isnan(k) or k < 0
@@ -421,3 +482,4 @@ class ExposedSyncController:
             )
         self.rebaseline = rebaseline
         self._skew_win = _window(state.get("skew_window", {}))
+        self._grade_win = _window(state.get("grade_window", {}))

@@ -99,6 +99,23 @@ class PolicySettings(BaseModel):
         "sqrt(cap * K*)",
         json_schema_extra=about(too_high=K_REASON),
     )
+    skew_strong: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="exposed-sync/composite, on skewed data: the drift ratio over the first 3 "
+        "windows of --skew-drift's kind (rounds and steps at K >= 2) above which skew counts "
+        "as strong and --skew-strong-cap replaces --skew-cap (0: off)",
+        json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
+    )
+    skew_strong_cap: int = Field(
+        2,
+        ge=1,
+        le=K_MAX,
+        description="exposed-sync/composite, on strongly skewed data (--skew-strong): the soft "
+        "cap's scale in place of --skew-cap",
+        json_schema_extra=about(too_high=K_REASON),
+    )
     guard_cooldown: int = Field(
         32,
         ge=1,

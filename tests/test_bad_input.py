@@ -452,6 +452,29 @@ TRAIN = [
         ("--skew-cap", "--policy fixed does not read it", "exposed-sync"),
         id="skew-cap-unread-by-fixed",
     ),
+    # strong skew grades the cap: it must lie above --skew-drift, with the skew rule on
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-strong", "1.2", "--out", "{out}"],
+        ("--skew-strong: 1.2 is not above --skew-drift 1.4",),
+        id="skew-strong-under-skew-drift",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-drift", "0",
+         "--out", "{out}"],
+        ("--skew-strong", "--skew-drift is 0 (off)"),
+        id="skew-strong-with-skew-off",
+    ),  # fmt: skip
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-strong-cap", "3", "--out", "{out}"],
+        ("--skew-strong-cap", "--skew-strong, which is 0 (off)"),
+        id="skew-strong-cap-without-skew-strong",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-strong-cap", "0",
+         "--out", "{out}"],
+        "--skew-strong-cap",
+        id="skew-strong-cap-zero",
+    ),  # fmt: skip
     R(
         ["train", "--sync-period", "100", "--max-sync-period", "8", "--out", "{out}"],
         "--max-sync-period: 8 is below --sync-period 100",

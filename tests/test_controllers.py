@@ -162,6 +162,59 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     assert off.skewed is False and max(drive(off, 40, drift_ratio=2.0, sync=0.1)) == 64
 
 
+def test_strong_skew_is_read_over_a_longer_window_and_grades_the_soft_cap():
+    """With skew_strong set, skew is judged as before (skew_cap's soft cap), then graded once over
+    GRADE_WINDOWS judging windows at K >= 2: above skew_strong the cap scales with
+    skew_strong_cap. At or under skew_drift: no cap. The grade survives a resume."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True,
+              skew_drift=1.8, skew_strong=2.2, skew_strong_cap=2)  # fmt: skip
+    # the slow link of the tests above: K* = 80; caps ⌊√(4 · 80)⌋ = 17 and ⌊√(2 · 80)⌋ = 12
+    ends = {}
+    for ratio in (1.5, 2.0, 2.5):
+        c = ExposedSyncController(sync_period=4, **kw)
+        assert c.skew_ceiling() == 4 and c.cap_scale() == 4  # unjudged: the milder cap
+        ends[ratio] = (drive(c, 40, drift_ratio=ratio, step_compute=0.005, sync=0.1), c)
+    assert {r: ks[-1] for r, (ks, _) in ends.items()} == {1.5: 64, 2.0: 17, 2.5: 12}
+    strong_ks, strong = ends[2.5]
+    assert strong.skewed is True and strong.skew_ratio == pytest.approx(2.5)
+    # judged at the 4th boundary (K 17), graded at the 12th: 4 + 11 · 17 steps >= 96
+    assert strong_ks[:11] == [17] * 11 and strong_ks[11:] == [12] * 29
+    assert ends[2.0][1].skew_ratio == pytest.approx(2.0)  # read, and mild: the cap stays
+    # the reason, where the grade caps K at once
+    d = ExposedSyncController(sync_period=4, **kw)
+    reasons = [d.observe(stats(d.sync_period, drift_ratio=2.5, i=i)).reason for i in range(12)]
+    assert (
+        reasons[-1] == "strong skew: drift ratio 2.5 > 2.2: K capped at 12 (soft cap 2, link K* 80)"
+    )
+    # a ratio that rises past the judgement: mild over the first window, strong over the longer
+    rise = ExposedSyncController(sync_period=4, **kw)
+    ks = [rise.observe(stats(rise.sync_period, drift_ratio=2.0 if i < 4 else 2.6, i=i))
+          .next_sync_period for i in range(16)]  # fmt: skip
+    assert rise.skewed and rise.skew_ratio == pytest.approx((4 * 2.0 + 8 * 2.6) / 12)
+    assert ks[10] == 17 and ks[-1] == 12
+    # a round at K = 1 starts the grading window again
+    again = ExposedSyncController(sync_period=4, **kw)
+    drive(again, 8, drift_ratio=2.5, step_compute=0.005, sync=0.1)
+    again.observe(stats(1, drift_ratio=0.9, i=8))
+    assert again.skew_ratio is None and again._grade_win.rounds == 0
+    # resumed: graded, or saved before the grade was kept (read again, from a new window)
+    resumed = ExposedSyncController(sync_period=4, **kw)
+    resumed.load_state_dict(strong.state_dict())
+    assert resumed.skew_ceiling() == 12
+    old = {k: v for k, v in strong.state_dict().items() if k not in ("skew_ratio", "grade_window")}
+    resumed.load_state_dict(old)
+    assert resumed.skew_ratio is None and resumed.skew_ceiling() == 17
+    for bad in ("2.5", math.nan, -1.0, True):
+        with pytest.raises(ValueError, match="skew_ratio must be a number"):
+            resumed.load_state_dict({**strong.state_dict(), "skew_ratio": bad})
+    built = build_controller("exposed-sync", 1, PolicyOptions(skew_strong=2.2, skew_strong_cap=3))
+    assert (built.skew_strong, built.skew_strong_cap) == (2.2, 3)
+    # off (0, the default): never graded, skew_cap's cap
+    plain = ExposedSyncController(sync_period=4, **{**kw, "skew_strong": 0.0})
+    assert drive(plain, 40, drift_ratio=2.5, step_compute=0.005, sync=0.1)[-1] == 17
+    assert plain.skew_ratio is None
+
+
 def test_a_window_at_k_1_leaves_skew_unjudged_and_the_soft_cap_holds_on_a_new_link():
     """On a fast link K falls to 1, where replicas start every step together and the drift
     ratio says nothing about skew: no judgement, so when the link turns slow K jumps only to
@@ -236,6 +289,7 @@ def test_the_loss_guard_still_fires_when_k_swings_or_composite_steps_back_up():
     """Only a raise by more than the margin re-baselines the loss, once per judged window:
     a K that swings with the link every window, or composite's QSR K restored over a share
     rule that lowered it, leaves the loss guard on."""
+
     def backoffs(ctrl, windows, sync_of):
         n = 0
         for w in range(windows):

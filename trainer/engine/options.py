@@ -321,6 +321,7 @@ class SyncOptions(
         if self.random_mean is not None and self.policy != "random":
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         self._check_policy_options()
+        self._check_skew_strong()
         self._check_k_schedule()
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
@@ -380,6 +381,29 @@ class SyncOptions(
                 f"{self.sync_period}"
             )
         return self
+
+    def _check_skew_strong(self) -> None:
+        """Strong skew is a grade of skew: a threshold at or under --skew-drift's, or one with
+        the skew rule off, would make --skew-cap (or the grade) change nothing."""
+        default_cap = type(self).model_fields["skew_strong_cap"].default
+        if self.skew_strong == 0:
+            if self.skew_strong_cap != default_cap:
+                raise ValueError(
+                    "--skew-strong-cap: applies only above --skew-strong, which is 0 (off); "
+                    "give --skew-strong or drop --skew-strong-cap"
+                )
+            return
+        if self.skew_drift == 0:
+            raise ValueError(
+                "--skew-strong: grades skew, and --skew-drift is 0 (off); drop --skew-strong "
+                "or give --skew-drift"
+            )
+        if self.skew_strong <= self.skew_drift:
+            raise ValueError(
+                f"--skew-strong: {self.skew_strong:g} is not above --skew-drift "
+                f"{self.skew_drift:g}: every skewed run would count as strong; raise it (or 0: "
+                "off)"
+            )
 
     def _check_k_schedule(self) -> None:
         """`scheduled` needs its schedule, whose first K is the run's K: a --sync-period that
