@@ -14,7 +14,10 @@ the ratio reads about 0.9 on any shards (docs/design.md §6).
 
 Beside it, the window `exposed-sync` itself judges skew on: each of its runs' first 4 boundaries
 and 32 steps in a row at K ≥ 2 (controllers/exposed_sync.py: a boundary at K = 1 starts it again),
-its mean drift ratio, and the index at that window's mean K (`judged_windows`).
+its mean drift ratio, and the index at that window's mean K (`judged_windows`); with
+`--judge-rounds R --judge-steps S` a longer window (12 and 96: the one `--skew-strong` grades
+on), and with `--per-seed` each run's reading. A run labelled other than `exposed-sync` (an
+arm with its own options) is a row of its own.
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ def judged_windows(
         settings = run_settings(run)
         if m is None or settings is None or settings.get("policy") != "exposed-sync":
             continue
+        label = run.parent.name.split("_regime=")[0]
+        row = m.group(1) if label == "exposed-sync" else f"{m.group(1)} ({label})"
         if not path.is_file():
             continue
         window: list[tuple[float, int, int]] = []
@@ -137,7 +142,7 @@ def judged_windows(
                 mean = sum(w[0] for w in window) / len(window)
                 if math.isfinite(mean):
                     k_mean = sum(w[1] for w in window) / len(window)
-                    out[m.group(1)].append((mean, k_mean, run.name))
+                    out[row].append((mean, k_mean, run.name))
                 break
     return out
 

@@ -41,7 +41,6 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_drift=o.skew_drift,
         skew_cap=o.skew_cap,
         skew_strong=o.skew_strong,
-        skew_strong_cap=o.skew_strong_cap,
     )
 
 
@@ -83,7 +82,6 @@ _SHARE_READS = frozenset(
         "skew_drift",
         "skew_cap",
         "skew_strong",
-        "skew_strong_cap",
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})

@@ -66,10 +66,11 @@ RTT), where K = 16 reached the target in 0.6 of the time (docs/results.md).
 How strong the skew is (`skew_strong`, off by default): on Dirichlet 0.1 shards the soft cap's
 K = 6 on the WAN (⌊√(4 · 11)⌋) is too large where the best fixed K is 4, and two runs of ten blew
 up there in one install; on α = 1 shards it is not. The first judging window cannot tell them
-apart (drift ratio 1.79–2.75 and 1.34–1.93 at K = 6 on the panel's seeds), but the ratio over
-the first GRADE_WINDOWS such windows (12 rounds and 96 steps) reads 2.54–2.89 and 1.39–2.08 (the
-panel's seeds 75–84; docs/design.md §6). Read once on skewed data, above `skew_strong` it
-scales the soft cap with `skew_strong_cap` instead of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN).
+apart (drift ratio 1.79–2.75 and 1.34–1.93 at K = 6 on the panel's seeds 75–84, run in a
+recorded install), but the ratio over the first GRADE_WINDOWS such windows (12 rounds and 96
+steps at K >= 2 in a row) reads 2.54–2.89 and 1.39–2.08 (docs/design.md §6, "the skew grade").
+Read once on skewed data (once it is finite), above `skew_strong` the soft cap scales with half
+of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read says so in its reason.
 
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
 cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model
@@ -240,9 +241,8 @@ class ExposedSyncController:
     skew_drift: float = 1.4  # the first judged window's drift ratio above which data is skewed
     skew_cap: int = 4  # on skewed data, the link K* above which K grows as its square root
     # on skewed data, a drift ratio above `skew_strong` (> 0) over the longer grading window is
-    # strong skew: the soft cap scales with `skew_strong_cap` instead
+    # strong skew: the soft cap scales with half of `skew_cap`
     skew_strong: float = 0.0
-    skew_strong_cap: int = 2
     skew_ratio: float | None = None  # the grading window's drift ratio, once read
     # None until a window at K >= 2 judges it (held under the soft cap meanwhile); False with
     # skew_drift = 0 (off)
@@ -294,6 +294,8 @@ class ExposedSyncController:
         ratio = w.drift_ratio / w.n
         if math.isfinite(ratio):
             self.skewed = ratio > self.skew_drift
+            if not self.skewed:
+                self._grade_win = _Window()  # iid: nothing to grade
 
     def _grade_skew(self) -> bool:
         """Once, on skewed data with `skew_strong` set: the mean drift ratio over the first
@@ -311,18 +313,25 @@ class ExposedSyncController:
         self.skew_ratio = ratio
         return True
 
-    def cap_scale(self) -> int:
-        """The soft cap's scale: `skew_strong_cap` where the grading window read strong skew,
-        else `skew_cap` (before it is read too: the milder cap until then)."""
+    def strong(self) -> bool:
+        """Whether the grading window read strong skew."""
         ratio = self.skew_ratio
-        if self.skew_strong > 0 and self.skewed and ratio is not None and ratio > self.skew_strong:
-            return self.skew_strong_cap
-        return self.skew_cap
+        return (
+            self.skew_strong > 0
+            and self.skewed is True
+            and ratio is not None
+            and (ratio > self.skew_strong)
+        )
+
+    def cap_scale(self) -> int:
+        """The soft cap's scale: half of `skew_cap` where the grading window read strong skew,
+        else `skew_cap` (before it is read too: the milder cap until then)."""
+        return max(1, self.skew_cap // 2) if self.strong() else self.skew_cap
 
     def skew_ceiling(self) -> int | None:
-        """On skewed data K's soft cap: the cap itself until the link's K* is known, then
-        ⌊√(skew_cap · K*)⌋ where K* exceeds the cap (the module's docstring); until a window has
-        judged the data, the same bound on a rise above the current K."""
+        """On skewed data K's soft cap: its scale (`cap_scale()`) until the link's K* is known,
+        then ⌊√(scale · K*)⌋ where K* exceeds the scale (the module's docstring); until a window
+        has judged the data, the same bound on a rise above the current K."""
         if self.skewed is False:
             return None
         scale = self.cap_scale()
@@ -342,6 +351,20 @@ class ExposedSyncController:
         return min(caps) if caps else None
 
     def observe(self, stats: BoundaryStats) -> SyncDecision:
+        graded_before = self.skew_ratio is not None
+        d = self._decide(stats)
+        if self.skew_ratio is None or graded_before or d.reason.startswith("strong skew"):
+            return d
+        # read just now and K not cut: the boundary's record says so (boundaries.jsonl)
+        grade = "strong" if self.strong() else "mild"
+        sign = ">" if self.strong() else "<="
+        return SyncDecision(
+            d.next_sync_period,
+            f"skew graded {grade}: drift ratio {self.skew_ratio:.3g} {sign} "
+            f"{self.skew_strong:g}; {d.reason}",
+        )
+
+    def _decide(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
             return SyncDecision(self.sync_period, "warmup")
         self._win.add(stats)
@@ -360,7 +383,7 @@ class ExposedSyncController:
         reason = self._judge_guard()
         cap = self.skew_ceiling()
         if (
-            ((self.skewed and was_skewed is None) or graded)
+            ((self.skewed and was_skewed is None) or (graded and self.strong()))
             and reason is None  # a back-off goes below the cap anyway, and starts a cooldown
             and cap is not None
             and self.sync_period > cap
@@ -370,7 +393,7 @@ class ExposedSyncController:
             scale = self.cap_scale()
             why = (
                 f"strong skew: drift ratio {self.skew_ratio:.3g} > {self.skew_strong:g}"
-                if graded
+                if graded and self.strong()
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
             return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.config import JsonDict
 
+from autok.controllers.exposed_sync import GRADE_WINDOWS
 from autok.controllers.scheduled import parse_k_schedule
 
 K_MAX = 2**20
@@ -103,18 +104,10 @@ class PolicySettings(BaseModel):
         0.0,
         ge=0.0,
         le=1e6,
-        description="exposed-sync/composite, on skewed data: the drift ratio over the first 3 "
-        "windows of --skew-drift's kind (rounds and steps at K >= 2) above which skew counts "
-        "as strong and --skew-strong-cap replaces --skew-cap (0: off)",
+        description="exposed-sync/composite, on skewed data: the drift ratio over the first "
+        f"{GRADE_WINDOWS} windows of --skew-drift's kind (rounds and steps at K >= 2) above "
+        "which skew counts as strong and the soft cap scales with half of --skew-cap (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
-    )
-    skew_strong_cap: int = Field(
-        2,
-        ge=1,
-        le=K_MAX,
-        description="exposed-sync/composite, on strongly skewed data (--skew-strong): the soft "
-        "cap's scale in place of --skew-cap",
-        json_schema_extra=about(too_high=K_REASON),
     )
     guard_cooldown: int = Field(
         32,

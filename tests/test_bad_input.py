@@ -452,11 +452,16 @@ TRAIN = [
         ("--skew-cap", "--policy fixed does not read it", "exposed-sync"),
         id="skew-cap-unread-by-fixed",
     ),
-    # strong skew grades the cap: it must lie above --skew-drift, with the skew rule on
+    # strong skew grades the cap: above --skew-drift, with the skew rule on and a cap to halve
     R(
         ["train", "--policy", "exposed-sync", "--skew-strong", "1.2", "--out", "{out}"],
         ("--skew-strong: 1.2 is not above --skew-drift 1.4",),
         id="skew-strong-under-skew-drift",
+    ),
+    R(
+        ["train", "--policy", "composite", "--skew-strong", "1.4", "--out", "{out}"],
+        ("--skew-strong: 1.4 is not above --skew-drift 1.4",),
+        id="skew-strong-at-skew-drift-composite",
     ),
     R(
         ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-drift", "0",
@@ -465,16 +470,16 @@ TRAIN = [
         id="skew-strong-with-skew-off",
     ),  # fmt: skip
     R(
-        ["train", "--policy", "exposed-sync", "--skew-strong-cap", "3", "--out", "{out}"],
-        ("--skew-strong-cap", "--skew-strong, which is 0 (off)"),
-        id="skew-strong-cap-without-skew-strong",
-    ),
-    R(
-        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-strong-cap", "0",
+        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-cap", "1",
          "--out", "{out}"],
-        "--skew-strong-cap",
-        id="skew-strong-cap-zero",
+        ("--skew-strong", "--skew-cap 1 has no smaller half"),
+        id="skew-strong-with-cap-1",
     ),  # fmt: skip
+    R(
+        ["train", "--skew-strong", "2", "--out", "{out}"],
+        ("--skew-strong", "--policy fixed does not read it"),
+        id="skew-strong-unread-by-fixed",
+    ),
     R(
         ["train", "--sync-period", "100", "--max-sync-period", "8", "--out", "{out}"],
         "--max-sync-period: 8 is below --sync-period 100",

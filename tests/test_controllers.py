@@ -164,10 +164,10 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
 
 def test_strong_skew_is_read_over_a_longer_window_and_grades_the_soft_cap():
     """With skew_strong set, skew is judged as before (skew_cap's soft cap), then graded once over
-    GRADE_WINDOWS judging windows at K >= 2: above skew_strong the cap scales with
-    skew_strong_cap. At or under skew_drift: no cap. The grade survives a resume."""
+    GRADE_WINDOWS judging windows at K >= 2: above skew_strong the cap scales with half of
+    skew_cap. At or under skew_drift: no cap, nothing graded. The grade survives a resume."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True,
-              skew_drift=1.8, skew_strong=2.2, skew_strong_cap=2)  # fmt: skip
+              skew_drift=1.8, skew_strong=2.2)  # fmt: skip
     # the slow link of the tests above: K* = 80; caps ⌊√(4 · 80)⌋ = 17 and ⌊√(2 · 80)⌋ = 12
     ends = {}
     for ratio in (1.5, 2.0, 2.5):
@@ -175,28 +175,58 @@ def test_strong_skew_is_read_over_a_longer_window_and_grades_the_soft_cap():
         assert c.skew_ceiling() == 4 and c.cap_scale() == 4  # unjudged: the milder cap
         ends[ratio] = (drive(c, 40, drift_ratio=ratio, step_compute=0.005, sync=0.1), c)
     assert {r: ks[-1] for r, (ks, _) in ends.items()} == {1.5: 64, 2.0: 17, 2.5: 12}
+    assert ends[1.5][1].skew_ratio is None and ends[1.5][1]._grade_win.rounds == 0  # iid
     strong_ks, strong = ends[2.5]
     assert strong.skewed is True and strong.skew_ratio == pytest.approx(2.5)
     # judged at the 4th boundary (K 17), graded at the 12th: 4 + 11 · 17 steps >= 96
     assert strong_ks[:11] == [17] * 11 and strong_ks[11:] == [12] * 29
     assert ends[2.0][1].skew_ratio == pytest.approx(2.0)  # read, and mild: the cap stays
-    # the reason, where the grade caps K at once
+    # the reasons, where the grade cuts K and where it does not
     d = ExposedSyncController(sync_period=4, **kw)
     reasons = [d.observe(stats(d.sync_period, drift_ratio=2.5, i=i)).reason for i in range(12)]
     assert (
         reasons[-1] == "strong skew: drift ratio 2.5 > 2.2: K capped at 12 (soft cap 2, link K* 80)"
     )
+    mild = ExposedSyncController(sync_period=4, **kw)
+    reasons = [
+        mild.observe(stats(mild.sync_period, drift_ratio=2.0, i=i)).reason for i in range(13)
+    ]
+    assert reasons[11].startswith("skew graded mild: drift ratio 2 <= 2.2; ")
+    assert sum("graded" in r for r in reasons) == 1
+    # mild is the default's path, decision by decision (K and the reason after the note)
+    same = ExposedSyncController(sync_period=4, **kw)
+    off = ExposedSyncController(sync_period=4, **{**kw, "skew_strong": 0.0})
+    for i in range(30):
+        a, b = (c.observe(stats(c.sync_period, drift_ratio=2.0, i=i)) for c in (same, off))
+        assert a == b or (a.next_sync_period == b.next_sync_period and a.reason.endswith(b.reason))
     # a ratio that rises past the judgement: mild over the first window, strong over the longer
     rise = ExposedSyncController(sync_period=4, **kw)
     ks = [rise.observe(stats(rise.sync_period, drift_ratio=2.0 if i < 4 else 2.6, i=i))
           .next_sync_period for i in range(16)]  # fmt: skip
     assert rise.skewed and rise.skew_ratio == pytest.approx((4 * 2.0 + 8 * 2.6) / 12)
     assert ks[10] == 17 and ks[-1] == 12
-    # a round at K = 1 starts the grading window again
+    # 12 rounds are not enough below 96 steps: at K = 4 (a cap of 4: K* at or under it) the
+    # grade waits for the 24th round
+    slow = ExposedSyncController(sync_period=4, **{**kw, "rule": "double", "lower": False})
+    for i in range(23):
+        slow.observe(stats(4, drift_ratio=2.5, step_compute=0.05, sync=0.001, i=i))
+    assert slow.skewed and slow.skew_ratio is None and slow._grade_win.rounds == 23
+    slow.observe(stats(4, drift_ratio=2.5, step_compute=0.05, sync=0.001, i=23))
+    assert slow.skew_ratio == pytest.approx(2.5)
+    # a round at K = 1, and a rollback, start the grading window again
     again = ExposedSyncController(sync_period=4, **kw)
     drive(again, 8, drift_ratio=2.5, step_compute=0.005, sync=0.1)
+    assert again._grade_win.rounds == 8
     again.observe(stats(1, drift_ratio=0.9, i=8))
     assert again.skew_ratio is None and again._grade_win.rounds == 0
+    drive(again, 4, drift_ratio=2.5, step_compute=0.005, sync=0.1)
+    again.rollback(4)
+    assert again._grade_win.rounds == 0
+    # a non-finite ratio reads nothing: read again from the next window
+    nan = ExposedSyncController(sync_period=4, **kw)
+    drive(nan, 4, drift_ratio=2.5, step_compute=0.005, sync=0.1)
+    drive(nan, 8, drift_ratio=math.inf, step_compute=0.005, sync=0.1)
+    assert nan.skewed and nan.skew_ratio is None and nan._grade_win.rounds == 0
     # resumed: graded, or saved before the grade was kept (read again, from a new window)
     resumed = ExposedSyncController(sync_period=4, **kw)
     resumed.load_state_dict(strong.state_dict())
@@ -207,8 +237,12 @@ def test_strong_skew_is_read_over_a_longer_window_and_grades_the_soft_cap():
     for bad in ("2.5", math.nan, -1.0, True):
         with pytest.raises(ValueError, match="skew_ratio must be a number"):
             resumed.load_state_dict({**strong.state_dict(), "skew_ratio": bad})
-    built = build_controller("exposed-sync", 1, PolicyOptions(skew_strong=2.2, skew_strong_cap=3))
-    assert (built.skew_strong, built.skew_strong_cap) == (2.2, 3)
+    built = build_controller("exposed-sync", 1, PolicyOptions(skew_strong=2.2))
+    assert built.skew_strong == 2.2
+    comp = build_controller("composite", 4, PolicyOptions(skew_strong=2.2, qsr_base=4))
+    ks = [comp.observe(stats(comp.sync_period, drift_ratio=2.5, i=i)).next_sync_period
+          for i in range(20)]  # fmt: skip
+    assert comp.share.strong() and set(ks[-5:]) == {12}
     # off (0, the default): never graded, skew_cap's cap
     plain = ExposedSyncController(sync_period=4, **{**kw, "skew_strong": 0.0})
     assert drive(plain, 40, drift_ratio=2.5, step_compute=0.005, sync=0.1)[-1] == 17

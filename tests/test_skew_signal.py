@@ -78,3 +78,9 @@ def test_the_judged_window_is_exposed_syncs_first_four_boundaries_and_32_steps_a
     table = skew_signal.judged_table({"mild": [longer]}, 0.5, 5, 40, per_seed=True)
     assert table[0] == "exposed-sync's window of its first 5 boundaries and 40 steps at K >= 2"
     assert table[-1].endswith("| 1 11.60 |")
+    # an arm with options of its own is a row of its own, not pooled with the default's
+    arm = tmp_path / "exposed-sync-graded_regime=mild" / "seed-1"
+    arm.mkdir(parents=True)
+    (arm / "run.yaml").write_text(yaml.safe_dump({"strategy": "cpdp", "policy": "exposed-sync"}))
+    (arm / "boundaries.jsonl").write_text((run / "boundaries.jsonl").read_text())
+    assert set(skew_signal.judged_windows(tmp_path)) == {"mild", "mild (exposed-sync-graded)"}

@@ -383,15 +383,9 @@ class SyncOptions(
         return self
 
     def _check_skew_strong(self) -> None:
-        """Strong skew is a grade of skew: a threshold at or under --skew-drift's, or one with
-        the skew rule off, would make --skew-cap (or the grade) change nothing."""
-        default_cap = type(self).model_fields["skew_strong_cap"].default
+        """Strong skew grades skew, with a tighter cap: with the skew rule off, a threshold at
+        or under --skew-drift's, or a --skew-cap with no smaller half, it grades nothing."""
         if self.skew_strong == 0:
-            if self.skew_strong_cap != default_cap:
-                raise ValueError(
-                    "--skew-strong-cap: applies only above --skew-strong, which is 0 (off); "
-                    "give --skew-strong or drop --skew-strong-cap"
-                )
             return
         if self.skew_drift == 0:
             raise ValueError(
@@ -401,8 +395,12 @@ class SyncOptions(
         if self.skew_strong <= self.skew_drift:
             raise ValueError(
                 f"--skew-strong: {self.skew_strong:g} is not above --skew-drift "
-                f"{self.skew_drift:g}: every skewed run would count as strong; raise it (or 0: "
-                "off)"
+                f"{self.skew_drift:g}: it would grade nothing apart; raise it (or 0: off)"
+            )
+        if self.skew_cap < 2:
+            raise ValueError(
+                f"--skew-strong: strong skew halves --skew-cap's scale, and --skew-cap "
+                f"{self.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
             )
 
     def _check_k_schedule(self) -> None:
