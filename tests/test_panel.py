@@ -351,10 +351,39 @@ def test_a_policy_faster_by_the_same_ratio_in_every_seed_is_resolvably_faster():
     # no spread: CI [0.8, 0.8] and p 0 (Holm 0): certain, not "no p, so 1"
     g = SimpleNamespace(plan={"prediction": {"expect": {"faster": ["qsr"]}}, "arms": ["k8"],
                               "best_fixed": "k8"})  # fmt: skip
-    sure = {"qsr": {"ratio": 0.8, "ci_low": 0.8, "ci_high": 0.8, "p_holm": 0.0}}
+    sure = {"qsr": {"ratio": 0.8, "ci_low": 0.8, "ci_high": 0.8, "p_holm": 0.0, "reached": 1.0}}
     assert panel.resolve(g, sure)[0] == "confirms"  # type: ignore[arg-type]
-    untested = {"qsr": {"ratio": 0.8, "ci_low": 0.7, "ci_high": 0.9, "p_holm": None}}
+    untested = {
+        "qsr": {"ratio": 0.8, "ci_low": 0.7, "ci_high": 0.9, "p_holm": None, "reached": 1.0}
+    }
     assert panel.resolve(g, untested)[0] == "unresolved"  # type: ignore[arg-type]
+    # a seed it missed enters the ratio at its run's end: not shown faster, however low the CI
+    missed = {"qsr": {**sure["qsr"], "reached": 0.9}}
+    assert panel.resolve(g, missed)[0] == "unresolved"  # type: ignore[arg-type]
+
+
+def test_a_policy_that_missed_the_target_in_a_seed_is_not_shown_faster():
+    """A run that never reaches the target enters the paired ratio at its end: one that ends
+    early (larger K, less time in sync) reads "faster" without crossing. Such a policy does not
+    count towards the goal, and the nearest-to-faster line says why."""
+    from autok import panel
+
+    runs = [
+        *[_run("k8", s, [0.6, 0.88, 0.9], 1.0) for s in (1, 2, 3, 4)],
+        # reaches in three seeds, 20% sooner; the fourth never reaches and ends at 0.5 of the time
+        *[_run("adacomm", s, [0.6, 0.88, 0.9], 0.8, "adacomm") for s in (1, 2, 3)],
+        _run("adacomm", 4, [0.5, 0.6, 0.7], 0.5, "adacomm"),
+        *[_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.0, "exposed-sync") for s in (1, 2, 3, 4)],
+    ]
+    (g,) = panel.build_regimes(runs)
+    summary = panel.summary_data([g])
+    e = summary["regimes"]["r"]["adacomm"]
+    assert e["ci_high"] <= panel.GOAL_FASTER and e["reached"] == 0.75  # "faster" by the bound
+    (goal,) = panel.goals(summary, [g])
+    assert goal.faster == [] and not panel.shown_faster(e)
+    assert panel.shown_faster({**e, "reached": 1.0})
+    why = panel.render_why([goal], [g], summary)
+    assert "- r: adacomm, " in why and "reached in 75% of seeds" in why and "not counted" in why
 
 
 def test_a_run_that_did_not_finish_is_a_seed_that_did_not_reach_the_target():
