@@ -402,7 +402,11 @@ def test_experiment_list_shows_each_forms_runs_and_a_time_it_can_stand_behind(ca
         assert forms.startswith(" " * 19 + "quick: ") and "; full: " in forms, forms
         for form in ("quick", "full"):
             assert f"{form}: {count_runs(exp, form)} runs" in forms, (name, form)
-        assert "full: " + str(count_runs(exp, "full")) + " runs, not timed" in forms
+        full = count_runs(exp, "full")
+        if (timed := exp.get("measured", {}).get("full")) is not None:  # the panel's full form
+            assert f"full: {full} runs, about {timed['minutes']} min (measured" in forms, forms
+        else:
+            assert f"full: {full} runs, not timed" in forms, forms
     assert len(expand(load_experiment("k-sweep"), "quick")) == count_runs(
         load_experiment("k-sweep"), "quick"
     )
