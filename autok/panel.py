@@ -33,10 +33,10 @@ from autok.report import (
     RunResult,
     StoppedRun,
     epoch_clock,
-    installations,
     mean_std,
     relative_dir,
     resolvable,
+    say_installations,
     welch_p,
 )
 from autok.trainer.engine.clock import training_seconds
@@ -823,10 +823,7 @@ def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()
 
     regimes = build_regimes(runs, read_plan(root))
     summary = summary_data(regimes, stopped=stopped)
-    text = f"# autok report: {root}\n\n" + render(regimes, summary)
-    if mixed := installations(runs):
-        title, _, rest = text.partition("\n\n")
-        text = f"{title}\n\n{mixed}\n\n{rest}"
+    text = say_installations(f"# autok report: {root}\n\n" + render(regimes, summary), runs)
     if stopped:
         text += "\n## Runs that did not finish\n\n" + "".join(
             f"- {s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}\n" for s in stopped

@@ -1256,6 +1256,14 @@ def installations(runs: list[RunResult]) -> str | None:
     )
 
 
+def say_installations(text: str, runs: list[RunResult]) -> str:
+    """The report's text with the `installations` line under its title, where there is one."""
+    if (mixed := installations(runs)) is None:
+        return text
+    title, _, rest = text.partition("\n\n")
+    return f"{title}\n\n{mixed}\n\n{rest}"
+
+
 def report(root: Path) -> str:
     runs = collect(root)
     if not runs:
@@ -1268,10 +1276,9 @@ def report(root: Path) -> str:
         return text
     rows = table_rows(runs)
     quality = quality_of(runs)
-    text = render(rows, f"autok report: {root}", quality, exposed_waits(runs))
-    if mixed := installations(runs):
-        title, _, rest = text.partition("\n\n")
-        text = f"{title}\n\n{mixed}\n\n{rest}"
+    text = say_installations(
+        render(rows, f"autok report: {root}", quality, exposed_waits(runs)), runs
+    )
     if resolution := render_resolution(rows, quality):
         text += "\n" + resolution
     stopped = collect_stopped(root, quality)

@@ -177,6 +177,7 @@ GUARD_MIN_STEPS = 32
 # (drift ratio 1.79-2.75 and 1.34-1.93), and the ratio of both rises over the first epochs
 # (docs/design.md §6: `python -m benchmarks.skew_signal DIR --judge-rounds 12 --judge-steps 96`)
 GRADE_WINDOWS = 3
+STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
 
 
 @dataclass
@@ -353,7 +354,7 @@ class ExposedSyncController:
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         graded_before = self.skew_ratio is not None
         d = self._decide(stats)
-        if self.skew_ratio is None or graded_before or d.reason.startswith("strong skew"):
+        if self.skew_ratio is None or graded_before or d.reason.startswith(STRONG_CUT):
             return d
         # read just now and K not cut: the boundary's record says so (boundaries.jsonl)
         grade = "strong" if self.strong() else "mild"
@@ -392,7 +393,7 @@ class ExposedSyncController:
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
             scale = self.cap_scale()
             why = (
-                f"strong skew: drift ratio {self.skew_ratio:.3g} > {self.skew_strong:g}"
+                f"{STRONG_CUT}: drift ratio {self.skew_ratio:.3g} > {self.skew_strong:g}"
                 if graded and self.strong()
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
