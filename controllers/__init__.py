@@ -41,6 +41,8 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_drift=o.skew_drift,
         skew_cap=o.skew_cap,
         skew_strong=o.skew_strong,
+        link_shift=o.link_shift,
+        k_floor=o.k_floor,
     )
 
 
@@ -82,6 +84,8 @@ _SHARE_READS = frozenset(
         "skew_drift",
         "skew_cap",
         "skew_strong",
+        "link_shift",
+        "k_floor",
     }
 )
 _QSR_READS = frozenset({"qsr_base", "qsr_alpha", "max_sync_period"})

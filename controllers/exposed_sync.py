@@ -85,6 +85,7 @@ the controller panel's skew-decay pilot reached the target later (docs/results.m
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,10 @@ GUARD_MIN_STEPS = 32
 # (docs/design.md §6: `python -m benchmarks.skew_signal DIR --judge-rounds 12 --judge-steps 96`)
 GRADE_WINDOWS = 3
 STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
+# A changed link is read from this many rounds in a row whose network time is off the window's
+# level by more than `link_shift` in the same direction (docs/design.md §6, "a changed link"):
+# one round alone may be a spike of the network, which the window averages over as before
+SHIFT_ROUNDS = 2
 
 
 @dataclass
@@ -190,6 +195,28 @@ class _Window:
     loss: float = 0.0
     peer: float = 0.0  # of `exposed`, the wait for a slower rank (BoundaryStats.peer_wait_seconds)
     steps: int = 0
+    # each closed round's network seconds, held by the decision window only (`_take_round`):
+    # its median is the level a round is compared with, which one spike does not move
+    per_round: list[float] = field(default_factory=list)
+
+    def merge(self, w: _Window) -> None:
+        """Fold another window's boundaries into this one, as if each had been added here."""
+        for name, value in vars(w).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    @property
+    def network(self) -> float:
+        """Seconds waiting for the network (exposed sync less the wait for a slower peer)."""
+        return max(0.0, self.exposed - self.peer)
+
+    def closed(self) -> _Window:
+        """This window as one closed round: its network seconds recorded as the round's."""
+        self.per_round = [self.network]
+        return self
+
+    def level(self) -> float | None:
+        """The median of the rounds' network seconds (None with no rounds recorded)."""
+        return statistics.median(self.per_round) if self.per_round else None
 
     def add(self, s: BoundaryStats) -> None:
         self.n += 1
@@ -210,7 +237,14 @@ class _Window:
 
 def _window(saved: dict[str, Any]) -> _Window:
     """A saved window; one saved before windows counted rounds had a round per boundary."""
-    return _Window(**{"rounds": saved.get("n", 0), **saved})
+    w = _Window(**{"rounds": saved.get("n", 0), **saved})
+    w.per_round = [float(x) for x in w.per_round]
+    return w
+
+
+def _saved(w: _Window) -> dict[str, Any]:
+    """A window's state, its list copied (a snapshot the live window does not change)."""
+    return {**vars(w), "per_round": list(w.per_round)}
 
 
 def network_share(compute: float, exposed: float, peer_wait: float) -> float:
@@ -236,6 +270,9 @@ class ExposedSyncController:
     ceiling: int | None = None
     since_fire: int = 0
     floor: int | None = None  # direct rule: lowest K; default the starting K (1 with lower)
+    # the lowest K chosen for any reason (lowering, a back-off, a cap): 2 keeps Adam's second
+    # moment measured on local gradients (the module's docstring, "Adam's family")
+    k_floor: int = 1
     # direct rule: the first post-warmup boundary already decides (the link model's K* from its
     # measured times), instead of a whole window at the starting K
     estimated: bool = False
@@ -250,7 +287,16 @@ class ExposedSyncController:
     skewed: bool | None = None
     link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
     rebaseline: bool = False  # a raise since the guard last judged: its loss is the new level
+    # a round whose network time is over this many times the window's level (or under its
+    # inverse), SHIFT_ROUNDS in a row, closes the window at once from those rounds (0: off)
+    link_shift: float = 3.0
     _win: _Window = field(default_factory=_Window)
+    _round: _Window = field(default_factory=_Window)  # the round being closed (fragments)
+    _shifted: _Window = field(default_factory=_Window)  # rounds in a row off the window's level
+    _shift_up: bool = False  # the direction of the rounds in `_shifted`
+    # network seconds a round in the last decision's window: the level a new window's first
+    # rounds are compared with (a spike that opened a window would otherwise set its level)
+    _level: float | None = None
     _guard_win: _Window = field(default_factory=_Window)
     _skew_win: _Window = field(default_factory=_Window)  # rounds at K >= 2 only
     _grade_win: _Window = field(default_factory=_Window)  # the same rounds, for the grade
@@ -258,6 +304,7 @@ class ExposedSyncController:
     def __post_init__(self) -> None:
         if self.floor is None:
             self.floor = 1 if self.lower else self.sync_period
+        self.floor = max(self.floor, self.k_floor)
         if self.skew_drift <= 0:
             self.skewed = False  # off: never judged, never capped
 
@@ -271,7 +318,12 @@ class ExposedSyncController:
         if self.rebaseline:  # the first window since a raise: the new K's level, not a rise
             self.rebaseline = False
             self.guard.best_loss = math.inf
-        return self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
+        verdict = self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
+        if verdict is not None and g.steps == g.n and math.isfinite(g.loss):
+            # every boundary one step: synchronous SGD, whose loss no K raised and under which
+            # there is no K to back off to; its ceiling would only hold K at 1 against the link
+            return None
+        return verdict
 
     def _add_to_skew_window(self, stats: BoundaryStats) -> None:
         """Until skew is judged (and graded): rounds at K >= 2 in a row (one at K = 1 starts
@@ -341,7 +393,9 @@ class ExposedSyncController:
         elif not math.isfinite(self.link_k):
             cap = self.max_sync_period  # the share was all sync: no K* to scale
         else:
-            cap = max(scale, math.floor(math.sqrt(scale * self.link_k)))
+            # K* is a ratio of measured sums: 16 may read 15.999999999999993, whose root is
+            # not 8 when floored
+            cap = max(scale, math.floor(math.sqrt(scale * self.link_k) + 1e-9))
         # unjudged, it only stops a rise: a K the user started above it is theirs until judged
         return cap if self.skewed else max(cap, self.sync_period)
 
@@ -353,7 +407,7 @@ class ExposedSyncController:
 
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         graded_before = self.skew_ratio is not None
-        d = self._decide(stats)
+        d = self._floored(self._decide(stats))
         if self.skew_ratio is None or graded_before or d.reason.startswith(STRONG_CUT):
             return d
         # read just now and K not cut: the boundary's record says so (boundaries.jsonl)
@@ -365,14 +419,25 @@ class ExposedSyncController:
             f"{self.skew_strong:g}; {d.reason}",
         )
 
+    def _floored(self, d: SyncDecision) -> SyncDecision:
+        """No K below `k_floor`, whatever chose it (a back-off, a cap under it)."""
+        if d.next_sync_period >= self.k_floor:
+            return d
+        self.sync_period = self.k_floor
+        if self.ceiling is not None:
+            self.ceiling = max(self.ceiling, self.k_floor)
+        return SyncDecision(self.k_floor, f"{d.reason}; K held at its floor {self.k_floor}")
+
     def _decide(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
             return SyncDecision(self.sync_period, "warmup")
-        self._win.add(stats)
+        self._round.add(stats)
         self._guard_win.add(stats)
         self._add_to_skew_window(stats)
         if not stats.closes_round:  # windows and the cooldown count whole rounds
             return SyncDecision(self.sync_period, f"measuring (fragment {stats.fragment})")
+        needed = self.window if self.estimated or self.rule != "direct" else 1
+        shift = self._take_round(needed)
         if self.ceiling is not None:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
@@ -389,7 +454,8 @@ class ExposedSyncController:
             and cap is not None
             and self.sync_period > cap
         ):
-            self._win, self.sync_period = _Window(), cap  # a K known too large: now
+            self._new_window()
+            self.sync_period = cap  # a K known too large: now
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
             scale = self.cap_scale()
             why = (
@@ -398,10 +464,17 @@ class ExposedSyncController:
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
             return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")
-        needed = self.window if self.estimated or self.rule != "direct" else 1
-        if reason is None and self._win.rounds < needed:
-            return SyncDecision(self.sync_period, f"measuring ({self._win.rounds}/{needed})")
-        w, self._win = self._win, _Window()
+        held = self._win.rounds + self._shifted.rounds
+        if reason is None and shift is None and (held < needed or self._shifted.rounds):
+            # a round off the level waits for the next, which says whether the link changed
+            off = f", {self._shifted.rounds} off its level" if self._shifted.rounds else ""
+            return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
+        w = self._shifted if shift is not None else self._win
+        if shift is None:  # the guard fired: any rounds off the level are the window's too
+            w.merge(self._shifted)
+        self._new_window()
+        if w.per_round:
+            self._level = w.level()
         self.estimated = True
         self.link_k = link_k(self.sync_period, w.share, self.target)
         if self.rule == "direct":
@@ -419,7 +492,7 @@ class ExposedSyncController:
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0
             self.set_sync_period(k)
-            return SyncDecision(k, why)
+            return SyncDecision(k, why if shift is None else f"{shift}; {why}")
         k, why = next_sync_period(
             self.sync_period,
             w.share,
@@ -434,7 +507,41 @@ class ExposedSyncController:
         if reason is not None:
             self.ceiling, self.since_fire = k, 0
         self.set_sync_period(k)
-        return SyncDecision(k, why)
+        return SyncDecision(k, why if shift is None else f"{shift}; {why}")
+
+    def _new_window(self) -> None:
+        """A decision's window starts afresh, with no rounds pending as off its level."""
+        self._win, self._shifted = _Window(), _Window()
+
+    def _take_round(self, needed: int) -> str | None:
+        """The round just closed joins the window, or, where its network time is off the
+        window's level by more than `link_shift`, the rounds held apart; SHIFT_ROUNDS of those
+        in a row in one direction are a changed link: what that says, else None. A round back
+        at the level (or the other way) puts the ones held apart back in the window, which
+        then holds what it would have held without this check."""
+        rnd, self._round = self._round.closed(), _Window()
+        level = self._win.level() if self._win.per_round else self._level
+        if self.link_shift <= 0 or level is None or needed <= SHIFT_ROUNDS:
+            self._win.merge(rnd)  # a window this short is no later than the check
+            return None
+        up = rnd.network > level * self.link_shift
+        down = rnd.network * self.link_shift < level
+        if (not up and not down) or (self._shifted.rounds and up != self._shift_up):
+            self._shifted.per_round = []  # in the window's sums, not in its level
+            self._win.merge(self._shifted)
+            self._shifted = _Window()
+            if not up and not down:
+                self._win.merge(rnd)
+                return None
+        self._shifted.merge(rnd)
+        self._shift_up = up
+        if self._shifted.rounds < SHIFT_ROUNDS:
+            return None
+        now = self._shifted.level() or 0.0
+        return (
+            f"link changed: network {now * 1e3:.3g} ms a round over {self._shifted.rounds} "
+            f"rounds, {level * 1e3:.3g} ms before"
+        )
 
     def set_sync_period(self, k: int, was: int | None = None) -> None:
         """Move to K from `was` (default: the K in force); a raise by more than the margin
@@ -447,7 +554,8 @@ class ExposedSyncController:
         """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
         self.sync_period = sync_period
         self.ceiling, self.since_fire = sync_period, 0
-        self._win, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
+        self._new_window()
+        self._round, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
         self._grade_win = _Window()
 
     def state_dict(self) -> dict[str, Any]:
@@ -456,15 +564,19 @@ class ExposedSyncController:
             "ceiling": self.ceiling,
             "since_fire": self.since_fire,
             "guard": self.guard.state_dict(),
-            "window": vars(self._win).copy(),
-            "guard_window": vars(self._guard_win).copy(),
+            "window": _saved(self._win),
+            "guard_window": _saved(self._guard_win),
             "estimated": self.estimated,
             "skewed": self.skewed,
             "skew_ratio": self.skew_ratio,
             "link_k": self.link_k,
             "rebaseline": self.rebaseline,
-            "skew_window": vars(self._skew_win).copy(),
-            "grade_window": vars(self._grade_win).copy(),
+            "skew_window": _saved(self._skew_win),
+            "grade_window": _saved(self._grade_win),
+            "round": _saved(self._round),
+            "shifted": _saved(self._shifted),
+            "shift_up": self._shift_up,
+            "level": self._level,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -507,3 +619,21 @@ class ExposedSyncController:
         self.rebaseline = rebaseline
         self._skew_win = _window(state.get("skew_window", {}))
         self._grade_win = _window(state.get("grade_window", {}))
+        # saved before the link-shift check: the round was in the window, none held apart
+        self._round = _window(state.get("round", {}))
+        self._shifted = _window(state.get("shifted", {}))
+        shift_up = state.get("shift_up", False)
+        if type(shift_up) is not bool:
+            raise ValueError(
+                f"exposed-sync state: shift_up must be true or false, not {shift_up!r}"
+            )
+        self._shift_up = shift_up
+        level = state.get("level")
+        if level is not None and (
+            isinstance(level, bool)
+            or not isinstance(level, int | float)
+            or not math.isfinite(level)
+            or level < 0
+        ):
+            raise ValueError(f"exposed-sync state: level must be a number >= 0, not {level!r}")
+        self._level = None if level is None else float(level)

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.config import JsonDict
 
-from autok.controllers.exposed_sync import GRADE_WINDOWS
+from autok.controllers.exposed_sync import GRADE_WINDOWS, SHIFT_ROUNDS
 from autok.controllers.scheduled import parse_k_schedule
 
 K_MAX = 2**20
@@ -109,6 +109,26 @@ class PolicySettings(BaseModel):
         "which skew counts as strong and the soft cap scales with half of --skew-cap (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
+    # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/exposed_sync.py)
+    link_shift: float = Field(
+        3.0,
+        ge=0.0,
+        le=1e6,
+        description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
+        "is over this many times the window's level, or under its inverse, end the window "
+        "there: a changed link is met at once rather than after --sync-window rounds (0: off)",
+        json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
+    )
+    # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
+    k_floor: int = Field(
+        1,
+        ge=1,
+        le=K_MAX,
+        description="exposed-sync/composite: the lowest K it chooses (lowering, a back-off, a "
+        "cap) and, under the direct rule with lowering, the K it starts at; 2 with Adam's "
+        "family where K may rise after a phase at K = 1",
+        json_schema_extra=about(too_high=K_REASON),
+    )
     guard_cooldown: int = Field(
         32,
         ge=1,
@@ -161,6 +181,16 @@ class PolicySettings(BaseModel):
         "--sync-period",
         json_schema_extra=about(),
     )
+
+    @field_validator("link_shift")
+    @classmethod
+    def _off_or_above_one(cls, ratio: float) -> float:
+        if 0 < ratio <= 1:
+            raise ValueError(
+                f"--link-shift: {ratio:g} would read every round as a changed link; give a "
+                "ratio above 1 (3: the default) or 0 (off)"
+            )
+        return ratio
 
     @field_validator("k_schedule")
     @classmethod

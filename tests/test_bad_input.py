@@ -316,10 +316,16 @@ TRAIN = [
     R(["train", "--workers", "10000", "--out", "{out}"], "--workers"),
     R(["train", "--loader-workers", "10000", "--out", "{out}"], "--loader-workers"),
     R(["train", "--mnist1d-samples", "1000000000", "--out", "{out}"], "--mnist1d-samples"),
-    R(["train", "--mnist1d-test-samples", "1000000000", "--out", "{out}"], "--mnist1d-test-samples",
-      id="test-samples-huge"),
-    R(["train", "--mnist1d-test-samples", "10", "--out", "{out}"], "--mnist1d-test-samples",
-      id="test-samples-few"),
+    R(
+        ["train", "--mnist1d-test-samples", "1000000000", "--out", "{out}"],
+        "--mnist1d-test-samples",
+        id="test-samples-huge",
+    ),
+    R(
+        ["train", "--mnist1d-test-samples", "10", "--out", "{out}"],
+        "--mnist1d-test-samples",
+        id="test-samples-few",
+    ),
     R(["train", "--seed", str(10**23), "--out", "{out}"], "--seed"),
     R(["train", "--seed", "-1", "--out", "{out}"], "--seed"),
     R(["train", "--seed", str(2**32), "--out", "{out}"], "--seed"),
@@ -452,6 +458,44 @@ TRAIN = [
         ("--skew-cap", "--policy fixed does not read it", "exposed-sync"),
         id="skew-cap-unread-by-fixed",
     ),
+    # a changed link: a ratio above 1, or 0 (off)
+    R(
+        ["train", "--policy", "exposed-sync", "--link-shift", "0.5", "--out", "{out}"],
+        ("--link-shift: 0.5 would read every round as a changed link",),
+        id="link-shift-at-most-one",
+    ),
+    R(["train", "--policy", "composite", "--link-shift", "-1", "--out", "{out}"], "--link-shift"),
+    R(
+        ["train", "--link-shift", "2", "--out", "{out}"],
+        ("--link-shift", "--policy fixed does not read it"),
+        id="link-shift-unread-by-fixed",
+    ),
+    # the policy's floor: a K the run may start at and reach
+    R(
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--k-floor",
+            "2",
+            "--sync-period",
+            "1",
+            "--out",
+            "{out}",
+        ],
+        ("--k-floor: 2 is above --sync-period 1",),
+        id="k-floor-above-start",
+    ),  # fmt: skip
+    R(
+        ["train", "--policy", "composite", "--k-floor", "80", "--out", "{out}"],
+        ("--k-floor: 80 is above --max-sync-period 64",),
+        id="k-floor-above-cap",
+    ),
+    R(
+        ["train", "--k-floor", "2", "--out", "{out}"],
+        ("--k-floor", "--policy fixed does not read it"),
+        id="k-floor-unread-by-fixed",
+    ),
     # strong skew grades the cap: above --skew-drift, with the skew rule on and a cap to halve
     R(
         ["train", "--policy", "exposed-sync", "--skew-strong", "1.2", "--out", "{out}"],
@@ -464,14 +508,32 @@ TRAIN = [
         id="skew-strong-at-skew-drift-composite",
     ),
     R(
-        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-drift", "0",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-strong",
+            "2",
+            "--skew-drift",
+            "0",
+            "--out",
+            "{out}",
+        ],
         ("--skew-strong", "--skew-drift is 0 (off)"),
         id="skew-strong-with-skew-off",
     ),  # fmt: skip
     R(
-        ["train", "--policy", "exposed-sync", "--skew-strong", "2", "--skew-cap", "1",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-strong",
+            "2",
+            "--skew-cap",
+            "1",
+            "--out",
+            "{out}",
+        ],
         ("--skew-strong", "--skew-cap 1 has no smaller half"),
         id="skew-strong-with-cap-1",
     ),  # fmt: skip
@@ -1299,16 +1361,31 @@ EXPERIMENT = [
         ]
     ],
     # A panel's pilot (autok/pilot.py): its seeds apart from the main ones, its plan a plan.
-    R(EXP, "pilot.seeds", experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
-      id="exp-pilot-seed-is-a-main-seed"),  # fmt: skip
+    R(
+        EXP,
+        "pilot.seeds",
+        experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
+        id="exp-pilot-seed-is-a-main-seed",
+    ),  # fmt: skip
     R([*EXP, "--seeds", "7"], "--seeds", experiment(PILOT_EXP), id="exp-seeds-are-pilot-seeds"),
-    R(EXP, "pilot.runs", experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
-      id="exp-pilot-runs-a-policy"),  # fmt: skip
-    R(EXP, ("--out", "plan.json", "not a plan"),
-      both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
-      id="exp-plan-json-not-a-plan"),  # fmt: skip
-    R(EXP, ("--out", "plan.json", "not readable JSON"),
-      both(experiment(PILOT_EXP), file("out/plan.json", "{")), id="exp-plan-json-not-json"),
+    R(
+        EXP,
+        "pilot.runs",
+        experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
+        id="exp-pilot-runs-a-policy",
+    ),  # fmt: skip
+    R(
+        EXP,
+        ("--out", "plan.json", "not a plan"),
+        both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
+        id="exp-plan-json-not-a-plan",
+    ),  # fmt: skip
+    R(
+        EXP,
+        ("--out", "plan.json", "not readable JSON"),
+        both(experiment(PILOT_EXP), file("out/plan.json", "{")),
+        id="exp-plan-json-not-json",
+    ),
 ]
 
 REPORT = [

@@ -324,20 +324,31 @@ def test_the_loss_guard_still_fires_when_k_swings_or_composite_steps_back_up():
     a K that swings with the link every window, or composite's QSR K restored over a share
     rule that lowered it, leaves the loss guard on."""
 
-    def backoffs(ctrl, windows, sync_of):
+    def backoffs(ctrl, windows, sync_of, rate=1.06):
         n = 0
         for w in range(windows):
             for _i in range(4):
                 d = ctrl.observe(
-                    stats(ctrl.sync_period, sync=sync_of(w), loss=1.06**w, step_compute=0.005)
+                    stats(ctrl.sync_period, sync=sync_of(w), loss=rate**w, step_compute=0.005)
                 )
                 n += d.reason.startswith("back off") or "back off" in d.reason
         return n
 
-    swing = ExposedSyncController(
-        sync_period=4, target=0.2, window=4, rule="direct", lower=True, skew_drift=0.0
-    )
-    assert backoffs(swing, 16, lambda w: 0.04 if w % 2 == 0 else 0.005) > 0
+    def swing(link_shift):
+        return ExposedSyncController(
+            sync_period=4, target=0.2, window=4, rule="direct", lower=True, skew_drift=0.0,
+            link_shift=link_shift,
+        )  # fmt: skip
+
+    def link(w):
+        return 0.04 if w % 2 == 0 else 0.005
+
+    assert backoffs(swing(0.0), 16, link) > 0
+    # followed within two rounds of each swing, K is raised in every other judged window, each
+    # compared with the one before it: a loss rising by more than loss_rise (0.1) a window fires
+    # it, 6% a window does not (the module's docstring)
+    assert backoffs(swing(3.0), 16, link, rate=1.12) > 0
+    assert backoffs(swing(3.0), 16, link) == 0
     o = PolicyOptions(peak_lr=0.1, sync_window=4, qsr_base=8, skew_drift=0.0)
     comp = build_controller("composite", 8, o)  # QSR holds 8; the share rule wants 1
     assert backoffs(comp, 16, lambda w: 1e-5) > 0
@@ -346,6 +357,133 @@ def test_the_loss_guard_still_fires_when_k_swings_or_composite_steps_back_up():
     assert not one.rebaseline
     one.set_sync_period(32)
     assert one.rebaseline
+
+
+def link_path(ctrl, syncs, *, step_compute=0.005, **kw):
+    """Feed one boundary per sync time, each at the K chosen last; the decisions."""
+    out = []
+    for i, sync in enumerate(syncs):
+        s = stats(ctrl.sync_period, sync=sync, step_compute=step_compute, i=i, **kw)
+        out.append(ctrl.observe(s))
+    return out
+
+
+def test_a_changed_link_is_met_two_rounds_after_it_changes_from_those_rounds():
+    """A link 100 times slower (then faster again) closes the window at the second round on it,
+    from those two rounds alone: K* = K·r/r_t at the new level, where the window of 8 rounds
+    waits out its rounds and then decides on a mix of the two links."""
+    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0)
+    syncs = [0.001] * 20 + [0.1] * 28 + [0.001] * 8
+    on = link_path(ExposedSyncController(sync_period=1, **kw), syncs)
+    off = link_path(ExposedSyncController(sync_period=1, link_shift=0.0, **kw), syncs)
+    assert [d.next_sync_period for d in on[:20]] == [d.next_sync_period for d in off[:20]]
+    assert {d.next_sync_period for d in on[:20]} == {1}
+    # the second slow round decides: 2 rounds at K = 1, share 0.1/0.105, K* = 76 → the cap 64
+    assert on[20].next_sync_period == 1 and "1 off its level" in on[20].reason
+    assert on[21].reason.startswith("link changed: network 100 ms a round over 2 rounds, 1 ms")
+    assert on[21].next_sync_period == 64
+    # without the check: K = 1 until the window closes at round 24, on 4 fast and 4 slow rounds
+    assert {d.next_sync_period for d in off[:24]} == {1} and off[24].next_sync_period < 64
+    # back on the fast link: K falls at its second round, to K* = 64 · (0.001/0.32)/0.25 → 1
+    assert [d.next_sync_period for d in on[21:49]] == [64] * 28
+    assert on[49].reason.startswith("link changed") and on[49].next_sync_period == 1
+
+
+def test_rounds_near_the_level_or_a_lone_spike_leave_the_windows_as_they_were():
+    """Sync times within the shift of the window's level, and lone spikes or dips a round back at
+    the level follows, never read as a changed link: with no spike the decisions are those of the
+    check turned off, reasons and all; with them no window closes early."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    rng = random.Random(7)
+    noisy = [0.02 * rng.uniform(1 / 1.7, 1.7) for _ in range(200)]  # any two within 2.9x
+    on = link_path(ExposedSyncController(sync_period=1, **kw), noisy)
+    off = link_path(ExposedSyncController(sync_period=1, link_shift=0.0, **kw), noisy)
+    assert [(d.next_sync_period, d.reason) for d in on] == [
+        (d.next_sync_period, d.reason) for d in off
+    ]
+    # a spike (x10) or a dip (/10) in every third round, the other way each time
+    spiky = [0.02 * (10.0 if i % 6 == 2 else 0.1 if i % 6 == 5 else 1.0) for i in range(200)]
+    ds = link_path(ExposedSyncController(sync_period=1, **kw), spiky)
+    assert not any("link changed" in d.reason for d in ds)
+    assert 4 <= ds[-1].next_sync_period <= 64
+    # up then down in a row: two rounds off the level, but not one way
+    updown = [0.02] * 20 + [0.2, 0.002] + [0.02] * 8
+    assert not any("link changed" in d.reason for d in link_path(
+        ExposedSyncController(sync_period=4, **kw), updown))  # fmt: skip
+
+
+def test_a_round_held_off_the_level_survives_a_resume():
+    """The rounds held apart and their direction are in the state: a resumed controller meets the
+    changed link at the same round as one that ran on; a state saved before the check loads."""
+    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0)
+    ran = ExposedSyncController(sync_period=1, **kw)
+    link_path(ran, [0.001] * 6 + [0.1])
+    resumed = ExposedSyncController(sync_period=1, **kw)
+    resumed.load_state_dict(json.loads(json.dumps(ran.state_dict())))
+    a, b = link_path(ran, [0.1]), link_path(resumed, [0.1])
+    assert a == b and a[0].reason.startswith("link changed")
+    old = {k: v for k, v in ran.state_dict().items() if k not in ("round", "shifted", "shift_up")}
+    ExposedSyncController(sync_period=1, **kw).load_state_dict(old)
+    with pytest.raises(ValueError, match="shift_up"):
+        resumed.load_state_dict({**ran.state_dict(), "shift_up": "yes"})
+
+
+def test_the_guard_does_not_hold_k_at_1_for_a_loss_k_did_not_raise():
+    """A window all at K = 1 is synchronous SGD: a loss rise there (noise at a high LR) backs
+    nothing off and sets no ceiling, so a slower link is followed at once; at K = 2 the same
+    rise fires as before."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+
+    def run(k):
+        c = ExposedSyncController(sync_period=k, floor=k, **kw)
+        ds = []
+        for i in range(96):  # a fast link; the loss jumps 50% after 48 rounds
+            loss = 1.0 if i < 48 else 1.5
+            ds.append(c.observe(stats(c.sync_period, sync=1e-5, loss=loss, i=i)))
+        return c, ds
+
+    one, ds = run(1)
+    assert one.ceiling is None and not any("back off" in d.reason for d in ds)
+    two, ds = run(2)
+    assert any("back off: loss" in d.reason for d in ds)
+
+
+def test_k_floor_bounds_every_choice_and_is_where_lowering_starts():
+    """Under --k-floor 2 no decision goes below 2: not lowering on a fast link, not a guard's
+    back-off, not the skew cap; the default (1) is the rule as it was."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    fast = ExposedSyncController(sync_period=2, k_floor=2, skew_drift=0.0, **kw)
+    assert set(drive(fast, 40, sync=1e-5)) == {2}
+    backoff = ExposedSyncController(sync_period=4, k_floor=2, skew_drift=0.0, **kw)
+    ds = [
+        backoff.observe(stats(backoff.sync_period, sync=0.02, loss=1.0 + i, i=i)) for i in range(80)
+    ]
+    assert any("back off" in d.reason for d in ds)
+    assert min(d.next_sync_period for d in ds) == 2 and backoff.ceiling in (
+        None,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    )
+    capped = ExposedSyncController(sync_period=2, k_floor=3, skew_cap=1, **kw)
+    ks = drive(capped, 40, drift_ratio=2.5, sync=0.1)  # skewed: the soft cap's scale is 1
+    assert min(ks) >= 3 and capped.skewed
+    plain = ExposedSyncController(sync_period=2, skew_drift=0.0, **kw)
+    assert drive(plain, 40, sync=1e-5)[-1] == 1
+    assert build_controller("exposed-sync", 2, PolicyOptions(k_floor=2)).floor == 2
+    assert build_controller("composite", 4, PolicyOptions(k_floor=2, qsr_base=4)).share.k_floor == 2
+
+
+def test_link_shift_is_an_option_above_1_or_off():
+    assert build_controller("exposed-sync", 1, PolicyOptions()).link_shift == 3.0
+    assert build_controller("exposed-sync", 1, PolicyOptions(link_shift=0)).link_shift == 0
+    comp = build_controller("composite", 4, PolicyOptions(link_shift=5, qsr_base=4))
+    assert comp.share.link_shift == 5
+    with pytest.raises(ValueError, match="--link-shift: 1 would read every round"):
+        PolicyOptions(link_shift=1)
 
 
 def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():

@@ -325,6 +325,7 @@ class SyncOptions(
         self._check_k_schedule()
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
+        self._check_k_floor()
         self._check_outer()
         if self.strategy == "ddp":
             if self.sync_period != 1:
@@ -403,6 +404,21 @@ class SyncOptions(
                 f"{self.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
             )
 
+    def _check_k_floor(self) -> None:
+        """The policy's floor is a K it may run at: not above the cap, and the run starts at or
+        above it (a start below it would be the one K under the floor)."""
+        if self.k_floor == 1:
+            return
+        if self.k_floor > self.max_sync_period:
+            raise ValueError(
+                f"--k-floor: {self.k_floor} is above --max-sync-period {self.max_sync_period}"
+            )
+        if self.sync_period is not None and self.sync_period < self.k_floor:
+            raise ValueError(
+                f"--k-floor: {self.k_floor} is above --sync-period {self.sync_period}, the K "
+                "the run starts at; raise --sync-period or drop it"
+            )
+
     def _check_k_schedule(self) -> None:
         """`scheduled` needs its schedule, whose first K is the run's K: a --sync-period that
         differs would be recorded as the K the run started at, and is refused."""
@@ -448,8 +464,9 @@ class SyncOptions(
         if self.policy == "scheduled" and self.k_schedule is not None:
             return parse_k_schedule(self.k_schedule)[0][1]
         if self.policy == "exposed-sync" and self.k_rule == "direct" and self.k_lowering:
-            # the smallest K a round of F fragment syncs, each τ steps late, allows
-            return max(1, self.fragments, self.fragments * self.fragment_delay)
+            # the smallest K a round of F fragment syncs, each τ steps late, allows, and the
+            # policy's own floor
+            return max(self.k_floor, self.fragments, self.fragments * self.fragment_delay)
         return 4
 
     def _check_policy_options(self) -> None:
