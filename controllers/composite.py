@@ -39,6 +39,7 @@ class CompositeController:
         k = next_sync_period(
             q.next_sync_period, s.next_sync_period, share.k_ceiling(), share.max_sync_period
         )
+        k = max(k, share.k_floor)  # a cap does not take K under the share rule's floor
         self.share.set_sync_period(k, was=was)  # from the K in force, not the share rule's
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")

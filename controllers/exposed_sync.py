@@ -15,18 +15,18 @@ brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 �
 `rule="direct"` (the default) jumps to K*: at the first post-warmup boundary (the link model's K
 from that boundary's measured times, rather than a window at the starting K), then once per
 window when K* is more than `margin` away (hysteresis), up or down, so a new link is met in one
-window rather than log2 of the gap. With `lower` (the default) K may fall to 1, a fast link's
-best K in the panel; without it, not below the starting K (the floor). Unless told otherwise it
-starts at K = 1 (trainer/engine/options.py): the first boundary is then one step, and where K = 1
-is best the run is K = 1's bit for bit. Started at 4, its first four steps alone made the panel's
-straggler runs cross the target at 0.71-1.15x fixed K = 1's time, seed by seed.
+window rather than log2 of the gap. With `lower` (the default) K may fall to 1 (or `k_floor`), a
+fast link's best K in the panel; without it, not below the starting K (the floor). Unless told
+otherwise it starts at K = 1 (trainer/engine/options.py): the first boundary is then one step,
+and where K = 1 is best the run is K = 1's bit for bit. Started at 4, its first four steps alone
+made the panel's straggler runs cross the target at 0.71-1.15x fixed K = 1's time, seed by seed.
 
 `rule="double"` steps instead: f > target: K ← min(K·growth, ceiling); f ≤ target: hold, or with
 `lower`, K ← K/growth when even that keeps the share well under target (predicted f(K/g) <
 target·(1 − margin)).
 
 Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
-at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, 1), and
+at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, k_floor), and
 K may not exceed that value until `cooldown` rounds pass without it firing again. A raise by
 more than `margin` re-baselines the loss guard once: its next judged window sets the level
 instead of being compared with the best window at the smaller K. A larger K runs at a higher
@@ -71,6 +71,45 @@ recorded install), but the ratio over the first GRADE_WINDOWS such windows (12 r
 steps at K >= 2 in a row) reads 2.54–2.89 and 1.39–2.08 (docs/design.md §6, "the skew grade").
 Read once on skewed data (once it is finite), above `skew_strong` the soft cap scales with half
 of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read says so in its reason.
+
+A changed link (`link_shift`, 3 by default; docs/design.md §6, "a changed link"): a window of
+`window` rounds decides once it is full, so a link that changes in its middle is first judged on
+a mix of both links and met a window later, and at K = 15 a window of 4 rounds is 60 steps, the
+whole of the GPT flip-link regime's last LAN phase (K stayed 15 there). Each closed round's
+network time is compared with the window's level, the median of its rounds so far (after a
+decision, the median of the window that made it): a round more than `link_shift` times above it,
+or below it by that factor, is held apart, and SHIFT_ROUNDS such rounds in a row, one way, are a
+changed link: the window closes there, from those rounds alone (its reason says "link changed").
+A round back at the level (or off it the other way) puts the held rounds into the window's sums
+(not into its level: one spike does not move a median), so where no two rounds in a row leave the
+level the decisions are the ones the check off would make, but that a window holds `window`
+rounds at its level before it closes (held rounds do not count until they rejoin it): one round
+off the level delays it by a round. On the virtual clock a static link's rounds all cost the
+same: there the check never fires, and the panel's static regimes are what they were, bit for bit.
+On the wall clock, where the wait for a slow rank is not told apart from the network's and grows
+with K, a move of K by more than `link_shift` can read as a changed link: the window then closes
+two rounds into the new K, from those rounds, rather than after `window` of them. A level of 0
+(sync all hidden) reads nothing.
+
+The guard stays silent on a window whose boundaries were all at K <= `k_floor` (1 by default:
+synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
+would only have held K there for `cooldown` rounds against the link (a non-finite loss still
+fires it). It reads the K in force, not steps per boundary: with F fragments at K = F a boundary
+is one step apart, and that is local SGD. On the panel's flip-link seed
+75 the training loss of the last LAN epoch before the WAN rose from 0.85 to 1.19 (noise at LR 0.1),
+the guard fired, and K stayed at 1 through the WAN's first epoch at 72% of the time in sync.
+
+Adam's family (`k_floor`): after a phase at K = 1, where every step is one synchronized step on
+the averaged gradient, each rank's second-moment estimate v measures the averaged gradient, with a
+quarter of a local gradient's variance on 4 ranks. When K then rises, the local steps divide by a
+√v that is too small, and with β2 = 0.999 v needs about a thousand steps to catch up: on the
+GPT workload (AdamW, 180 steps) K raised from 1 to 15 at step 60 ended at validation loss 2.83,
+from 2 or 4 at 2.55 and 2.69, and with β2 = 0.95 from 1 at 2.55 (docs/controller-panel/
+gpt-floor-check/experiment.yaml). `k_floor` (1 by default) is the lowest K the controller chooses,
+whatever chose it (lowering, a back-off, a cap, composite's too, a rollback's halving); under the
+direct rule with lowering the run starts there too, and where K would start at 4 it starts at the
+floor if that is higher. Warmup, where the engine forces K = 1, is the one exception. 2 keeps v
+measured on local gradients where K may rise later.
 
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
 cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model
@@ -198,11 +237,13 @@ class _Window:
     # each closed round's network seconds, held by the decision window only (`_take_round`):
     # its median is the level a round is compared with, which one spike does not move
     per_round: list[float] = field(default_factory=list)
+    top: int = 0  # the largest K in force at its boundaries (the guard's: no back-off under it)
 
     def merge(self, w: _Window) -> None:
         """Fold another window's boundaries into this one, as if each had been added here."""
         for name, value in vars(w).items():
-            setattr(self, name, getattr(self, name) + value)
+            mine = getattr(self, name)
+            setattr(self, name, max(mine, value) if name == "top" else mine + value)
 
     @property
     def network(self) -> float:
@@ -227,6 +268,7 @@ class _Window:
         self.loss += s.train_loss if math.isfinite(s.train_loss) else math.inf
         self.peer += s.peer_wait_seconds
         self.steps += s.interval_steps
+        self.top = max(self.top, s.sync_period)
 
     @property
     def share(self) -> float:
@@ -237,7 +279,8 @@ class _Window:
 
 def _window(saved: dict[str, Any]) -> _Window:
     """A saved window; one saved before windows counted rounds had a round per boundary."""
-    w = _Window(**{"rounds": saved.get("n", 0), **saved})
+    # one saved before windows kept their largest K: unknown, so the guard judges it as before
+    w = _Window(**{"rounds": saved.get("n", 0), "top": 2**31, **saved})
     w.per_round = [float(x) for x in w.per_round]
     return w
 
@@ -319,9 +362,10 @@ class ExposedSyncController:
             self.rebaseline = False
             self.guard.best_loss = math.inf
         verdict = self.guard.check(g.drift_ratio / g.n, g.loss / g.n)
-        if verdict is not None and g.steps == g.n and math.isfinite(g.loss):
-            # every boundary one step: synchronous SGD, whose loss no K raised and under which
-            # there is no K to back off to; its ceiling would only hold K at 1 against the link
+        if verdict is not None and g.top <= self.k_floor and math.isfinite(g.loss):
+            # every boundary at the floor (K = 1: synchronous SGD, whose loss no K raised):
+            # there is no K to back off to, and its ceiling would only hold K there against the
+            # link (the module's docstring)
             return None
         return verdict
 
@@ -423,7 +467,7 @@ class ExposedSyncController:
         """No K below `k_floor`, whatever chose it (a back-off, a cap under it)."""
         if d.next_sync_period >= self.k_floor:
             return d
-        self.sync_period = self.k_floor
+        self.set_sync_period(self.k_floor)
         if self.ceiling is not None:
             self.ceiling = max(self.ceiling, self.k_floor)
         return SyncDecision(self.k_floor, f"{d.reason}; K held at its floor {self.k_floor}")
@@ -454,6 +498,8 @@ class ExposedSyncController:
             and cap is not None
             and self.sync_period > cap
         ):
+            if shift is not None:  # the new link's level, not the old one's
+                self._level = self._shifted.level()
             self._new_window()
             self.sync_period = cap  # a K known too large: now
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
@@ -465,16 +511,17 @@ class ExposedSyncController:
             )
             return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")
         held = self._win.rounds + self._shifted.rounds
-        if reason is None and shift is None and (held < needed or self._shifted.rounds):
+        waits = self._shifted.rounds and self._win.rounds < needed
+        if reason is None and shift is None and (held < needed or waits):
             # a round off the level waits for the next, which says whether the link changed
             off = f", {self._shifted.rounds} off its level" if self._shifted.rounds else ""
             return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
         w = self._shifted if shift is not None else self._win
-        if shift is None:  # the guard fired: any rounds off the level are the window's too
+        if shift is None:  # a full window or the guard: rounds held apart are its too
+            self._shifted.per_round = []
             w.merge(self._shifted)
         self._new_window()
-        if w.per_round:
-            self._level = w.level()
+        self._level = w.level() if w.per_round else self._level
         self.estimated = True
         self.link_k = link_k(self.sync_period, w.share, self.target)
         if self.rule == "direct":
@@ -521,8 +568,13 @@ class ExposedSyncController:
         then holds what it would have held without this check."""
         rnd, self._round = self._round.closed(), _Window()
         level = self._win.level() if self._win.per_round else self._level
-        if self.link_shift <= 0 or level is None or needed <= SHIFT_ROUNDS:
-            self._win.merge(rnd)  # a window this short is no later than the check
+        if self.link_shift <= 0 or not level or needed <= SHIFT_ROUNDS:
+            # off, nothing to compare with (no level, or none: sync all hidden), or a window
+            # this short, which the check would not close sooner; any held rounds rejoin it
+            self._shifted.per_round = []
+            self._win.merge(self._shifted)
+            self._win.merge(rnd)
+            self._shifted = _Window()
             return None
         up = rnd.network > level * self.link_shift
         down = rnd.network * self.link_shift < level
@@ -551,9 +603,10 @@ class ExposedSyncController:
         self.sync_period = k
 
     def rollback(self, sync_period: int) -> None:
-        """After a divergence rollback: continue from the halved K, capped there for a cooldown."""
-        self.sync_period = sync_period
-        self.ceiling, self.since_fire = sync_period, 0
+        """After a divergence rollback: continue from the halved K (not under the floor),
+        capped there for a cooldown."""
+        self.sync_period = max(sync_period, self.k_floor)
+        self.ceiling, self.since_fire = self.sync_period, 0
         self._new_window()
         self._round, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
         self._grade_win = _Window()

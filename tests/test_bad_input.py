@@ -466,6 +466,21 @@ TRAIN = [
     ),
     R(["train", "--policy", "composite", "--link-shift", "-1", "--out", "{out}"], "--link-shift"),
     R(
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--link-shift",
+            "5",
+            "--sync-window",
+            "2",
+            "--out",
+            "{out}",
+        ],
+        ("--link-shift: a window of --sync-window 2 rounds closes no later than the check",),
+        id="link-shift-with-a-short-window",
+    ),  # fmt: skip
+    R(
         ["train", "--link-shift", "2", "--out", "{out}"],
         ("--link-shift", "--policy fixed does not read it"),
         id="link-shift-unread-by-fixed",

@@ -477,6 +477,58 @@ def test_k_floor_bounds_every_choice_and_is_where_lowering_starts():
     assert build_controller("composite", 4, PolicyOptions(k_floor=2, qsr_base=4)).share.k_floor == 2
 
 
+def test_at_its_floor_the_guard_does_not_pin_k_and_with_fragments_it_still_judges():
+    """The guard is silent on a window all at K <= the floor (2 here: a LAN phase before a slow
+    link) and the slow link is followed at once; with F = 4 fragments at K = 4 (a boundary one
+    step apart) the same loss rise fires it as at F = 1."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    c = ExposedSyncController(sync_period=2, k_floor=2, **kw)
+    for i in range(64):  # a fast link, the loss up 50% from round 32 on
+        c.observe(stats(c.sync_period, sync=1e-5, loss=1.0 if i < 32 else 1.5, i=i))
+    assert c.ceiling is None and c.sync_period == 2
+    ds = link_path(c, [0.2] * 4, loss=1.5)
+    assert ds[1].reason.startswith("link changed") and ds[1].next_sync_period > 2
+
+    def backoffs(frags):
+        c = ExposedSyncController(sync_period=4, floor=4, **kw)
+        n = 0
+        for i in range(48):
+            for s in round_stats(4, frags, i=i, sync=2**-7, loss=1.0 if i < 24 else 1.5):
+                n += "back off" in c.observe(s).reason
+        return n
+
+    assert backoffs(4) == backoffs(1) > 0
+
+
+def test_the_floor_holds_under_composite_caps_and_after_a_rollback():
+    o = PolicyOptions(peak_lr=0.1, qsr_base=4, k_floor=3, skew_cap=1)
+    comp = build_controller("composite", 4, o)
+    ks = drive(comp, 40, drift_ratio=2.5, sync=0.1)  # skewed: the soft cap's scale is 1
+    assert comp.share.skewed and min(ks) >= 3
+    c = ExposedSyncController(sync_period=8, k_floor=2)
+    c.rollback(1)
+    assert c.sync_period == 2 and c.ceiling == 2
+
+
+def test_rounds_off_the_level_both_ways_or_a_silent_link_still_let_windows_close():
+    """Rounds that leave the level one way then the other never hold a window open for more
+    than its rounds; a level of 0 (sync all hidden) reads no change; a held round in a state
+    loaded where the check is off rejoins the window."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    swing = [0.02] * 8 + [0.2 if i % 2 else 0.002 for i in range(40)]
+    ds = link_path(ExposedSyncController(sync_period=4, **kw), swing)
+    decided = [i for i, d in enumerate(ds) if not d.reason.startswith("measuring")]
+    assert max(b - a for a, b in zip(decided, decided[1:], strict=False)) <= 5
+    assert decided[-1] >= 40
+    hidden = link_path(ExposedSyncController(sync_period=4, **kw), [0.0] * 8 + [1e-6] * 8)
+    assert not any("link changed" in d.reason for d in hidden)
+    held = ExposedSyncController(sync_period=1, **kw)
+    link_path(held, [0.001] * 6 + [0.1])
+    off = ExposedSyncController(sync_period=1, **{**kw, "link_shift": 0.0})
+    off.load_state_dict(held.state_dict())
+    assert any(not d.reason.startswith("measuring") for d in link_path(off, [0.1] * 6))
+
+
 def test_link_shift_is_an_option_above_1_or_off():
     assert build_controller("exposed-sync", 1, PolicyOptions()).link_shift == 3.0
     assert build_controller("exposed-sync", 1, PolicyOptions(link_shift=0)).link_shift == 0

@@ -637,6 +637,30 @@ def test_same_runs_finds_the_runs_whose_records_differ_and_ignores_a_named_field
     assert compare(a, b, set()) == (2, ["es_regime=r/seed-1", "k4_regime=r/seed-1"])
 
 
+def test_runs_compared_with_a_panel_csv_column_by_column(tmp_path):
+    """benchmarks/same_runs.py --panel-csv: runs that panel.csv was written from agree with it in
+    every column; a run whose curve moved, or whose bytes did, is named."""
+    import csv
+    import dataclasses
+
+    from autok import panel
+    from benchmarks.same_runs import against_csv
+
+    runs = [
+        *[_run("k1", s, [0.5, 0.8, 0.88, 0.90], 3.0) for s in (1, 2)],
+        *[_run("es", s, [0.6, 0.875, 0.895, 0.9], 1.0, "exposed-sync", ks=(4, 16)) for s in (1, 2)],
+    ]
+    panel.write_csv(panel.build_regimes(runs), tmp_path / "panel.csv")
+    with open(tmp_path / "panel.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert against_csv(runs, rows) == (4, [])
+    moved = dataclasses.replace(runs[2], epochs=[{**e} for e in runs[2].epochs])
+    moved.epochs[1]["test_accuracy"] = "0.7"  # crosses the target an epoch later
+    fewer = dataclasses.replace(runs[3], boundaries=runs[3].boundaries[:-1])
+    assert against_csv([runs[0], moved, fewer], rows) == (3, ["r es 1", "r es 2"])
+    assert against_csv([_run("other", 1, [0.5], 1.0)], rows) == (0, [])
+
+
 def test_why_a_goal_was_missed_is_read_from_the_records_case_by_case():
     """The report says why the default policy missed "within 5%" (docs/design.md §6): quality
     where it missed the target, time where it was resolvably slower, or that the seeds cannot

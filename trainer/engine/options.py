@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
 from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
+from autok.controllers.exposed_sync import SHIFT_ROUNDS
 from autok.controllers.options import COUNT_MAX as COUNT_MAX
 from autok.controllers.options import K_MAX as K_MAX
 from autok.controllers.scheduled import parse_k_schedule
@@ -326,6 +327,7 @@ class SyncOptions(
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
         self._check_k_floor()
+        self._check_link_shift()
         self._check_outer()
         if self.strategy == "ddp":
             if self.sync_period != 1:
@@ -404,6 +406,17 @@ class SyncOptions(
                 f"{self.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
             )
 
+    def _check_link_shift(self) -> None:
+        """A changed link closes a window early: one of SHIFT_ROUNDS rounds or fewer closes no
+        later, so a --link-shift given with it would change nothing."""
+        given = self.link_shift != type(self).model_fields["link_shift"].default
+        if given and self.link_shift > 0 and self.sync_window <= SHIFT_ROUNDS:
+            raise ValueError(
+                f"--link-shift: a window of --sync-window {self.sync_window} rounds closes no "
+                f"later than the check ({SHIFT_ROUNDS} rounds); drop --link-shift or widen the "
+                "window"
+            )
+
     def _check_k_floor(self) -> None:
         """The policy's floor is a K it may run at: not above the cap, and the run starts at or
         above it (a start below it would be the one K under the floor)."""
@@ -458,7 +471,8 @@ class SyncOptions(
         lowering (its first boundary, one step, measures the link and sets K* from it, so where
         K = 1 is best the run is K = 1's from its first step; started at 4, its first four steps
         alone moved the panel's time to target per seed by 0.71-1.15x: docs/design.md §6);
-        under scheduled, its --k-schedule's first K; else 4, the study's K."""
+        under scheduled, its --k-schedule's first K; else 4, the study's K (or the policy's
+        --k-floor above it)."""
         if self.strategy == "ddp":
             return 1
         if self.policy == "scheduled" and self.k_schedule is not None:
@@ -467,7 +481,7 @@ class SyncOptions(
             # the smallest K a round of F fragment syncs, each τ steps late, allows, and the
             # policy's own floor
             return max(self.k_floor, self.fragments, self.fragments * self.fragment_delay)
-        return 4
+        return max(4, self.k_floor)
 
     def _check_policy_options(self) -> None:
         """A K-policy option the chosen policy does not read is refused, not ignored: a run

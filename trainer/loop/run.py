@@ -419,8 +419,9 @@ class Trainer:
                 "(set --checkpoint-every)"
             )
         self.rollbacks = rollbacks
-        self.sync.sync_period = max(1, rb.sync_period // 2)
-        self.sync.controller.rollback(self.sync.sync_period)  # (the Controller protocol)
+        self.sync.controller.rollback(max(1, rb.sync_period // 2))  # (the Controller protocol)
+        # the policy's K after it: the halved K, or a floor it keeps (exposed-sync's --k-floor)
+        self.sync.sync_period = self.sync.controller.sync_period
         emit(self.observers, "on_rewind", epoch)
         self.log.info(
             f"autok: diverged ({rb.reason}); rolled back to the end of epoch {epoch}, "
