@@ -31,9 +31,10 @@ class CompositeController:
     def observe(self, stats: BoundaryStats) -> SyncDecision:
         was = self.share.sync_period
         q = self.qsr.observe(stats)
-        if stats.warmup:
-            self.share.sync_period = q.next_sync_period
-            return SyncDecision(q.next_sync_period, "warmup")
+        if stats.warmup:  # the K after warmup: QSR's, not under the share rule's floor
+            k = max(q.next_sync_period, self.share.k_floor)
+            self.share.sync_period = k
+            return SyncDecision(k, "warmup")
         s = self.share.observe(stats)  # judges the share at the K that was actually in force
         share = self.share
         k = next_sync_period(

@@ -115,8 +115,9 @@ class PolicySettings(BaseModel):
         ge=0.0,
         le=1e6,
         description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
-        "is over this many times the window's level, or under its inverse, end the window "
-        "there: a changed link is met at once rather than after --sync-window rounds (0: off)",
+        "is over this many times the window's level (its median), or under the level divided "
+        "by it, end the window there: a changed link is met two rounds after it changes rather "
+        "than after --sync-window rounds (0: off; near 1 ordinary jitter reads as a change)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
@@ -125,8 +126,9 @@ class PolicySettings(BaseModel):
         ge=1,
         le=K_MAX,
         description="exposed-sync/composite: the lowest K it chooses (lowering, a back-off, a "
-        "cap) and, under the direct rule with lowering, the K it starts at; 2 with Adam's "
-        "family where K may rise after a phase at K = 1",
+        "cap; warmup's K = 1 aside) and the lowest it starts at (the floor under the direct "
+        "rule with lowering, else max(4, floor)); 2 with Adam's family where K may rise after "
+        "a phase at K = 1",
         json_schema_extra=about(too_high=K_REASON),
     )
     guard_cooldown: int = Field(

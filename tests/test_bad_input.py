@@ -507,6 +507,21 @@ TRAIN = [
         id="k-floor-above-cap",
     ),
     R(
+        [
+            "train",
+            "--strategy",
+            "ddp",
+            "--policy",
+            "exposed-sync",
+            "--k-floor",
+            "2",
+            "--out",
+            "{out}",
+        ],
+        ("--policy: ddp keeps K=1",),
+        id="k-floor-on-ddp-names-the-policy",
+    ),  # fmt: skip
+    R(
         ["train", "--k-floor", "2", "--out", "{out}"],
         ("--k-floor", "--policy fixed does not read it"),
         id="k-floor-unread-by-fixed",

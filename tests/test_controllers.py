@@ -508,6 +508,8 @@ def test_the_floor_holds_under_composite_caps_and_after_a_rollback():
     c = ExposedSyncController(sync_period=8, k_floor=2)
     c.rollback(1)
     assert c.sync_period == 2 and c.ceiling == 2
+    warm = build_controller("composite", 4, PolicyOptions(qsr_base=4, k_floor=8))
+    assert warm.observe(stats(4, warmup=True)).next_sync_period == 8  # QSR's 4 is under it
 
 
 def test_rounds_off_the_level_both_ways_or_a_silent_link_still_let_windows_close():

@@ -193,6 +193,25 @@ def test_a_run_saved_with_an_option_it_never_read_resumes_without_it(stopped_run
     assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4  # epochs 2 and 3 too
 
 
+def test_a_run_saved_before_the_link_check_resumes_without_it(stopped_run, tmp_path, capsys):
+    """An exposed-sync run whose config.json has no link_shift (saved before the check of a
+    changed link) resumes with it off, as it ran, and says so; one that has it keeps it."""
+    from autok.cli import build_parser, resume_config
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k != "link_shift"} | {"policy": "exposed-sync"}
+    (run / "config.json").write_text(json.dumps(config))
+    cfg = resume_config(build_parser().parse_args(["train", "--resume", str(run)]))
+    assert cfg.link_shift == 0
+    assert "no --link-shift (it ran before the check existed); resuming with it off (0)" in (
+        capsys.readouterr().err
+    )
+    (run / "config.json").write_text(json.dumps(config | {"link_shift": 4.0}))
+    assert resume_config(build_parser().parse_args(["train", "--resume", str(run)])).link_shift == 4
+
+
 def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
     """as_ran on configs saved before the refusals: each validates afterwards, with one note
     per change, a config that needs none is left as it was, and a qsr or composite policy

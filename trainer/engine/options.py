@@ -326,8 +326,6 @@ class SyncOptions(
         self._check_k_schedule()
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
-        self._check_k_floor()
-        self._check_link_shift()
         self._check_outer()
         if self.strategy == "ddp":
             if self.sync_period != 1:
@@ -340,6 +338,8 @@ class SyncOptions(
                 )
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
+        self._check_k_floor()
+        self._check_link_shift()
         if self.compress != "none" and self.strategy == "ddp":
             raise ValueError(
                 "--compress: ddp's gradient AllReduce is not compressed; use localsgd or cpdp"

@@ -42,7 +42,7 @@ class StrategySettings(BaseModel):
         le=K_MAX,
         description="K, optimizer steps between boundaries (default: 4; 1 on ddp and under "
         "exposed-sync's direct rule with lowering, which sets K from its first boundary; "
-        "--k-schedule's first K under scheduled)",
+        "--k-schedule's first K under scheduled; never under --k-floor)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
     # listed first of its group, before the policies' own options (inherited: earlier fields)
