@@ -365,12 +365,6 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     from autok.space import as_ran
 
     saved, notes = as_ran(saved)
-    from autok.controllers import READS
-
-    if "link_shift" in READS.get(saved.get("policy", ""), ()) and "link_shift" not in saved:
-        # started before the check of a changed link existed: it goes on without it, as it ran
-        saved["link_shift"] = 0.0
-        notes.append("no --link-shift (it ran before the check existed); resuming with it off (0)")
     # --task is the command line's, already checked to be the run's own
     if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume", "task"}):
         raise ConfigError(

@@ -72,7 +72,7 @@ steps at K >= 2 in a row) reads 2.54–2.89 and 1.39–2.08 (docs/design.md §6,
 Read once on skewed data (once it is finite), above `skew_strong` the soft cap scales with half
 of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read says so in its reason.
 
-A changed link (`link_shift`, 3 by default; docs/design.md §6, "a changed link"): a window of
+A changed link (`link_shift`, off by default; docs/design.md §6, "a changed link"): a window of
 `window` rounds decides once it is full, so a link that changes in its middle is first judged on
 a mix of both links and met a window later, and at K = 15 a window of 4 rounds is 60 steps, the
 whole of the GPT flip-link regime's last LAN phase (K stayed 15 there). Each closed round's
@@ -89,7 +89,12 @@ same: there the check never fires, and the panel's static regimes are what they 
 On the wall clock, where the wait for a slow rank is not told apart from the network's and grows
 with K, a move of K by more than `link_shift` can read as a changed link: the window then closes
 two rounds into the new K, from those rounds, rather than after `window` of them. A level of 0
-(sync all hidden) reads nothing.
+(sync all hidden) reads nothing. It is off by default: on the panel's flip-link (α = 1 shards)
+K reached the WAN's soft cap two rounds sooner, the skew judgement's first window then sat right
+after the LAN phase at K = 1, where the local momenta have not yet diverged, and read α = 1 as
+iid in some seeds (1.32 against the 1.4 threshold on seed 79), so K rose past the cap: 0.88 of the
+best fixed K's time against 0.83 with the check off; on flip-wan it gained (1.15 against 1.21),
+on the GPT's flip-link it was neutral (docs/controller-panel/link-follow-check/).
 
 The guard stays silent on a window whose boundaries were all at K <= `k_floor` (1 by default:
 synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
@@ -330,9 +335,9 @@ class ExposedSyncController:
     skewed: bool | None = None
     link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
     rebaseline: bool = False  # a raise since the guard last judged: its loss is the new level
-    # a round whose network time is over this many times the window's level (or under its
-    # inverse), SHIFT_ROUNDS in a row, closes the window at once from those rounds (0: off)
-    link_shift: float = 3.0
+    # a round whose network time is over this many times the window's level (or under the
+    # level divided by it), SHIFT_ROUNDS in a row, closes the window from those rounds (0: off)
+    link_shift: float = 0.0
     _win: _Window = field(default_factory=_Window)
     _round: _Window = field(default_factory=_Window)  # the round being closed (fragments)
     _shifted: _Window = field(default_factory=_Window)  # rounds in a row off the window's level
@@ -564,8 +569,8 @@ class ExposedSyncController:
         """The round just closed joins the window, or, where its network time is off the
         window's level by more than `link_shift`, the rounds held apart; SHIFT_ROUNDS of those
         in a row in one direction are a changed link: what that says, else None. A round back
-        at the level (or the other way) puts the ones held apart back in the window, which
-        then holds what it would have held without this check."""
+        at the level (or off it the other way) puts the ones held apart back in the window's
+        sums (not its level), which then hold what they would have without this check."""
         rnd, self._round = self._round.closed(), _Window()
         level = self._win.level() if self._win.per_round else self._level
         if self.link_shift <= 0 or not level or needed <= SHIFT_ROUNDS:

@@ -109,15 +109,17 @@ class PolicySettings(BaseModel):
         "which skew counts as strong and the soft cap scales with half of --skew-cap (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
-    # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/exposed_sync.py)
+    # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/exposed_sync.py);
+    # off by default: on the panel's flip-link it moved the skew judgement (docs/design.md §6)
     link_shift: float = Field(
-        3.0,
+        0.0,
         ge=0.0,
         le=1e6,
         description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
         "is over this many times the window's level (its median), or under the level divided "
         "by it, end the window there: a changed link is met two rounds after it changes rather "
-        "than after --sync-window rounds (0: off; near 1 ordinary jitter reads as a change)",
+        "than after --sync-window rounds (0, the default: off; 3 is the ratio measured; near 1 "
+        "ordinary jitter reads as a change)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")

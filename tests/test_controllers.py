@@ -372,10 +372,11 @@ def test_a_changed_link_is_met_two_rounds_after_it_changes_from_those_rounds():
     """A link 100 times slower (then faster again) closes the window at the second round on it,
     from those two rounds alone: K* = K·r/r_t at the new level, where the window of 8 rounds
     waits out its rounds and then decides on a mix of the two links."""
-    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0)
+    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0,
+              link_shift=3.0)  # fmt: skip
     syncs = [0.001] * 20 + [0.1] * 28 + [0.001] * 8
     on = link_path(ExposedSyncController(sync_period=1, **kw), syncs)
-    off = link_path(ExposedSyncController(sync_period=1, link_shift=0.0, **kw), syncs)
+    off = link_path(ExposedSyncController(sync_period=1, **{**kw, "link_shift": 0.0}), syncs)
     assert [d.next_sync_period for d in on[:20]] == [d.next_sync_period for d in off[:20]]
     assert {d.next_sync_period for d in on[:20]} == {1}
     # the second slow round decides: 2 rounds at K = 1, share 0.1/0.105, K* = 76 → the cap 64
@@ -393,11 +394,12 @@ def test_rounds_near_the_level_or_a_lone_spike_leave_the_windows_as_they_were():
     """Sync times within the shift of the window's level, and lone spikes or dips a round back at
     the level follows, never read as a changed link: with no spike the decisions are those of the
     check turned off, reasons and all; with them no window closes early."""
-    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0,
+              link_shift=3.0)  # fmt: skip
     rng = random.Random(7)
     noisy = [0.02 * rng.uniform(1 / 1.7, 1.7) for _ in range(200)]  # any two within 2.9x
     on = link_path(ExposedSyncController(sync_period=1, **kw), noisy)
-    off = link_path(ExposedSyncController(sync_period=1, link_shift=0.0, **kw), noisy)
+    off = link_path(ExposedSyncController(sync_period=1, **{**kw, "link_shift": 0.0}), noisy)
     assert [(d.next_sync_period, d.reason) for d in on] == [
         (d.next_sync_period, d.reason) for d in off
     ]
@@ -415,7 +417,8 @@ def test_rounds_near_the_level_or_a_lone_spike_leave_the_windows_as_they_were():
 def test_a_round_held_off_the_level_survives_a_resume():
     """The rounds held apart and their direction are in the state: a resumed controller meets the
     changed link at the same round as one that ran on; a state saved before the check loads."""
-    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0)
+    kw = dict(target=0.2, max_sync_period=64, window=8, rule="direct", lower=True, skew_drift=0.0,
+              link_shift=3.0)  # fmt: skip
     ran = ExposedSyncController(sync_period=1, **kw)
     link_path(ran, [0.001] * 6 + [0.1])
     resumed = ExposedSyncController(sync_period=1, **kw)
@@ -481,7 +484,8 @@ def test_at_its_floor_the_guard_does_not_pin_k_and_with_fragments_it_still_judge
     """The guard is silent on a window all at K <= the floor (2 here: a LAN phase before a slow
     link) and the slow link is followed at once; with F = 4 fragments at K = 4 (a boundary one
     step apart) the same loss rise fires it as at F = 1."""
-    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0,
+              link_shift=3.0)  # fmt: skip
     c = ExposedSyncController(sync_period=2, k_floor=2, **kw)
     for i in range(64):  # a fast link, the loss up 50% from round 32 on
         c.observe(stats(c.sync_period, sync=1e-5, loss=1.0 if i < 32 else 1.5, i=i))
@@ -516,7 +520,8 @@ def test_rounds_off_the_level_both_ways_or_a_silent_link_still_let_windows_close
     """Rounds that leave the level one way then the other never hold a window open for more
     than its rounds; a level of 0 (sync all hidden) reads no change; a held round in a state
     loaded where the check is off rejoins the window."""
-    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0)
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, skew_drift=0.0,
+              link_shift=3.0)  # fmt: skip
     swing = [0.02] * 8 + [0.2 if i % 2 else 0.002 for i in range(40)]
     ds = link_path(ExposedSyncController(sync_period=4, **kw), swing)
     decided = [i for i, d in enumerate(ds) if not d.reason.startswith("measuring")]
@@ -532,7 +537,7 @@ def test_rounds_off_the_level_both_ways_or_a_silent_link_still_let_windows_close
 
 
 def test_link_shift_is_an_option_above_1_or_off():
-    assert build_controller("exposed-sync", 1, PolicyOptions()).link_shift == 3.0
+    assert build_controller("exposed-sync", 1, PolicyOptions()).link_shift == 0  # off
     assert build_controller("exposed-sync", 1, PolicyOptions(link_shift=0)).link_shift == 0
     comp = build_controller("composite", 4, PolicyOptions(link_shift=5, qsr_base=4))
     assert comp.share.link_shift == 5
