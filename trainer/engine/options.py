@@ -409,8 +409,7 @@ class SyncOptions(
     def _check_link_shift(self) -> None:
         """A changed link closes a window early: one of SHIFT_ROUNDS rounds or fewer closes no
         later, so a --link-shift given with it would change nothing."""
-        given = self.link_shift != type(self).model_fields["link_shift"].default
-        if given and self.link_shift > 0 and self.sync_window <= SHIFT_ROUNDS:
+        if self.link_shift > 0 and self.sync_window <= SHIFT_ROUNDS:
             raise ValueError(
                 f"--link-shift: a window of --sync-window {self.sync_window} rounds closes no "
                 f"later than the check ({SHIFT_ROUNDS} rounds); drop --link-shift or widen the "
@@ -420,8 +419,6 @@ class SyncOptions(
     def _check_k_floor(self) -> None:
         """The policy's floor is a K it may run at: not above the cap, and the run starts at or
         above it (a start below it would be the one K under the floor)."""
-        if self.k_floor == 1:
-            return
         if self.k_floor > self.max_sync_period:
             raise ValueError(
                 f"--k-floor: {self.k_floor} is above --max-sync-period {self.max_sync_period}"
