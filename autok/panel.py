@@ -171,12 +171,17 @@ class Regime:
         return next((m for m in self.methods if m.name == name), None)
 
 
+def bytes_sent(r: RunResult) -> int:
+    """What the run's boundaries moved over the network, in bytes (its records' sum)."""
+    return int(sum(b.get("bytes_communicated", 0) for b in r.boundaries or []))
+
+
 def _methods(groups: dict[str, list[RunResult]], judge: Judge) -> list[Method]:
     methods = [Method(m, _fixed(rs[0]), rs) for m, rs in groups.items()]
     for m in methods:
         m.final = [judge.value(r.epochs[-1]) for r in m.runs]
         m.wall = [training_seconds(r.summary) for r in m.runs]  # (virtual: docs/design.md §4)
-        m.nbytes = [sum(b.get("bytes_communicated", 0) for b in r.boundaries or []) for r in m.runs]
+        m.nbytes = [bytes_sent(r) for r in m.runs]
         m.mean_k = [mean_k_after_warmup(r) for r in m.runs]
         m.net_share = [network_share_after_warmup(r) for r in m.runs]
         m.drift = [mean_drift_after_warmup(r) for r in m.runs]

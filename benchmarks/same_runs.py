@@ -64,7 +64,7 @@ def csv_values(r: RunResult, target: float) -> dict[str, str]:
         "time_to_target": "" if t is None else t,
         "final": judge.value(r.epochs[-1]),
         "wall_seconds": training_seconds(r.summary),
-        "bytes": int(sum(b.get("bytes_communicated", 0) for b in r.boundaries or [])),
+        "bytes": panel.bytes_sent(r),
         "mean_k": panel.mean_k_after_warmup(r),
     }
     return {k: str(v) for k, v in values.items()}

@@ -14,9 +14,13 @@ from autok.controllers.exposed_sync import ExposedSyncController
 from autok.controllers.qsr import QSRController
 
 
-def next_sync_period(qsr_k: int, share_k: int, ceiling: int | None, max_k: int) -> int:
+def next_sync_period(
+    qsr_k: int, share_k: int, ceiling: int | None, max_k: int, floor: int = 1
+) -> int:
+    """The larger of the two rules' K, within the cap and the ceiling, never under the share
+    rule's floor (a cap does not take K there)."""
     k = min(max(qsr_k, share_k), max_k)
-    return min(k, ceiling) if ceiling is not None else k
+    return max(floor, min(k, ceiling) if ceiling is not None else k)
 
 
 @dataclass
@@ -38,9 +42,12 @@ class CompositeController:
         s = self.share.observe(stats)  # judges the share at the K that was actually in force
         share = self.share
         k = next_sync_period(
-            q.next_sync_period, s.next_sync_period, share.k_ceiling(), share.max_sync_period
+            q.next_sync_period,
+            s.next_sync_period,
+            share.k_ceiling(),
+            share.max_sync_period,
+            share.k_floor,
         )
-        k = max(k, share.k_floor)  # a cap does not take K under the share rule's floor
         self.share.set_sync_period(k, was=was)  # from the K in force, not the share rule's
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")

@@ -290,6 +290,30 @@ def _window(saved: dict[str, Any]) -> _Window:
     return w
 
 
+def _saved_number(state: dict[str, Any], key: str, *, inf: bool = False) -> float | None:
+    """A saved number >= 0 (or inf, where `inf`), or None where the state has none."""
+    v = state.get(key)
+    if v is None:
+        return None
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or math.isnan(v)
+        or v < 0
+        or (math.isinf(v) and not inf)
+    ):
+        raise ValueError(f"exposed-sync state: {key} must be a number >= 0, not {v!r}")
+    return float(v)
+
+
+def _saved_flag(state: dict[str, Any], key: str) -> bool:
+    """A saved true or false (false where the state has none)."""
+    v = state.get(key, False)
+    if type(v) is not bool:
+        raise ValueError(f"exposed-sync state: {key} must be true or false, not {v!r}")
+    return v
+
+
 def _saved(w: _Window) -> dict[str, Any]:
     """A window's state, its list copied (a snapshot the live window does not change)."""
     return {**vars(w), "per_round": list(w.per_round)}
@@ -523,8 +547,7 @@ class ExposedSyncController:
             return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
         w = self._shifted if shift is not None else self._win
         if shift is None:  # a full window or the guard: rounds held apart are its too
-            self._shifted.per_round = []
-            w.merge(self._shifted)
+            self._rejoin()
         self._new_window()
         self._level = w.level() if w.per_round else self._level
         self.estimated = True
@@ -565,6 +588,13 @@ class ExposedSyncController:
         """A decision's window starts afresh, with no rounds pending as off its level."""
         self._win, self._shifted = _Window(), _Window()
 
+    def _rejoin(self) -> None:
+        """The rounds held apart go back into the window's sums, not into its level (one spike
+        does not move a median)."""
+        self._shifted.per_round = []
+        self._win.merge(self._shifted)
+        self._shifted = _Window()
+
     def _take_round(self, needed: int) -> str | None:
         """The round just closed joins the window, or, where its network time is off the
         window's level by more than `link_shift`, the rounds held apart; SHIFT_ROUNDS of those
@@ -576,17 +606,13 @@ class ExposedSyncController:
         if self.link_shift <= 0 or not level or needed <= SHIFT_ROUNDS:
             # off, nothing to compare with (no level, or none: sync all hidden), or a window
             # this short, which the check would not close sooner; any held rounds rejoin it
-            self._shifted.per_round = []
-            self._win.merge(self._shifted)
+            self._rejoin()
             self._win.merge(rnd)
-            self._shifted = _Window()
             return None
         up = rnd.network > level * self.link_shift
         down = rnd.network * self.link_shift < level
         if (not up and not down) or (self._shifted.rounds and up != self._shift_up):
-            self._shifted.per_round = []  # in the window's sums, not in its level
-            self._win.merge(self._shifted)
-            self._shifted = _Window()
+            self._rejoin()
             if not up and not down:
                 self._win.merge(rnd)
                 return None
@@ -654,44 +680,14 @@ class ExposedSyncController:
         if skewed is False and "link_k" not in state and self.guard.calibrated_drift is None:
             skewed = None  # saved before the soft cap, before its one window: not judged yet
         self.skewed = False if self.skew_drift <= 0 else skewed
-        ratio = state.get("skew_ratio")  # saved before it was kept: not read yet
-        if ratio is not None and (
-            isinstance(ratio, bool)
-            or not isinstance(ratio, int | float)
-            or not math.isfinite(ratio)
-            or ratio < 0
-        ):
-            raise ValueError(f"exposed-sync state: skew_ratio must be a number >= 0, not {ratio!r}")
-        self.skew_ratio = None if ratio is None else float(ratio)
-        k = state.get("link_k")  # a state saved before the soft cap: unknown, the cap holds
-        if k is not None and (
-            isinstance(k, bool) or not isinstance(k, int | float) or math.isnan(k) or k < 0
-        ):
-            raise ValueError(f"exposed-sync state: link_k must be a number >= 0, not {k!r}")
-        self.link_k = None if k is None else float(k)
-        rebaseline = state.get("rebaseline", False)
-        if type(rebaseline) is not bool:
-            raise ValueError(
-                f"exposed-sync state: rebaseline must be true or false, not {rebaseline!r}"
-            )
-        self.rebaseline = rebaseline
+        self.skew_ratio = _saved_number(state, "skew_ratio")  # saved before it was kept: None
+        # a state saved before the soft cap: unknown, the cap holds; inf: sync was all of it
+        self.link_k = _saved_number(state, "link_k", inf=True)
+        self.rebaseline = _saved_flag(state, "rebaseline")
         self._skew_win = _window(state.get("skew_window", {}))
         self._grade_win = _window(state.get("grade_window", {}))
         # saved before the link-shift check: the round was in the window, none held apart
         self._round = _window(state.get("round", {}))
         self._shifted = _window(state.get("shifted", {}))
-        shift_up = state.get("shift_up", False)
-        if type(shift_up) is not bool:
-            raise ValueError(
-                f"exposed-sync state: shift_up must be true or false, not {shift_up!r}"
-            )
-        self._shift_up = shift_up
-        level = state.get("level")
-        if level is not None and (
-            isinstance(level, bool)
-            or not isinstance(level, int | float)
-            or not math.isfinite(level)
-            or level < 0
-        ):
-            raise ValueError(f"exposed-sync state: level must be a number >= 0, not {level!r}")
-        self._level = None if level is None else float(level)
+        self._shift_up = _saved_flag(state, "shift_up")
+        self._level = _saved_number(state, "level")
