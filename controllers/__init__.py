@@ -42,7 +42,7 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_cap=o.skew_cap,
         skew_strong=o.skew_strong,
         link_shift=o.link_shift,
-        k_floor=o.k_floor,
+        k_floor=o.k_floor or 1,  # None: not resolved (no optimizer named): no floor
     )
 
 

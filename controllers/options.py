@@ -123,14 +123,15 @@ class PolicySettings(BaseModel):
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
-    k_floor: int = Field(
-        1,
+    k_floor: int | None = Field(
+        None,
         ge=1,
         le=K_MAX,
         description="exposed-sync/composite: the lowest K it chooses (lowering, a back-off, a "
         "cap; warmup's K = 1 aside) and the lowest it starts at (the floor under the direct "
-        "rule with lowering, else max(4, floor)); 2 with Adam's family where K may rise after "
-        "a phase at K = 1",
+        "rule with lowering, else max(4, floor)) (default: the optimizer's: 2 under Adam's "
+        "family, which divides by a second moment of the gradient (AdamW, Adam, RMSprop, ...), "
+        "where 2 fits under --sync-period and --max-sync-period; else 1)",
         json_schema_extra=about(too_high=K_REASON),
     )
     guard_cooldown: int = Field(

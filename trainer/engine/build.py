@@ -23,9 +23,14 @@ from autok.trainer.engine.divergence import DivergenceGuard
 from autok.trainer.engine.fragments import tensors_refusal
 from autok.trainer.engine.grad_hook import GradSyncState, install_grad_sync
 from autok.trainer.engine.grad_watch import GradWatch
+from autok.trainer.engine.k_floor import with_optimizer_floor
 from autok.trainer.engine.link import LinkClock, LinkSchedule
 from autok.trainer.engine.observer import check_observers
-from autok.trainer.engine.optim import delayed_state_problem, state_tensors
+from autok.trainer.engine.optim import (
+    delayed_state_problem,
+    divides_by_second_moment,
+    state_tensors,
+)
 from autok.trainer.engine.options import (
     OptionError,
     SyncOptions,
@@ -150,6 +155,8 @@ def check_arguments(
     if options is not None and kwargs:
         raise OptionError(f"{flag(next(iter(kwargs)))}: give options or keywords, not both")
     opts = options if options is not None else sync_options(**kwargs)
+    # K's floor, where the policy reads one and none is given: the optimizer's (k_floor.py)
+    opts = with_optimizer_floor(opts, divides_by_second_moment(optimizer))
     check_fragments(opts, model)
     lr = float(optimizer.param_groups[0]["lr"]) if peak_lr is None else float(peak_lr)
     if not math.isfinite(lr):  # the K policies' options refuse it (controllers/options.py)

@@ -24,6 +24,22 @@ def build_optimizer(
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+# Adam's family: the torch optimizers that divide by a running second moment of the gradient
+# (exp_avg_sq, square_avg, sum, exp_inf; Adafactor's factored one), whose K floor is 2
+# (trainer/engine/k_floor.py). A subclass is one; a wrapper (ZeroRedundancyOptimizer) is not.
+SECOND_MOMENT = tuple(
+    getattr(torch.optim, name)
+    for name in ("Adam", "AdamW", "NAdam", "RAdam", "Adamax", "Adagrad", "Adadelta", "RMSprop")
+    + ("SparseAdam", "Adafactor")
+    if hasattr(torch.optim, name)  # Adafactor: torch 2.5 on
+)
+
+
+def divides_by_second_moment(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is of Adam's family (SECOND_MOMENT)."""
+    return isinstance(optimizer, SECOND_MOMENT)
+
+
 def lr_factor(
     step: int,
     total_steps: int,

@@ -16,7 +16,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
 from autok.controllers import READS as POLICY_READS
@@ -31,6 +31,7 @@ from autok.trainer.engine.about import ReadOnlyUnder, about, about_of
 from autok.trainer.engine.boundary_settings import ACCUMULATION_MAX as ACCUMULATION_MAX
 from autok.trainer.engine.boundary_settings import BoundarySettings
 from autok.trainer.engine.fragment_settings import FragmentSettings
+from autok.trainer.engine.k_floor import check_floor, resolve_named
 from autok.trainer.engine.link import PROFILES, parse_schedule
 from autok.trainer.engine.link_settings import MODEL_BYTES_MAX as MODEL_BYTES_MAX
 from autok.trainer.engine.link_settings import LinkSettings
@@ -246,6 +247,8 @@ class SyncOptions(
     reported, config.json's keys)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
+    # --sync-period as given (None where derived): autok.Sync derives it again with its floor
+    _given_start: int | None = PrivateAttr(None)
 
     # --- its own: the seed, then the divergence guard (after every inherited field)
     seed: int = Field(
@@ -324,6 +327,8 @@ class SyncOptions(
         self._check_policy_options()
         self._check_skew_strong()
         self._check_k_schedule()
+        self._given_start = self.sync_period
+        resolve_named(self)  # the named optimizer's floor, before K's start (k_floor.py)
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
         self._check_outer()
@@ -338,7 +343,7 @@ class SyncOptions(
                 )
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
-        self._check_k_floor()
+        check_floor(self)
         self._check_link_shift()
         if self.compress != "none" and self.strategy == "ddp":
             raise ValueError(
@@ -416,19 +421,6 @@ class SyncOptions(
                 "window"
             )
 
-    def _check_k_floor(self) -> None:
-        """The policy's floor is a K it may run at: not above the cap, and the run starts at or
-        above it (a start below it would be the one K under the floor)."""
-        if self.k_floor > self.max_sync_period:
-            raise ValueError(
-                f"--k-floor: {self.k_floor} is above --max-sync-period {self.max_sync_period}"
-            )
-        if self.sync_period is not None and self.sync_period < self.k_floor:
-            raise ValueError(
-                f"--k-floor: {self.k_floor} is above --sync-period {self.sync_period}, the K "
-                "the run starts at; raise --sync-period or drop it"
-            )
-
     def _check_k_schedule(self) -> None:
         """`scheduled` needs its schedule, whose first K is the run's K: a --sync-period that
         differs would be recorded as the K the run started at, and is refused."""
@@ -477,8 +469,8 @@ class SyncOptions(
         if self.policy == "exposed-sync" and self.k_rule == "direct" and self.k_lowering:
             # the smallest K a round of F fragment syncs, each τ steps late, allows, and the
             # policy's own floor
-            return max(self.k_floor, self.fragments, self.fragments * self.fragment_delay)
-        return max(4, self.k_floor)
+            return max(self.k_floor or 1, self.fragments, self.fragments * self.fragment_delay)
+        return max(4, self.k_floor or 1)
 
     def _check_policy_options(self) -> None:
         """A K-policy option the chosen policy does not read is refused, not ignored: a run
@@ -620,6 +612,11 @@ class SyncOptions(
             self.outer_lr = DEFAULT_LR[kind]
         if self.outer_momentum is None:
             self.outer_momentum = DEFAULT_MOMENTUM[kind]
+
+    @property
+    def given_sync_period(self) -> int | None:
+        """--sync-period as given, None where the run derived it (k_floor.py reads it)."""
+        return self._given_start
 
     def policy_options(self, peak_lr: float) -> PolicyOptions:
         """Every PolicyOptions field is the setting of the same name; the peak LR is given."""

@@ -1,0 +1,129 @@
+"""exposed-sync's K floor where --k-floor is not given: the optimizer's (trainer/engine/k_floor.py;
+docs/design.md §6, "the floor")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autok
+from autok.config import load_config
+from autok.trainer.engine.k_floor import TRAIN_OPTIMIZERS, default_floor
+from autok.trainer.engine.optim import SECOND_MOMENT, build_optimizer, divides_by_second_moment
+from tests.dist import run_dist
+
+SECOND_MOMENT_STATE = {"exp_avg_sq", "square_avg", "sum", "exp_inf", "row_var", "variance"}
+
+
+def _stepped_state_keys(cls: type[torch.optim.Optimizer]) -> set[str] | None:
+    """The state keys `cls` keeps after one step on a small dense (or sparse) parameter, or None
+    where it cannot be made with an LR alone."""
+    p = nn.Parameter(torch.ones(4, 3))
+    try:
+        opt = cls([p], lr=0.01)
+    except (TypeError, ValueError):
+        return None
+    grad = torch.full((4, 3), 0.5)
+    p.grad = grad.to_sparse() if cls is torch.optim.SparseAdam else grad
+    opt.step(lambda: p.sum())  # a closure: LBFGS needs one, the others call it if given
+    return set(opt.state[p])
+
+
+def test_the_family_is_every_torch_optimizer_that_keeps_a_second_moment():
+    """The list is checked against torch itself: every optimizer class torch ships that keeps a
+    second-moment state after a step is in SECOND_MOMENT, and none that keeps none (SGD)."""
+    seen = 0
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+            continue
+        if cls is torch.optim.Optimizer or (keys := _stepped_state_keys(cls)) is None:
+            continue
+        seen += 1
+        assert (cls in SECOND_MOMENT) == bool(keys & SECOND_MOMENT_STATE), (name, keys)
+    assert seen >= 10  # SGD, Adam, AdamW, ... were all stepped
+    assert torch.optim.SGD not in SECOND_MOMENT
+
+
+def test_autok_trains_named_optimizers_are_read_as_their_torch_classes():
+    """TrainConfig resolves the floor from --optimizer's name; the class autok train builds for
+    that name must be what autok.Sync would read from the object."""
+    model = nn.Linear(2, 2)
+    for name, second in TRAIN_OPTIMIZERS.items():
+        assert divides_by_second_moment(build_optimizer(name, model, 0.1, 0.0, 0.0, False)) is second
+
+
+@pytest.mark.parametrize(
+    "given, floor, start",
+    [
+        ({"optimizer": "adamw"}, 2, 2),  # the direct rule with lowering starts at the floor
+        ({"optimizer": "sgd"}, 1, 1),
+        ({"optimizer": "adamw", "sync_period": 1}, 1, 1),  # told to start at 1: no floor above
+        ({"optimizer": "adamw", "sync_period": 8}, 2, 8),
+        ({"optimizer": "adamw", "max_sync_period": 1}, 1, 1),  # K may not reach 2
+        ({"optimizer": "adamw", "k_floor": 1}, 1, 1),  # a floor given is kept
+        ({"optimizer": "adamw", "k_floor": 3}, 3, 3),
+        ({"optimizer": "adamw", "k_rule": "double"}, 2, 4),  # started at max(4, floor)
+    ],
+)
+def test_autok_train_resolves_and_records_the_floor_of_its_optimizer(given, floor, start):
+    cfg = load_config({}, {"policy": "exposed-sync", "strategy": "cpdp", **given})
+    assert (cfg.k_floor, cfg.sync_period) == (floor, start)
+    # config.json carries it: saved and read again, the run is the same
+    again = load_config({}, cfg.model_dump(mode="json"))
+    assert (again.k_floor, again.sync_period) == (floor, start)
+
+
+def test_a_policy_that_reads_no_floor_resolves_none():
+    cfg = load_config({}, {"policy": "fixed", "strategy": "cpdp", "optimizer": "adamw"})
+    assert cfg.k_floor is None and cfg.sync_period == 4
+    composite = load_config({}, {"policy": "composite", "optimizer": "adamw"})
+    assert composite.k_floor == 2
+
+
+def test_default_floor_fits_what_the_run_was_told():
+    assert default_floor(False, None, 64) == 1
+    assert default_floor(True, None, 64) == 2
+    assert default_floor(True, 1, 64) == 1
+    assert default_floor(True, 6, 64) == 2
+    assert default_floor(True, None, 1) == 1
+
+
+class _MyAdam(torch.optim.Adam):
+    """A user's subclass: still of the family."""
+
+
+def _library_worker(rank, world):
+    out = {}
+    cases = {
+        "sgd": (lambda p: torch.optim.SGD(p, lr=0.1), {}),
+        "adamw": (lambda p: torch.optim.AdamW(p, lr=0.01), {}),
+        "rmsprop": (lambda p: torch.optim.RMSprop(p, lr=0.01), {}),
+        "subclass": (lambda p: _MyAdam(p, lr=0.01), {}),
+        "adamw-start-1": (lambda p: torch.optim.AdamW(p, lr=0.01), {"sync_period": 1}),
+        "adamw-given-1": (lambda p: torch.optim.AdamW(p, lr=0.01), {"k_floor": 1}),
+        "adamw-fixed": (lambda p: torch.optim.AdamW(p, lr=0.01), {"policy": "fixed"}),
+    }
+    for name, (make, kw) in cases.items():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = make(model.parameters())
+        sync = autok.Sync(model, opt, **({"policy": "exposed-sync", "link": "wan"} | kw))
+        floor = getattr(sync.controller, "k_floor", None)
+        out[name] = (sync.options.k_floor, sync.options.sync_period, sync.sync_period, floor)
+        sync.close()
+    return out
+
+
+@pytest.mark.dist
+def test_autok_sync_takes_the_floor_of_the_optimizer_it_is_given():
+    """(options' floor, options' start, the K the Sync starts at, the controller's floor)."""
+    for out in run_dist(_library_worker, 2):
+        assert out["sgd"] == (1, 1, 1, 1)
+        assert out["adamw"] == (2, 2, 2, 2)
+        assert out["rmsprop"] == (2, 2, 2, 2)
+        assert out["subclass"] == (2, 2, 2, 2)
+        assert out["adamw-start-1"] == (1, 1, 1, 1)
+        assert out["adamw-given-1"] == (1, 1, 1, 1)
+        assert out["adamw-fixed"] == (None, 4, 4, None)
