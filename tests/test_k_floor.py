@@ -51,7 +51,8 @@ def test_autok_trains_named_optimizers_are_read_as_their_torch_classes():
     that name must be what autok.Sync would read from the object."""
     model = nn.Linear(2, 2)
     for name, second in TRAIN_OPTIMIZERS.items():
-        assert divides_by_second_moment(build_optimizer(name, model, 0.1, 0.0, 0.0, False)) is second
+        built = build_optimizer(name, model, 0.1, 0.0, 0.0, False)
+        assert divides_by_second_moment(built) is second
 
 
 @pytest.mark.parametrize(
