@@ -674,22 +674,31 @@ def validated(settings: dict[str, Any], mean_of: str | None) -> TrainConfig:
 
 def started_elsewhere(run_dir: Path, run: Run) -> str | None:
     """Why a kept run whose run.yaml matches still does not stand for `run` (one line), or None:
-    both leave K to its default, and the K it started at (its config.json) is not the one these
-    settings start at now (exposed-sync's default start moved from 4 to 1: docs/policies.md)."""
-    if "sync_period" in run.settings or not (run_dir / "config.json").is_file():
+    both leave a setting whose default has moved to its default, and what it ran with (its
+    config.json) is not what these settings resolve to now: the K it started at (exposed-sync's
+    default start moved from 4 to 1: docs/policies.md), the K floor (from 1 to the optimizer's:
+    docs/design.md §6, "the floor"; a config.json without one ran with none, 1)."""
+    if not (run_dir / "config.json").is_file():
         return None
     try:
-        started = json.loads(_read_small(run_dir / "config.json"))["sync_period"]
-        now = validated(run.settings, run.mean_k_of).sync_period
-    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        config = json.loads(_read_small(run_dir / "config.json"))
+        now = validated(run.settings, run.mean_k_of)
+        started, floor = config["sync_period"], config.get("k_floor") or 1
+    except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # nothing to compare: the run.yaml check stands alone
-    if started == now:
-        return None
-    return (
-        f"--out: {run_dir} holds a run that started at K = {started}, these settings now start "
-        f"at K = {now} (the default changed); choose a new --out (a run there is kept, never "
-        "redone)"
-    )
+    if "sync_period" not in run.settings and started != now.sync_period:
+        return (
+            f"--out: {run_dir} holds a run that started at K = {started}, these settings now "
+            f"start at K = {now.sync_period} (the default changed); choose a new --out (a run "
+            "there is kept, never redone)"
+        )
+    if "k_floor" not in run.settings and floor != (now.k_floor or 1):
+        return (
+            f"--out: {run_dir} holds a run with K's floor at {floor}, these settings now keep "
+            f"it at {now.k_floor} (the default follows the optimizer now); choose a new --out "
+            "(a run there is kept, never redone)"
+        )
+    return None
 
 
 def made_elsewhere(run_dir: Path, finished: bool) -> str | None:

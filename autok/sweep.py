@@ -448,6 +448,28 @@ def k_start_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Di
     )
 
 
+FLOOR_ATTR = "k_floor_follows_optimizer"  # set on a study made since (docs/design.md §6)
+
+
+def k_floor_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Dim]) -> str | None:
+    """Why a study cannot be resumed by this version (the rest of one line), or None: it was made
+    when exposed-sync's and composite's K floor was 1 unless given, and some new trial could
+    run one of them under AdamW, whose floor is 2 now."""
+    if attrs.get(FLOOR_ATTR) is True:
+        return None
+    drawn = {d.name: d.choices for d in space}
+    if "k_floor" in fixed or "k_floor" in drawn:
+        return None  # every trial's floor is given
+    policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
+    optimizers = drawn.get("optimizer") or (fixed.get("optimizer", "sgd"),)
+    if not {"exposed-sync", "composite"} & set(policies) or "adamw" not in optimizers:
+        return None
+    return (
+        "was made when exposed-sync's K floor was 1 unless given; its new AdamW trials would "
+        "keep K at 2 or above beside its old ones at 1: choose a new --out, or give --k-floor 1"
+    )
+
+
 def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop) -> list[dict]:
     import optuna
 
@@ -497,8 +519,9 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     # A resumed study keeps its fixed part: trials under another would sit in one table, front
     # and best.yaml as if comparable. Only what does not touch a trial's result may change.
     given = {k: _plain(v) for k, v in fixed.items()}
-    if opts.resume and (why := k_start_problem(study.user_attrs, fixed, space)):
-        raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
+    for problem in (k_start_problem, k_floor_problem):
+        if opts.resume and (why := problem(study.user_attrs, fixed, space)):
+            raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
     here = environment()  # a trial's numbers depend on it (trainer/loop/environment.py)
     if opts.resume and (why := difference(study.user_attrs.get(ENVIRONMENT_ATTR), here)):
         raise ConfigError(
@@ -508,6 +531,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     if not opts.resume:
         study.set_user_attr("fixed", given)
         study.set_user_attr(K_START_ATTR, EXPOSED_SYNC_START)
+        study.set_user_attr(FLOOR_ATTR, True)
         study.set_user_attr(ENVIRONMENT_ATTR, here)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
         was_fixed, notes = _as_ran(was_fixed, space)
@@ -702,11 +726,13 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
             if best[d.name] is not None or d.name not in CONDITIONAL
         }
         config = {k: _plain(v) for k, v in trial_settings(fixed, drawn).items() if k != "out"}
-        # the K the trial started at, pinned: a default that moves would not rerun it (its
-        # settings ran, so they validate; kept as drawn if not)
+        # the K the trial started at and its floor, pinned: a default that moves would not
+        # rerun it (its settings ran, so they validate; kept as drawn if not)
         with contextlib.suppress(ConfigError):
-            k = load_config({}, {**config, "out": None}).sync_period
-            config.setdefault("sync_period", k)
+            ran = load_config({}, {**config, "out": None})
+            config.setdefault("sync_period", ran.sync_period)
+            if ran.k_floor is not None:
+                config.setdefault("k_floor", ran.k_floor)
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
             f"{best['peak_test_metric']:.4g}, {best['wall_seconds']:.1f} s of training\n"

@@ -128,3 +128,33 @@ def test_autok_sync_takes_the_floor_of_the_optimizer_it_is_given():
         assert out["adamw-start-1"] == (1, 1, 1, 1)
         assert out["adamw-given-1"] == (1, 1, 1, 1)
         assert out["adamw-fixed"] == (None, 4, 4, None)
+
+
+def _lan_adamw_run(out, *extra: str) -> tuple[str, dict, list[dict]]:
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "autok.cli", "train", "--workers", "2", "--epochs", "2"]
+    cmd += ["--mnist1d-samples", "500", "--no-progress", "--clock", "virtual"]
+    cmd += ["--compute-ms", "20", "--link", "lan", "--strategy", "cpdp", "--warmup-epochs", "0"]
+    cmd += ["--policy", "exposed-sync", "--optimizer", "adamw", "--lr", "0.003", *extra]
+    res = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    config = json.loads((out / "config.json").read_text())
+    records = [json.loads(line) for line in (out / "boundaries.jsonl").read_text().splitlines()]
+    return res.stderr + res.stdout, config, records
+
+
+def test_autok_train_under_adamw_keeps_k_at_2_records_it_and_says_so(tmp_path):
+    """End to end: an exposed-sync AdamW run on the LAN, where the link alone takes K to 1
+    (--k-floor 1 shows it), starts at 2 and stays there; config.json records the floor and the
+    first line names it."""
+    said, config, records = _lan_adamw_run(tmp_path / "default")
+    assert "cpdp/exposed-sync (K >= 2) on 2 workers" in said
+    assert (config["k_floor"], config["sync_period"]) == (2, 2)
+    assert records and {r["sync_period"] for r in records} == {2}
+    assert {r["next_sync_period"] for r in records} == {2}
+    said, config, records = _lan_adamw_run(tmp_path / "floor1", "--k-floor", "1")
+    assert "(K >=" not in said and config["k_floor"] == 1
+    assert {r["sync_period"] for r in records} == {1}

@@ -329,6 +329,33 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     check_run_dirs([given], tmp_path)
 
 
+def test_a_kept_run_with_another_default_floor_does_not_stand_for_this_one(tmp_path):
+    """Its run.yaml matches, but it left K's floor to a default that has since changed (1, now
+    the optimizer's: 2 under AdamW): the floor it ran with (config.json; none recorded: 1) is
+    compared too; under SGD the floor is 1 then and now."""
+    import json
+
+    from autok.config import ConfigError
+    from autok.experiment import Run, check_run_dirs
+
+    settings = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2, "workers": 2}
+    for optimizer, floor in (("sgd", 1), ("adamw", 2)):
+        run = Run("exposed-sync", 1, settings | {"optimizer": optimizer})
+        run_dir = tmp_path / optimizer / run.dir
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
+        (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
+        config = {**run.settings, "sync_period": floor}
+        (run_dir / "config.json").write_text(json.dumps(config))  # no floor recorded: 1
+        if floor == 1:
+            check_run_dirs([run], tmp_path / optimizer)
+            continue
+        with pytest.raises(ConfigError, match="K's floor at 1, these settings now keep it at 2"):
+            check_run_dirs([run], tmp_path / optimizer)
+        (run_dir / "config.json").write_text(json.dumps(config | {"k_floor": 2}))
+        check_run_dirs([run], tmp_path / optimizer)
+
+
 def test_a_kept_run_made_with_other_package_versions_does_not_stand_for_this_one(tmp_path):
     """On the virtual clock a run is a function of its seed and settings on one installation:
     a finished run whose summary.json records another environment (or none) is refused, in one

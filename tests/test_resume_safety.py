@@ -208,6 +208,28 @@ def test_a_run_saved_before_the_link_check_resumes_without_it(stopped_run, tmp_p
     assert resume_config(build_parser().parse_args(["train", "--resume", str(run)])).link_shift == 4
 
 
+def test_a_run_saved_before_the_optimizers_floor_resumes_with_the_floor_it_ran_with(
+    stopped_run, tmp_path
+):
+    """An exposed-sync AdamW run whose config.json has no k_floor (saved before K's floor was
+    a setting) ran with none: it resumes at floor 1, not AdamW's 2; one saved since keeps its
+    floor; a fixed run saved while the default was 1 resumes without it (it never read it)."""
+    from autok.cli import build_parser, resume_config
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k not in ("k_floor", "momentum", "nesterov")}
+    adamw = config | {"policy": "exposed-sync", "optimizer": "adamw", "sync_period": 4}
+    args = ["train", "--resume", str(run)]
+    (run / "config.json").write_text(json.dumps(adamw))
+    assert resume_config(build_parser().parse_args(args)).k_floor == 1
+    (run / "config.json").write_text(json.dumps(adamw | {"k_floor": 2}))
+    assert resume_config(build_parser().parse_args(args)).k_floor == 2
+    (run / "config.json").write_text(json.dumps(config | {"policy": "fixed", "k_floor": 1}))
+    assert resume_config(build_parser().parse_args(args)).k_floor is None
+
+
 def test_a_saved_config_is_made_to_run_as_it_ran_and_then_validates():
     """as_ran on configs saved before the refusals: each validates afterwards, with one note
     per change, a config that needs none is left as it was, and a qsr or composite policy

@@ -551,6 +551,24 @@ def test_a_study_made_when_exposed_sync_started_at_4_is_not_resumed_with_trials_
     assert k_start_problem(new, {}, policies) is None
 
 
+def test_a_study_made_when_the_floor_was_1_is_not_resumed_with_adamw_trials_at_2():
+    from autok.space import Dim
+    from autok.sweep import FLOOR_ATTR, k_floor_problem
+
+    old: dict = {"fixed": {}}  # a study made before the floor followed the optimizer
+    adamw = {"policy": "exposed-sync", "optimizer": "adamw"}
+    optimizers = [Dim("optimizer", "categorical", choices=("sgd", "adamw"))]
+    policies = [Dim("policy", "categorical", choices=("fixed", "composite"))]
+    assert "K floor was 1" in (k_floor_problem(old, adamw, []) or "")
+    assert "K floor was 1" in (k_floor_problem(old, {"policy": "exposed-sync"}, optimizers) or "")
+    assert "K floor was 1" in (k_floor_problem(old, {"optimizer": "adamw"}, policies) or "")
+    assert k_floor_problem(old, {"policy": "exposed-sync"}, []) is None  # SGD: 1 then and now
+    assert k_floor_problem(old, {"optimizer": "adamw"}, []) is None  # fixed reads no floor
+    assert k_floor_problem(old, adamw | {"k_floor": 1}, []) is None
+    assert k_floor_problem(old, adamw, [Dim("k_floor", "int", 1, 4)]) is None
+    assert k_floor_problem({FLOOR_ATTR: True}, adamw, []) is None
+
+
 @pytest.mark.timeout(900)
 def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path):
     """End to end: a space over the policy and exposed-sync's share, with a fixed share the

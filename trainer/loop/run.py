@@ -227,9 +227,11 @@ class Trainer:
         epoch = self.start_epoch
         self.wall0 = time.perf_counter()
         startup = time.time() - self.started
+        # a floor above 1 says so: chosen for the optimizer unless given (docs/design.md §6)
+        floor = f" (K >= {cfg.k_floor})" if (cfg.k_floor or 1) > 1 else ""
         self.log.info(
-            f"autok: training {cfg.strategy}/{cfg.policy} on {self.world_size} workers, link "
-            f"{cfg.link_name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
+            f"autok: training {cfg.strategy}/{cfg.policy}{floor} on {self.world_size} workers, "
+            f"link {cfg.link_name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
             f"{epoch + 1}-{cfg.epochs} of {self.steps_per_epoch} steps; start-up took "
             f"{startup:.1f} s (processes, data, model)"
         )
