@@ -32,9 +32,9 @@ from autok.trainer.engine.options import (
 )
 from autok.trainer.loop.data import DATASETS, class_labels
 from autok.trainer.loop.tasks import ACCURACY, Metric, TaskError, load_task, metric_of
+from autok.training_settings import DIVIDES_BY_SECOND_MOMENT, TrainingSettings
 from autok.training_settings import MAX_LOCAL_WORKERS as MAX_LOCAL_WORKERS
 from autok.training_settings import MILESTONES_MAX as MILESTONES_MAX
-from autok.training_settings import TrainingSettings
 from autok.training_settings import parse_milestones as parse_milestones
 
 __all__ = [
@@ -241,6 +241,10 @@ class TrainConfig(DataSettings, TrainingSettings, SyncSettings):
         if isinstance(v, (str, Path)) and "\0" in str(v):
             raise ValueError("the path contains a NUL byte")
         return v
+
+    def named_second_moment(self) -> bool | None:
+        """--optimizer's, so that config.json records the K floor it gives (k_floor.py)."""
+        return DIVIDES_BY_SECOND_MOMENT[self.optimizer]
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainConfig:

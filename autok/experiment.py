@@ -684,7 +684,7 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
         config = json.loads(_read_small(run_dir / "config.json"))
         now = validated(run.settings, run.mean_k_of)
         started, floor = config["sync_period"], config.get("k_floor") or 1
-    except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None  # nothing to compare: the run.yaml check stands alone
     if "sync_period" not in run.settings and started != now.sync_period:
         return (

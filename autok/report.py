@@ -864,8 +864,18 @@ def varied_settings(runs: list[RunResult]) -> list[str]:
         for k in keys
         if k not in NOT_AN_AXIS
         and not k.endswith(("_dir", "_path"))
-        and len({json.dumps(r.config.get(k), sort_keys=True, default=str) for r in runs}) > 1
+        and len({json.dumps(_as_read(k, r.config), sort_keys=True, default=str) for r in runs}) > 1
     ]
+
+
+# A setting whose unset value reads as a value: no K floor (a policy that keeps none) is 1, so
+# fixed K beside exposed-sync on SGD varies the policy, not the floor.
+UNSET_READS_AS = {"k_floor": 1}
+
+
+def _as_read(key: str, config: dict) -> object:
+    value = config.get(key)
+    return UNSET_READS_AS.get(key) if value is None else value
 
 
 def axis_title(varied: list[str]) -> str:

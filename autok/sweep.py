@@ -37,7 +37,9 @@ from autok.space import (
     trial_settings,
     unread_reason,
 )
+from autok.trainer.engine.k_floor import reads_floor
 from autok.trainer.loop.environment import difference, environment
+from autok.training_settings import DIVIDES_BY_SECOND_MOMENT
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
 
 # The task's metric (accuracy, or its own, e.g. perplexity) in its own direction.
@@ -462,11 +464,13 @@ def k_floor_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Di
         return None  # every trial's floor is given
     policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
     optimizers = drawn.get("optimizer") or (fixed.get("optimizer", "sgd"),)
-    if not {"exposed-sync", "composite"} & set(policies) or "adamw" not in optimizers:
+    if not any(isinstance(p, str) and reads_floor(p) for p in policies):
+        return None
+    if not any(DIVIDES_BY_SECOND_MOMENT.get(o) for o in optimizers if isinstance(o, str)):
         return None
     return (
         "was made when exposed-sync's K floor was 1 unless given; its new AdamW trials would "
-        "keep K at 2 or above beside its old ones at 1: choose a new --out, or give --k-floor 1"
+        "keep K at 2 or above beside its old ones at 1: choose a new --out"
     )
 
 

@@ -44,6 +44,12 @@ def parse_milestones(text: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+# Whether each --optimizer divides by a running second moment of the gradient (Adam's family),
+# which sets exposed-sync's K floor (trainer/engine/k_floor.py); tests/test_k_floor.py checks it
+# against the torch class autok train builds for each name.
+DIVIDES_BY_SECOND_MOMENT = {"sgd": False, "adamw": True}
+
+
 class TrainingSettings(BaseModel):
     """--workers, and the optimization group: --optimizer, --lr, ..., --lr-gamma."""
 

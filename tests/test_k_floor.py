@@ -9,8 +9,9 @@ from torch import nn
 
 import autok
 from autok.config import load_config
-from autok.trainer.engine.k_floor import TRAIN_OPTIMIZERS, default_floor
+from autok.trainer.engine.k_floor import default_floor
 from autok.trainer.engine.optim import SECOND_MOMENT, build_optimizer, divides_by_second_moment
+from autok.training_settings import DIVIDES_BY_SECOND_MOMENT
 from tests.dist import run_dist
 
 SECOND_MOMENT_STATE = {"exp_avg_sq", "square_avg", "sum", "exp_inf", "row_var", "variance"}
@@ -49,10 +50,14 @@ def test_the_family_is_every_torch_optimizer_that_keeps_a_second_moment():
 def test_autok_trains_named_optimizers_are_read_as_their_torch_classes():
     """TrainConfig resolves the floor from --optimizer's name; the class autok train builds for
     that name must be what autok.Sync would read from the object."""
+    from typing import get_args
+
     model = nn.Linear(2, 2)
-    for name, second in TRAIN_OPTIMIZERS.items():
+    names = get_args(load_config.__globals__["TrainConfig"].model_fields["optimizer"].annotation)
+    assert set(names) == set(DIVIDES_BY_SECOND_MOMENT)  # every choice has its answer
+    for name in names:
         built = build_optimizer(name, model, 0.1, 0.0, 0.0, False)
-        assert divides_by_second_moment(built) is second
+        assert divides_by_second_moment(built) is DIVIDES_BY_SECOND_MOMENT[name]
 
 
 @pytest.mark.parametrize(
@@ -60,7 +65,6 @@ def test_autok_trains_named_optimizers_are_read_as_their_torch_classes():
     [
         ({"optimizer": "adamw"}, 2, 2),  # the direct rule with lowering starts at the floor
         ({"optimizer": "sgd"}, 1, 1),
-        ({"optimizer": "adamw", "sync_period": 1}, 1, 1),  # told to start at 1: no floor above
         ({"optimizer": "adamw", "sync_period": 8}, 2, 8),
         ({"optimizer": "adamw", "max_sync_period": 1}, 1, 1),  # K may not reach 2
         ({"optimizer": "adamw", "k_floor": 1}, 1, 1),  # a floor given is kept
@@ -76,6 +80,17 @@ def test_autok_train_resolves_and_records_the_floor_of_its_optimizer(given, floo
     assert (again.k_floor, again.sync_period) == (floor, start)
 
 
+def test_a_start_given_under_the_optimizers_floor_is_refused_naming_both_ways_out():
+    from autok.config import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        load_config({}, {"policy": "exposed-sync", "optimizer": "adamw", "sync_period": 1})
+    said = str(exc.value)
+    assert said.startswith("--sync-period: 1 is under the K floor 2") and "--k-floor 1" in said
+    given = {"policy": "exposed-sync", "optimizer": "adamw", "sync_period": 1, "k_floor": 1}
+    assert load_config({}, given).sync_period == 1
+
+
 def test_a_policy_that_reads_no_floor_resolves_none():
     cfg = load_config({}, {"policy": "fixed", "strategy": "cpdp", "optimizer": "adamw"})
     assert cfg.k_floor is None and cfg.sync_period == 4
@@ -83,12 +98,10 @@ def test_a_policy_that_reads_no_floor_resolves_none():
     assert composite.k_floor == 2
 
 
-def test_default_floor_fits_what_the_run_was_told():
-    assert default_floor(False, None, 64) == 1
-    assert default_floor(True, None, 64) == 2
-    assert default_floor(True, 1, 64) == 1
-    assert default_floor(True, 6, 64) == 2
-    assert default_floor(True, None, 1) == 1
+def test_default_floor_fits_under_the_cap():
+    assert default_floor(False, 64) == 1
+    assert default_floor(True, 64) == 2
+    assert default_floor(True, 1) == 1
 
 
 class _MyAdam(torch.optim.Adam):
@@ -102,7 +115,7 @@ def _library_worker(rank, world):
         "adamw": (lambda p: torch.optim.AdamW(p, lr=0.01), {}),
         "rmsprop": (lambda p: torch.optim.RMSprop(p, lr=0.01), {}),
         "subclass": (lambda p: _MyAdam(p, lr=0.01), {}),
-        "adamw-start-1": (lambda p: torch.optim.AdamW(p, lr=0.01), {"sync_period": 1}),
+        "adamw-start-4": (lambda p: torch.optim.AdamW(p, lr=0.01), {"sync_period": 4}),
         "adamw-given-1": (lambda p: torch.optim.AdamW(p, lr=0.01), {"k_floor": 1}),
         "adamw-fixed": (lambda p: torch.optim.AdamW(p, lr=0.01), {"policy": "fixed"}),
     }
@@ -114,6 +127,13 @@ def _library_worker(rank, world):
         floor = getattr(sync.controller, "k_floor", None)
         out[name] = (sync.options.k_floor, sync.options.sync_period, sync.sync_period, floor)
         sync.close()
+    model = nn.Linear(4, 1)
+    try:
+        autok.Sync(
+            model, torch.optim.AdamW(model.parameters()), policy="exposed-sync", sync_period=1
+        )
+    except autok.OptionError as exc:
+        out["refused"] = str(exc)
     return out
 
 
@@ -125,7 +145,8 @@ def test_autok_sync_takes_the_floor_of_the_optimizer_it_is_given():
         assert out["adamw"] == (2, 2, 2, 2)
         assert out["rmsprop"] == (2, 2, 2, 2)
         assert out["subclass"] == (2, 2, 2, 2)
-        assert out["adamw-start-1"] == (1, 1, 1, 1)
+        assert out["adamw-start-4"] == (2, 4, 4, 2)  # a start given is kept
+        assert out["refused"].startswith("--sync-period: 1 is under the K floor 2"), out
         assert out["adamw-given-1"] == (1, 1, 1, 1)
         assert out["adamw-fixed"] == (None, 4, 4, None)
 
@@ -158,3 +179,37 @@ def test_autok_train_under_adamw_keeps_k_at_2_records_it_and_says_so(tmp_path):
     said, config, records = _lan_adamw_run(tmp_path / "floor1", "--k-floor", "1")
     assert "(K >=" not in said and config["k_floor"] == 1
     assert {r["sync_period"] for r in records} == {1}
+
+
+def _state_worker(rank, world):
+    """A state saved under SGD (floor 1), loaded into an AdamW Sync (floor 2) and into one given
+    k_floor=1; and the same state with no floor recorded (saved before it was)."""
+    out = {}
+    model = nn.Linear(4, 1)
+    sgd = autok.Sync(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="exposed-sync")
+    state = sgd.state_dict()
+    sgd.close()
+    old = {**state, "kind": {k: v for k, v in state["kind"].items() if k != "k_floor"}}
+    for name, kw, saved in (
+        ("adamw", {}, state),
+        ("adamw-old", {}, old),
+        ("adamw-floor-1", {"k_floor": 1}, old),
+    ):
+        model = nn.Linear(4, 1)
+        opt = torch.optim.AdamW(model.parameters())
+        sync = autok.Sync(model, opt, policy="exposed-sync", **kw)
+        try:
+            sync.load_state_dict(saved)
+            out[name] = "loaded"
+        except autok.OptionError as exc:
+            out[name] = str(exc)
+        sync.close()
+    return out
+
+
+@pytest.mark.dist
+def test_a_saved_state_resumes_only_under_the_floor_it_ran_with():
+    for out in run_dist(_state_worker, 2):
+        assert out["adamw"] == "load_state_dict: saved with k_floor 1; this Sync has 2", out
+        assert out["adamw-old"] == out["adamw"]  # none recorded: it ran with none (1)
+        assert out["adamw-floor-1"] == "loaded"

@@ -917,3 +917,36 @@ def test_a_report_says_when_its_runs_were_made_in_more_than_one_installation(tmp
         (d / "summary.json").write_text(json.dumps(summary))
     assert installations(collect(tmp_path)) is None
     assert "environment" in NOT_AN_AXIS
+
+
+def test_no_k_floor_reads_as_a_floor_of_1_in_the_grids_axes():
+    """A fixed K (no floor: null in config.json) beside exposed-sync on SGD (floor 1) varies
+    the policy, not the floor; a floor of 2 beside 1 is an axis."""
+    from types import SimpleNamespace
+
+    from autok.report import varied_settings
+
+    def run(**config):
+        return SimpleNamespace(config=config)
+
+    fixed, sgd = run(policy="fixed", k_floor=None), run(policy="exposed-sync", k_floor=1)
+    assert varied_settings([fixed, sgd]) == ["policy"]
+    adamw = run(policy="exposed-sync", k_floor=2)
+    assert varied_settings([fixed, sgd, adamw]) == ["policy", "k_floor"]
+
+
+def test_a_kept_runs_deeply_nested_config_json_is_no_traceback(tmp_path):
+    """A config.json of nested lists under the small-file cap (RecursionError in json) leaves the
+    floor and start checks nothing to compare: the run.yaml check stands alone."""
+    import json
+
+    from autok.experiment import Run, started_elsewhere
+
+    settings = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2, "workers": 2}
+    run = Run("exposed-sync", 1, settings)
+    run_dir = tmp_path / run.dir
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("[" * 2000 + "]" * 2000)
+    assert started_elsewhere(run_dir, run) is None
+    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 1}))
+    assert started_elsewhere(run_dir, run) is None

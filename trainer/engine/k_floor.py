@@ -6,56 +6,68 @@ K = 1, the averaged gradient: on W ranks 1/W of a local gradient's variance. Whe
 its local steps divide by a moment too small for them, for as long as the moment takes to catch
 up (about 1/(1 - β2) steps: 1000 under AdamW's default, in a GPT run of 180). So under it K
 stays at 2 or above unless told otherwise; under any other optimizer (SGD) the floor is 1.
-`autok train` names its optimizer (--optimizer), so its config resolves the floor and records
-it; `autok.Sync` resolves it from the optimizer it is given (`with_optimizer_floor`). A floor
-given is kept as given. Torch-free: the CLI's settings import this before torch.
+`autok train` names its optimizer (TrainConfig's `named_second_moment`), so its config resolves
+the floor and records it; `autok.Sync` resolves it from the optimizer it is given
+(`with_optimizer_floor`). A floor given is kept as given; a --sync-period given under the
+optimizer's floor is refused (starting at K = 1 is the phase the floor is there to avoid), not
+met by a lower floor. Torch-free: the CLI's settings import this before torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autok.controllers import READS as POLICY_READS
 
 if TYPE_CHECKING:
     from autok.trainer.engine.options import SyncOptions
 
-FAMILY_FLOOR = 2  # measured: docs/controller-panel/gpt-floor-check/, optimizer-floor-check/
-# `autok train`'s --optimizer choices: whether each divides by a second moment (its torch class
-# is checked against torch's family by tests/test_k_floor.py)
-TRAIN_OPTIMIZERS = {"sgd": False, "adamw": True}
+FAMILY_FLOOR = 2  # judged: docs/controller-panel/gpt-floor-check/ (with --link-shift 3)
+SECOND_MOMENT = "second_moment"  # the validation context's key: the optimizer `Sync` was given
 
 
-def default_floor(second_moment: bool, start: int | None, cap: int) -> int:
-    """The floor under an optimizer that does (or does not) divide by a second moment: 2, or
-    less where the run is told to start below it (--sync-period 1) or K may not reach it (a
-    cap of 1): a floor the run could not keep would refuse a run nobody asked a floor of."""
-    if not second_moment:
-        return 1
-    return min(FAMILY_FLOOR, cap, FAMILY_FLOOR if start is None else start)
+def reads_floor(policy: str) -> bool:
+    """Whether `policy` keeps a K floor (exposed-sync, composite)."""
+    return "k_floor" in POLICY_READS.get(policy, ())
 
 
-def resolve_named(opts: SyncOptions) -> None:
-    """In the options' validator, before the start K is derived: the floor of the optimizer
-    the settings name (TrainConfig's --optimizer), where the policy reads a floor and none is
-    given. SyncOptions names none: `autok.Sync` resolves it (with_optimizer_floor)."""
-    named: Any = getattr(opts, "optimizer", None)
-    if opts.k_floor is None and "k_floor" in POLICY_READS[opts.policy] and named is not None:
-        opts.k_floor = default_floor(
-            TRAIN_OPTIMIZERS[named], opts.sync_period, opts.max_sync_period
+def default_floor(second_moment: bool, cap: int) -> int:
+    """The floor under an optimizer that does (or does not) divide by a second moment: 2, or 1
+    where K may not exceed 1 (a cap of 1 leaves nothing to choose)."""
+    return min(FAMILY_FLOOR, cap) if second_moment else 1
+
+
+def resolve_floor(opts: SyncOptions, second_moment: bool | None) -> None:
+    """In the options' validator, before the start K is derived: the optimizer's floor, where
+    the policy reads a floor, none is given and the optimizer is known (None: not yet; autok.Sync
+    validates again with it). A --sync-period given under it is refused in one line."""
+    if opts.k_floor is not None or not reads_floor(opts.policy) or second_moment is None:
+        return
+    floor = default_floor(second_moment, opts.max_sync_period)
+    if opts.sync_period is not None and opts.sync_period < floor:
+        raise ValueError(
+            f"--sync-period: {opts.sync_period} is under the K floor {floor} that {opts.policy} "
+            'keeps under Adam\'s family (docs/design.md §6, "the floor"); give --k-floor 1 to '
+            f"start at {opts.sync_period}, or a --sync-period of {floor} or more"
         )
+    opts.k_floor = floor
 
 
 def with_optimizer_floor(opts: SyncOptions, second_moment: bool) -> SyncOptions:
-    """The options with the floor of the optimizer `Sync` was given, validated again (the start
-    K follows the floor where it was not given); the options as they are where the policy reads
-    no floor or one is set."""
-    if opts.k_floor is not None or "k_floor" not in POLICY_READS[opts.policy]:
+    """The options validated again with the floor of the optimizer `Sync` was given (the start
+    K derived again where it was not given); the options as they are where the policy reads no
+    floor or one is set."""
+    from pydantic import ValidationError
+
+    from autok.trainer.engine.options import OptionError, describe  # (it imports this module)
+
+    if opts.k_floor is not None or not reads_floor(opts.policy):
         return opts
-    start = opts.given_sync_period
-    data = opts.model_dump() | {"sync_period": start}
-    data["k_floor"] = default_floor(second_moment, start, opts.max_sync_period)
-    return type(opts).model_validate(data)
+    data = opts.model_dump() | {"sync_period": opts._given_start}  # (its pair: options.py)
+    try:
+        return type(opts).model_validate(data, context={SECOND_MOMENT: second_moment})
+    except ValidationError as exc:  # a --sync-period given under the floor
+        raise OptionError(describe(exc, type(opts))) from None
 
 
 def check_floor(opts: SyncOptions) -> None:

@@ -16,7 +16,15 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
 from autok.controllers import READS as POLICY_READS
@@ -31,7 +39,7 @@ from autok.trainer.engine.about import ReadOnlyUnder, about, about_of
 from autok.trainer.engine.boundary_settings import ACCUMULATION_MAX as ACCUMULATION_MAX
 from autok.trainer.engine.boundary_settings import BoundarySettings
 from autok.trainer.engine.fragment_settings import FragmentSettings
-from autok.trainer.engine.k_floor import check_floor, resolve_named
+from autok.trainer.engine.k_floor import SECOND_MOMENT, check_floor, resolve_floor
 from autok.trainer.engine.link import PROFILES, parse_schedule
 from autok.trainer.engine.link_settings import MODEL_BYTES_MAX as MODEL_BYTES_MAX
 from autok.trainer.engine.link_settings import LinkSettings
@@ -247,7 +255,7 @@ class SyncOptions(
     reported, config.json's keys)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
-    # --sync-period as given (None where derived): autok.Sync derives it again with its floor
+    # --sync-period as given (None: derived), for autok.Sync's floor (trainer/engine/k_floor.py)
     _given_start: int | None = PrivateAttr(None)
 
     # --- its own: the seed, then the divergence guard (after every inherited field)
@@ -291,7 +299,7 @@ class SyncOptions(
         return data
 
     @model_validator(mode="after")
-    def _sync_cross_field(self) -> SyncOptions:
+    def _sync_cross_field(self, info: ValidationInfo) -> SyncOptions:
         if self.link not in PROFILES:
             raise ValueError(f"--link: unknown {self.link!r}; choose from {list(PROFILES)}")
         if self.link_schedule is not None:
@@ -328,7 +336,8 @@ class SyncOptions(
         self._check_skew_strong()
         self._check_k_schedule()
         self._given_start = self.sync_period
-        resolve_named(self)  # the named optimizer's floor, before K's start (k_floor.py)
+        # K's floor, before K's start: the optimizer's (k_floor.py), autok.Sync's or the named
+        resolve_floor(self, (info.context or {}).get(SECOND_MOMENT, self.named_second_moment()))
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
         self._check_outer()
@@ -613,10 +622,14 @@ class SyncOptions(
         if self.outer_momentum is None:
             self.outer_momentum = DEFAULT_MOMENTUM[kind]
 
-    @property
-    def given_sync_period(self) -> int | None:
-        """--sync-period as given, None where the run derived it (k_floor.py reads it)."""
-        return self._given_start
+    def named_second_moment(self) -> bool | None:
+        """Whether the optimizer these settings name divides by a second moment (k_floor.py);
+        None: they name none (autok.Sync is given it). TrainConfig names --optimizer."""
+        return None
+
+    def __eq__(self, other: object) -> bool:
+        """Equal settings: the same fields (how --sync-period got its value is not a setting)."""
+        return type(other) is type(self) and self.model_dump() == other.model_dump()
 
     def policy_options(self, peak_lr: float) -> PolicyOptions:
         """Every PolicyOptions field is the setting of the same name; the peak LR is given."""

@@ -127,6 +127,8 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         # strided lays θ_ref, the velocity and the residuals out fragment by fragment
         "fragment_by": sync.options.fragment_by,
         "clock": sync.options.clock,  # a virtual time line continues only a virtual one
+        # the K floor (none: 1), which under Adam's family moved from 1 to 2 (k_floor.py)
+        "k_floor": sync.options.k_floor or 1,
     }
 
 
@@ -172,4 +174,4 @@ def foreign(sync: Sync, state: Any) -> str | None:
 
 
 # What a state saved before a key of `engine_kind` existed had: the only value there was then.
-KIND_BEFORE = {"fragment_by": "element"}
+KIND_BEFORE = {"fragment_by": "element", "k_floor": 1}
