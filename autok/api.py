@@ -38,7 +38,9 @@ from torch import nn
 
 from autok.config import SyncSettings
 from autok.trainer.engine.handoff import hand
+from autok.trainer.engine.k_floor import with_optimizer_floor
 from autok.trainer.engine.observer import BaseObserver, Observer, StepInfo
+from autok.trainer.engine.optim import divides_by_second_moment
 from autok.trainer.engine.options import OptionError, SyncOptions, check_ddp_kwargs, sync_options
 from autok.trainer.engine.outer import OuterFactory, TorchOuter
 from autok.trainer.engine.state_check import BadState
@@ -90,6 +92,8 @@ class Sync(_Engine):
                 raise OptionError(f"device: {device!r} is not a device torch knows") from None
         _check_arguments(model, device, out_dir, observers)
         _check_optimizer(model, optimizer)
+        # K's floor, the optimizer's where none is given, before anything is made (out_dir)
+        settings = with_optimizer_floor(settings, divides_by_second_moment(optimizer))
         ddp_kwargs = check_ddp_kwargs(ddp_kwargs, settings.strategy, settings.accumulation_steps)
         _check_service(settings, model, device, out_dir, peak_lr)
         # built (the factory called, its result checked) before DDP: use_outer adopts it

@@ -460,8 +460,11 @@ def k_floor_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Di
     if attrs.get(FLOOR_ATTR) is True:
         return None
     drawn = {d.name: d.choices for d in space}
-    if "k_floor" in fixed or "k_floor" in drawn:
-        return None  # every trial's floor is given
+    given = fixed.get("k_floor") is not None or (
+        "k_floor" in drawn and None not in (drawn["k_floor"] or ())
+    )
+    if given or fixed.get("max_sync_period") == 1:
+        return None  # every trial's floor is given, or K is 1 whatever the optimizer
     policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
     optimizers = drawn.get("optimizer") or (fixed.get("optimizer", "sgd"),)
     if not any(isinstance(p, str) and reads_floor(p) for p in policies):

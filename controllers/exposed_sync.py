@@ -17,9 +17,10 @@ from that boundary's measured times, rather than a window at the starting K), th
 window when K* is more than `margin` away (hysteresis), up or down, so a new link is met in one
 window rather than log2 of the gap. With `lower` (the default) K may fall to 1 (or `k_floor`), a
 fast link's best K in the panel; without it, not below the starting K (the floor). Unless told
-otherwise it starts at K = 1 (trainer/engine/options.py): the first boundary is then one step,
-and where K = 1 is best the run is K = 1's bit for bit. Started at 4, its first four steps alone
-made the panel's straggler runs cross the target at 0.71-1.15x fixed K = 1's time, seed by seed.
+otherwise it starts at its floor, K = 1 under SGD (trainer/engine/options.py): the first boundary
+is then one step, and where K = 1 is best the run is K = 1's bit for bit. Started at 4, its first
+four steps alone made the panel's straggler runs cross the target at 0.71-1.15x fixed K = 1's
+time, seed by seed.
 
 `rule="double"` steps instead: f > target: K ← min(K·growth, ceiling); f ≤ target: hold, or with
 `lower`, K ← K/growth when even that keeps the share well under target (predicted f(K/g) <
@@ -96,7 +97,7 @@ iid in some seeds (1.32 against the 1.4 threshold on seed 79), so K rose past th
 best fixed K's time against 0.83 with the check off; on flip-wan it gained (1.15 against 1.21),
 on the GPT's flip-link it was neutral (docs/controller-panel/link-follow-check/).
 
-The guard stays silent on a window whose boundaries were all at K <= `k_floor` (1 by default:
+The guard stays silent on a window whose boundaries were all at K <= `k_floor` (at 1:
 synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
 would only have held K there for `cooldown` rounds against the link (a non-finite loss still
 fires it). It reads the K in force, not steps per boundary: with F fragments at K = F a boundary
@@ -110,11 +111,12 @@ quarter of a local gradient's variance on 4 ranks. When K then rises, the local 
 √v that is too small, and with β2 = 0.999 v needs about a thousand steps to catch up: on the
 GPT workload (AdamW, 180 steps) K raised from 1 to 15 at step 60 ended at validation loss 2.83,
 from 2 or 4 at 2.55 and 2.69, and with β2 = 0.95 from 1 at 2.55 (docs/controller-panel/
-gpt-floor-check/experiment.yaml). `k_floor` (1 by default) is the lowest K the controller chooses,
-whatever chose it (lowering, a back-off, a cap, composite's too, a rollback's halving); under the
-direct rule with lowering the run starts there too, and where K would start at 4 it starts at the
-floor if that is higher. Warmup, where the engine forces K = 1, is the one exception. 2 keeps v
-measured on local gradients where K may rise later.
+gpt-floor-check/experiment.yaml). `k_floor` (1 here; autok's settings make it 2 under Adam's
+family: trainer/engine/k_floor.py) is the lowest K the controller chooses, whatever chose it
+(lowering, a back-off, a cap, composite's too, a rollback's halving); under the direct rule with
+lowering the run starts there too, and where K would start at 4 it starts at the floor if that is
+higher. Warmup, where the engine forces K = 1, is the one exception. 2 keeps v measured on local
+gradients where K may rise later.
 
 With `--fragments F` a boundary syncs one fragment; the windows, the first estimate and the
 cooldown count rounds (`BoundaryStats.closes_round`: F fragment boundaries, or a whole-model

@@ -3,6 +3,8 @@ docs/design.md §6, "the floor")."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -108,7 +110,7 @@ class _MyAdam(torch.optim.Adam):
     """A user's subclass: still of the family."""
 
 
-def _library_worker(rank, world):
+def _library_worker(rank, world, tmp):
     out = {}
     cases = {
         "sgd": (lambda p: torch.optim.SGD(p, lr=0.1), {}),
@@ -128,25 +130,36 @@ def _library_worker(rank, world):
         out[name] = (sync.options.k_floor, sync.options.sync_period, sync.sync_period, floor)
         sync.close()
     model = nn.Linear(4, 1)
+    made = Path(tmp) / "never"
     try:
-        autok.Sync(
-            model, torch.optim.AdamW(model.parameters()), policy="exposed-sync", sync_period=1
-        )
+        adamw = torch.optim.AdamW(model.parameters())
+        autok.Sync(model, adamw, policy="exposed-sync", sync_period=1, out_dir=made)
     except autok.OptionError as exc:
         out["refused"] = str(exc)
+    out["made"] = made.exists()  # refused before anything was written
+    # the engine's own options= path: a start set on a copy is kept, as given
+    from autok.trainer.engine.options import SyncOptions
+    from autok.trainer.engine.sync import Sync as Engine
+
+    copied = SyncOptions(policy="exposed-sync").model_copy(update={"sync_period": 8})
+    engine = Engine(model, torch.optim.AdamW(model.parameters()), options=copied)
+    out["copied"] = (engine.options.k_floor, engine.sync_period)
+    engine.close()
     return out
 
 
 @pytest.mark.dist
-def test_autok_sync_takes_the_floor_of_the_optimizer_it_is_given():
+def test_autok_sync_takes_the_floor_of_the_optimizer_it_is_given(tmp_path):
     """(options' floor, options' start, the K the Sync starts at, the controller's floor)."""
-    for out in run_dist(_library_worker, 2):
+    for out in run_dist(_library_worker, 2, str(tmp_path)):
         assert out["sgd"] == (1, 1, 1, 1)
         assert out["adamw"] == (2, 2, 2, 2)
         assert out["rmsprop"] == (2, 2, 2, 2)
         assert out["subclass"] == (2, 2, 2, 2)
         assert out["adamw-start-4"] == (2, 4, 4, 2)  # a start given is kept
         assert out["refused"].startswith("--sync-period: 1 is under the K floor 2"), out
+        assert out["made"] is False
+        assert out["copied"] == (2, 8)
         assert out["adamw-given-1"] == (1, 1, 1, 1)
         assert out["adamw-fixed"] == (None, 4, 4, None)
 
@@ -179,6 +192,11 @@ def test_autok_train_under_adamw_keeps_k_at_2_records_it_and_says_so(tmp_path):
     said, config, records = _lan_adamw_run(tmp_path / "floor1", "--k-floor", "1")
     assert "(K >=" not in said and config["k_floor"] == 1
     assert {r["sync_period"] for r in records} == {1}
+    # warmup forces K = 1 whatever the floor, and the first line says so
+    said, config, records = _lan_adamw_run(tmp_path / "warmup", "--warmup-epochs", "1")
+    assert "cpdp/exposed-sync (K >= 2 after warmup's K = 1) on 2 workers" in said
+    assert {r["sync_period"] for r in records if r["epoch"] == 0} == {1}
+    assert {r["sync_period"] for r in records if r["epoch"] == 1} == {2}
 
 
 def _state_worker(rank, world):
@@ -210,6 +228,7 @@ def _state_worker(rank, world):
 @pytest.mark.dist
 def test_a_saved_state_resumes_only_under_the_floor_it_ran_with():
     for out in run_dist(_state_worker, 2):
-        assert out["adamw"] == "load_state_dict: saved with k_floor 1; this Sync has 2", out
+        said = "load_state_dict: saved with k_floor 1; this Sync has 2 (pass k_floor=1 to "
+        assert out["adamw"] == said + "continue it)", out
         assert out["adamw-old"] == out["adamw"]  # none recorded: it ran with none (1)
         assert out["adamw-floor-1"] == "loaded"

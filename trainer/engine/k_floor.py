@@ -15,13 +15,14 @@ met by a lower floor. Torch-free: the CLI's settings import this before torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from autok.controllers import READS as POLICY_READS
 
 if TYPE_CHECKING:
     from autok.trainer.engine.options import SyncOptions
 
+Options = TypeVar("Options", bound="SyncOptions")  # autok.Sync's own settings subclass them
 FAMILY_FLOOR = 2  # judged: docs/controller-panel/gpt-floor-check/ (with --link-shift 3)
 SECOND_MOMENT = "second_moment"  # the validation context's key: the optimizer `Sync` was given
 
@@ -53,7 +54,7 @@ def resolve_floor(opts: SyncOptions, second_moment: bool | None) -> None:
     opts.k_floor = floor
 
 
-def with_optimizer_floor(opts: SyncOptions, second_moment: bool) -> SyncOptions:
+def with_optimizer_floor(opts: Options, second_moment: bool) -> Options:
     """The options validated again with the floor of the optimizer `Sync` was given (the start
     K derived again where it was not given); the options as they are where the policy reads no
     floor or one is set."""
@@ -63,7 +64,12 @@ def with_optimizer_floor(opts: SyncOptions, second_moment: bool) -> SyncOptions:
 
     if opts.k_floor is not None or not reads_floor(opts.policy):
         return opts
-    data = opts.model_dump() | {"sync_period": opts._given_start}  # (its pair: options.py)
+    # given where the validator saw it given, or where it differs from what the options derive
+    # (set on a copy or by assignment since: options.py's record is of the validation)
+    start = opts._given_start  # (its pair: options.py)
+    if start is None and opts.sync_period != opts._default_sync_period():
+        start = opts.sync_period
+    data = opts.model_dump() | {"sync_period": start}
     try:
         return type(opts).model_validate(data, context={SECOND_MOMENT: second_moment})
     except ValidationError as exc:  # a --sync-period given under the floor

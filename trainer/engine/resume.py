@@ -169,7 +169,8 @@ def foreign(sync: Sync, state: Any) -> str | None:
         for k, v in mine.items():
             saved = kind.get(k, KIND_BEFORE.get(k, v))
             if saved != v:
-                return f"saved with {k} {saved!r}; this Sync has {v!r}"
+                hint = f" (pass k_floor={saved} to continue it)" if k == "k_floor" else ""
+                return f"saved with {k} {saved!r}; this Sync has {v!r}{hint}"
     return None
 
 

@@ -229,6 +229,8 @@ class Trainer:
         startup = time.time() - self.started
         # a floor above 1 says so: chosen for the optimizer unless given (docs/design.md §6)
         floor = f" (K >= {cfg.k_floor})" if (cfg.k_floor or 1) > 1 else ""
+        if floor and epoch < cfg.warmup_epochs:  # warmup forces K = 1 (docs/design.md §6)
+            floor = f" (K >= {cfg.k_floor} after warmup's K = 1)"
         self.log.info(
             f"autok: training {cfg.strategy}/{cfg.policy}{floor} on {self.world_size} workers, "
             f"link {cfg.link_name}, {cfg.task or f'{cfg.dataset}/{cfg.model}'}: epochs "
