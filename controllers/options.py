@@ -129,9 +129,9 @@ class PolicySettings(BaseModel):
         le=K_MAX,
         description="exposed-sync/composite: the lowest K it chooses (lowering, a back-off, a "
         "cap; warmup's K = 1 aside) and the lowest it starts at (the floor under the direct "
-        "rule with lowering, else max(4, floor)) (default: the optimizer's: 2 under Adam's "
-        "family, which divides by a second moment of the gradient (AdamW, Adam, RMSprop, ...), "
-        "where 2 fits under --sync-period and --max-sync-period; else 1)",
+        "rule with lowering, else max(4, floor)); a --sync-period under it is refused "
+        "(default: the optimizer's: 2 under Adam's family, which divides by a second moment of "
+        "the gradient (AdamW, Adam, RMSprop, ...), unless --max-sync-period is 1; else 1)",
         json_schema_extra=about(too_high=K_REASON),
     )
     guard_cooldown: int = Field(

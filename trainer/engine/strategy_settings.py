@@ -40,9 +40,10 @@ class StrategySettings(BaseModel):
         None,
         ge=1,
         le=K_MAX,
-        description="K, optimizer steps between boundaries (default: 4; 1 on ddp and under "
-        "exposed-sync's direct rule with lowering, which sets K from its first boundary; "
-        "--k-schedule's first K under scheduled; never under --k-floor)",
+        description="K, optimizer steps between boundaries (default: 4; 1 on ddp; under "
+        "exposed-sync's direct rule with lowering, which sets K from its first boundary, its "
+        "--k-floor (1; 2 under Adam's family); --k-schedule's first K under scheduled; never "
+        "under --k-floor)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
     # listed first of its group, before the policies' own options (inherited: earlier fields)
