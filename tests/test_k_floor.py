@@ -93,6 +93,14 @@ def test_a_start_given_under_the_optimizers_floor_is_refused_naming_both_ways_ou
     assert load_config({}, given).sync_period == 1
 
 
+def test_under_ddp_the_policy_is_refused_before_any_floor():
+    from autok.config import ConfigError
+
+    given = {"strategy": "ddp", "policy": "exposed-sync", "optimizer": "adamw", "sync_period": 1}
+    with pytest.raises(ConfigError, match="^--policy: ddp keeps K=1"):
+        load_config({}, given)
+
+
 def test_a_policy_that_reads_no_floor_resolves_none():
     cfg = load_config({}, {"policy": "fixed", "strategy": "cpdp", "optimizer": "adamw"})
     assert cfg.k_floor is None and cfg.sync_period == 4

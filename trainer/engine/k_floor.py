@@ -44,6 +44,8 @@ def resolve_floor(opts: SyncOptions, second_moment: bool | None) -> None:
     validates again with it). A --sync-period given under it is refused in one line."""
     if opts.k_floor is not None or not reads_floor(opts.policy) or second_moment is None:
         return
+    if opts.strategy == "ddp":  # K is 1 there, and an adaptive policy is refused for it first
+        return
     floor = default_floor(second_moment, opts.max_sync_period)
     if opts.sync_period is not None and opts.sync_period < floor:
         raise ValueError(
@@ -65,7 +67,8 @@ def with_optimizer_floor(opts: Options, second_moment: bool) -> Options:
     if opts.k_floor is not None or not reads_floor(opts.policy):
         return opts
     # given where the validator saw it given, or where it differs from what the options derive
-    # (set on a copy or by assignment since: options.py's record is of the validation)
+    # (set on a copy or by assignment since: options.py's record is of the validation; a start
+    # set so to the very K they derive reads as derived, and follows the floor)
     start = opts._given_start  # (its pair: options.py)
     if start is None and opts.sync_period != opts._default_sync_period():
         start = opts.sync_period
