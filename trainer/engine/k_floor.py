@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 Options = TypeVar("Options", bound="SyncOptions")  # autok.Sync's own settings subclass them
 FAMILY_FLOOR = 2  # judged: docs/controller-panel/gpt-floor-check/ (with --link-shift 3)
-SECOND_MOMENT = "second_moment"  # the validation context's key: the optimizer `Sync` was given
+SECOND_MOMENT_KEY = "second_moment"  # the validation context's key: the optimizer Sync was given
 
 
 def reads_floor(policy: str) -> bool:
@@ -74,7 +74,7 @@ def with_optimizer_floor(opts: Options, second_moment: bool) -> Options:
         start = opts.sync_period
     data = opts.model_dump() | {"sync_period": start}
     try:
-        return type(opts).model_validate(data, context={SECOND_MOMENT: second_moment})
+        return type(opts).model_validate(data, context={SECOND_MOMENT_KEY: second_moment})
     except ValidationError as exc:  # a --sync-period given under the floor
         raise OptionError(describe(exc, type(opts))) from None
 

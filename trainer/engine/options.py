@@ -39,7 +39,7 @@ from autok.trainer.engine.about import ReadOnlyUnder, about, about_of
 from autok.trainer.engine.boundary_settings import ACCUMULATION_MAX as ACCUMULATION_MAX
 from autok.trainer.engine.boundary_settings import BoundarySettings
 from autok.trainer.engine.fragment_settings import FragmentSettings
-from autok.trainer.engine.k_floor import SECOND_MOMENT, check_floor, resolve_floor
+from autok.trainer.engine.k_floor import SECOND_MOMENT_KEY, check_floor, resolve_floor
 from autok.trainer.engine.link import PROFILES, parse_schedule
 from autok.trainer.engine.link_settings import MODEL_BYTES_MAX as MODEL_BYTES_MAX
 from autok.trainer.engine.link_settings import LinkSettings
@@ -337,7 +337,7 @@ class SyncOptions(
         self._check_k_schedule()
         self._given_start = self.sync_period
         # K's floor, before K's start: the optimizer's (k_floor.py), autok.Sync's or the named
-        resolve_floor(self, (info.context or {}).get(SECOND_MOMENT, self.named_second_moment()))
+        resolve_floor(self, (info.context or {}).get(SECOND_MOMENT_KEY, self.named_second_moment()))
         if self.sync_period is None:
             self.sync_period = self._default_sync_period()
         self._check_outer()
