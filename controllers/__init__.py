@@ -42,6 +42,7 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_cap=o.skew_cap,
         skew_strong=o.skew_strong,
         link_shift=o.link_shift,
+        link_drop=o.link_drop,
         k_floor=o.k_floor or 1,  # None: not resolved (no optimizer named): no floor
     )
 
@@ -85,6 +86,7 @@ _SHARE_READS = frozenset(
         "skew_cap",
         "skew_strong",
         "link_shift",
+        "link_drop",
         "k_floor",
     }
 )

@@ -97,6 +97,17 @@ iid in some seeds (1.32 against the 1.4 threshold on seed 79), so K rose past th
 best fixed K's time against 0.83 with the check off; on flip-wan it gained (1.15 against 1.21),
 on the GPT's flip-link it was neutral (docs/controller-panel/link-follow-check/).
 
+A faster link (`link_drop`; autok's settings make it 3): the check's downward half alone. A link
+that got faster is met SHIFT_ROUNDS rounds after it changes, and a slower one a window after, as
+without the check. The two directions differ in what a late answer costs: a K kept too small on a
+link that slowed costs time, and the panel's flip-link lost its win where K met the WAN sooner
+(above); a K kept too large on a link that got faster buys nothing (the sync it saves is nearly
+free there) and costs quality: on the GPT flip-link regime (AdamW) K = 15 ran the whole last LAN
+phase, where K = 2 is best, and seed 83 ended 0.01 over the target it missed; with the check on
+both ways it reached it (docs/design.md §6, "a faster link"). On the wall clock the caveat above
+holds for this half too: a K lowered by more than `link_drop` can close the next window two rounds
+into the new K, from those rounds, which measure the new K's own share.
+
 The guard stays silent on a window whose boundaries were all at K <= `k_floor` (at 1:
 synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
 would only have held K there for `cooldown` rounds against the link (a non-finite loss still
@@ -364,6 +375,9 @@ class ExposedSyncController:
     # a round whose network time is over this many times the window's level (or under the
     # level divided by it), SHIFT_ROUNDS in a row, closes the window from those rounds (0: off)
     link_shift: float = 0.0
+    # the faster-link half of `link_shift` alone: rounds under the level divided by this close
+    # the window early (0: off; with both, the smaller ratio reads a faster link)
+    link_drop: float = 0.0
     _win: _Window = field(default_factory=_Window)
     _round: _Window = field(default_factory=_Window)  # the round being closed (fragments)
     _shifted: _Window = field(default_factory=_Window)  # rounds in a row off the window's level
@@ -598,21 +612,23 @@ class ExposedSyncController:
         self._shifted = _Window()
 
     def _take_round(self, needed: int) -> str | None:
-        """The round just closed joins the window, or, where its network time is off the
-        window's level by more than `link_shift`, the rounds held apart; SHIFT_ROUNDS of those
+        """The round just closed joins the window, or, where its network time is over the
+        window's level by more than `link_shift` or under it by more than the smaller of
+        `link_shift` and `link_drop` (those set), the rounds held apart; SHIFT_ROUNDS of those
         in a row in one direction are a changed link: what that says, else None. A round back
         at the level (or off it the other way) puts the ones held apart back in the window's
         sums (not its level), which then hold what they would have without this check."""
         rnd, self._round = self._round.closed(), _Window()
         level = self._win.level() if self._win.per_round else self._level
-        if self.link_shift <= 0 or not level or needed <= SHIFT_ROUNDS:
+        drop = min((r for r in (self.link_shift, self.link_drop) if r > 0), default=0.0)
+        if drop <= 0 or not level or needed <= SHIFT_ROUNDS:
             # off, nothing to compare with (no level, or none: sync all hidden), or a window
             # this short, which the check would not close sooner; any held rounds rejoin it
             self._rejoin()
             self._win.merge(rnd)
             return None
-        up = rnd.network > level * self.link_shift
-        down = rnd.network * self.link_shift < level
+        up = self.link_shift > 0 and rnd.network > level * self.link_shift
+        down = rnd.network * drop < level
         if (not up and not down) or (self._shifted.rounds and up != self._shift_up):
             self._rejoin()
             if not up and not down:

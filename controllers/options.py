@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.config import JsonDict
 
 from autok.controllers.exposed_sync import GRADE_WINDOWS, SHIFT_ROUNDS
@@ -122,6 +122,18 @@ class PolicySettings(BaseModel):
         "ordinary jitter reads as a change)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
+    # its faster-link half alone, on by default: a K too large for a fast link buys no time
+    # and costs quality (controllers/exposed_sync.py, "a faster link"; docs/design.md §6)
+    link_drop: float = Field(
+        3.0,
+        ge=0.0,
+        le=1e6,
+        description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
+        "is under the window's level (its median) divided by this end the window there: a "
+        "faster link is met two rounds after it changes (a slower one after --sync-window "
+        "rounds, unless --link-shift); 0: off",
+        json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
+    )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
     k_floor: int | None = Field(
         None,
@@ -187,13 +199,13 @@ class PolicySettings(BaseModel):
         json_schema_extra=about(),
     )
 
-    @field_validator("link_shift")
+    @field_validator("link_shift", "link_drop")
     @classmethod
-    def _off_or_above_one(cls, ratio: float) -> float:
+    def _off_or_above_one(cls, ratio: float, info: ValidationInfo) -> float:
         if 0 < ratio <= 1:
             raise ValueError(
-                f"--link-shift: {ratio:g} would read every round as a changed link; give a "
-                "ratio above 1 (3: the default) or 0 (off)"
+                f"--{str(info.field_name).replace('_', '-')}: {ratio:g} would read every round "
+                "as a changed link; give a ratio above 1 (3: the ratio measured) or 0 (off)"
             )
         return ratio
 
