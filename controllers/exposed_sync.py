@@ -619,7 +619,7 @@ class ExposedSyncController:
         at the level (or off it the other way) puts the ones held apart back in the window's
         sums (not its level), which then hold what they would have without this check."""
         rnd, self._round = self._round.closed(), _Window()
-        level = self._win.level() if self._win.per_round else self._level
+        level = self._level_now()
         drop = min((r for r in (self.link_shift, self.link_drop) if r > 0), default=0.0)
         if drop <= 0 or not level or needed <= SHIFT_ROUNDS:
             # off, nothing to compare with (no level, or none: sync all hidden), or a window
@@ -643,6 +643,18 @@ class ExposedSyncController:
             f"link changed: network {now * 1e3:.3g} ms a round over {self._shifted.rounds} "
             f"rounds, {level * 1e3:.3g} ms before"
         )
+
+    def _level_now(self) -> float | None:
+        """The level a closed round is compared with. With `link_shift` a round off it either
+        way is held apart, so the window's rounds are at its level: their median (the last
+        decision's level before the first). With `link_drop` alone a slower round joins the
+        window, and a spike that opens one would set its level, so that the rounds after it
+        read as a faster link: the last decision's level votes with the window's rounds, and
+        the lower median of them is the level (one spike, or half the rounds, cannot lift it)."""
+        if self.link_shift > 0:
+            return self._win.level() if self._win.per_round else self._level
+        rounds = self._win.per_round + ([self._level] if self._level else [])
+        return statistics.median_low(rounds) if rounds else None
 
     def set_sync_period(self, k: int, was: int | None = None) -> None:
         """Move to K from `was` (default: the K in force); a raise by more than the margin
