@@ -35,10 +35,10 @@ from autok.config import (
     load_config,
     read_yaml,
 )
+from autok.controllers import ran_before
 from autok.extras import require, require_run, require_storage
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
 from autok.trainer.engine.clock import CLOCKS
-from autok.trainer.engine.k_floor import reads_floor
 from autok.trainer.engine.options import GROUPS
 
 if TYPE_CHECKING:
@@ -366,10 +366,9 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
     from autok.space import as_ran
 
     saved, notes = as_ran(saved)
-    # saved before K's floor was a setting: it ran with none (docs/design.md §6, "the floor")
-    policy = saved.get("policy")
-    if "k_floor" not in saved and isinstance(policy, str) and reads_floor(policy):
-        saved["k_floor"] = 1
+    # saved before K's floor or the faster-link check were settings: it ran without them
+    # (docs/design.md §6, "the floor", "a faster link")
+    saved.update(ran_before(saved.get("policy"), saved))
     # --task is the command line's, already checked to be the run's own
     if changed := sorted(set(given) - RESUME_MAY_CHANGE - {"resume", "task"}):
         raise ConfigError(

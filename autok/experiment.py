@@ -46,6 +46,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
+from autok.controllers import RAN_BEFORE, READS
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
@@ -677,13 +678,15 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
     both leave a setting whose default has moved to its default, and what it ran with (its
     config.json) is not what these settings resolve to now: the K it started at (exposed-sync's
     default start moved from 4 to 1: docs/policies.md), the K floor (from 1 to the optimizer's:
-    docs/design.md §6, "the floor"; a config.json without one ran with none, 1)."""
+    docs/design.md §6, "the floor"; a config.json without one ran with none, 1), the faster-link
+    check (from off to 3: docs/design.md §6, "a faster link"; without one it ran off)."""
     if not (run_dir / "config.json").is_file():
         return None
     try:
         config = json.loads(_read_small(run_dir / "config.json"))
         now = validated(run.settings, run.mean_k_of)
         started, floor = config["sync_period"], config.get("k_floor") or 1
+        drop = config.get("link_drop", RAN_BEFORE["link_drop"])
     except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None  # nothing to compare: the run.yaml check stands alone
     if "sync_period" not in run.settings and started != now.sync_period:
@@ -697,6 +700,14 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
             f"--out: {run_dir} holds a run with K's floor at {floor}, these settings now keep "
             f"it at {now.k_floor} (the default follows the optimizer now); choose a new --out "
             "(a run there is kept, never redone)"
+        )
+    reads_drop = "link_drop" in READS.get(now.policy, ())
+    if "link_drop" not in run.settings and reads_drop and drop != now.link_drop:
+        shown = f"{drop:g}" if isinstance(drop, int | float) else repr(drop)
+        return (
+            f"--out: {run_dir} holds a run with --link-drop {shown}, these settings now run "
+            f"{now.link_drop:g} (the default changed); choose a new --out (a run there is kept, "
+            "never redone)"
         )
     return None
 

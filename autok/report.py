@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from autok.controllers import RAN_BEFORE, READS
 from autok.trainer.engine.clock import training_seconds
 from autok.trainer.engine.link import exposed_wait
 
@@ -868,14 +869,17 @@ def varied_settings(runs: list[RunResult]) -> list[str]:
     ]
 
 
-# A setting whose unset value reads as a value: no K floor (a policy that keeps none) is 1, so
-# fixed K beside exposed-sync on SGD varies the policy, not the floor.
-UNSET_READS_AS = {"k_floor": 1}
-
-
 def _as_read(key: str, config: dict) -> object:
+    """A setting as the run used it. An option whose default moved (RAN_BEFORE) reads, where the
+    run's policy does not read it or its config.json predates it, as what such a run ran with: no
+    K floor is 1 and no faster-link check 0, so fixed K beside exposed-sync on SGD varies the
+    policy, and runs made before and after the move vary only where the policy read it."""
     value = config.get(key)
-    return UNSET_READS_AS.get(key) if value is None else value
+    if key in RAN_BEFORE and (
+        value is None or key not in READS.get(str(config.get("policy")), frozenset())
+    ):
+        return RAN_BEFORE[key]
+    return value
 
 
 def axis_title(varied: list[str]) -> str:

@@ -24,6 +24,7 @@ from urllib.parse import unquote
 import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
+from autok.controllers import READS
 from autok.pareto import pareto_front, plot_front
 from autok.space import (
     CONDITIONAL,
@@ -477,6 +478,28 @@ def k_floor_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Di
     )
 
 
+DROP_ATTR = "link_drop_on"  # set on a study made since (docs/design.md §6, "a faster link")
+
+
+def link_drop_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Dim]) -> str | None:
+    """Why a study cannot be resumed by this version (the rest of one line), or None: it was made
+    when exposed-sync and composite met a faster link after a whole window (--link-drop 0) unless
+    told, and some new trial could run one of them with the check on (3 now)."""
+    if attrs.get(DROP_ATTR) is True:
+        return None
+    drawn = {d.name: d.choices for d in space}
+    if fixed.get("link_drop") is not None or "link_drop" in drawn:
+        return None  # every trial's check is given, or drawn with the study
+    policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
+    if not any(isinstance(p, str) and "link_drop" in READS.get(p, ()) for p in policies):
+        return None
+    return (
+        "was made when exposed-sync met a faster link after a whole window unless told; its new "
+        "trials would meet it in two rounds (--link-drop 3) beside its old ones: choose a new "
+        "--out"
+    )
+
+
 def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop) -> list[dict]:
     import optuna
 
@@ -526,7 +549,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     # A resumed study keeps its fixed part: trials under another would sit in one table, front
     # and best.yaml as if comparable. Only what does not touch a trial's result may change.
     given = {k: _plain(v) for k, v in fixed.items()}
-    for problem in (k_start_problem, k_floor_problem):
+    for problem in (k_start_problem, k_floor_problem, link_drop_problem):
         if opts.resume and (why := problem(study.user_attrs, fixed, space)):
             raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
     here = environment()  # a trial's numbers depend on it (trainer/loop/environment.py)
@@ -539,6 +562,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         study.set_user_attr("fixed", given)
         study.set_user_attr(K_START_ATTR, EXPOSED_SYNC_START)
         study.set_user_attr(FLOOR_ATTR, True)
+        study.set_user_attr(DROP_ATTR, True)
         study.set_user_attr(ENVIRONMENT_ATTR, here)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
         was_fixed, notes = _as_ran(was_fixed, space)
@@ -733,13 +757,15 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
             if best[d.name] is not None or d.name not in CONDITIONAL
         }
         config = {k: _plain(v) for k, v in trial_settings(fixed, drawn).items() if k != "out"}
-        # the K the trial started at and its floor, pinned: a default that moves would not
-        # rerun it (its settings ran, so they validate; kept as drawn if not)
+        # the K the trial started at, its floor and its faster-link check, pinned: a default
+        # that moves would not rerun it (its settings ran, so they validate; kept as drawn if not)
         with contextlib.suppress(ConfigError):
             ran = load_config({}, {**config, "out": None})
             config.setdefault("sync_period", ran.sync_period)
             if ran.k_floor is not None:
                 config.setdefault("k_floor", ran.k_floor)
+            if "link_drop" in READS.get(ran.policy, ()):
+                config.setdefault("link_drop", ran.link_drop)
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "
             f"{best['peak_test_metric']:.4g}, {best['wall_seconds']:.1f} s of training\n"

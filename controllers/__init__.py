@@ -147,6 +147,19 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
     name: policy.build for name, policy in POLICIES.items()
 }
 READS: dict[str, frozenset[str]] = {name: policy.reads for name, policy in POLICIES.items()}
+# K-policy options whose default moved, and what a run saved before each was a setting ran with:
+# no floor (1), a faster link met after a whole window (0). Read where the run's policy reads the
+# option: a saved config.json resumed, a kept experiment run, a resumed sweep, an engine state.
+RAN_BEFORE: dict[str, float] = {"k_floor": 1, "link_drop": 0.0}
+
+
+def ran_before(policy: object, saved: dict) -> dict[str, float]:
+    """The options of RAN_BEFORE a run of `policy` read but `saved` (its settings) lacks, with
+    the values it ran with."""
+    reads = READS.get(policy, frozenset()) if isinstance(policy, str) else frozenset()
+    return {k: v for k, v in RAN_BEFORE.items() if k in reads and k not in saved}
+
+
 # A bound on K under every policy: `fixed` does not read it, but its K is checked against it
 # where it is given (a fixed K above 64 has always been given with it raised), so it is never
 # refused as unread.
@@ -167,6 +180,7 @@ __all__ = [
     "CAPS",
     "POLICIES",
     "POLICY_OPTIONS",
+    "RAN_BEFORE",
     "READS",
     "REGISTRY",
     "RUN_OPTIONS",
@@ -176,5 +190,6 @@ __all__ = [
     "PolicyOptions",
     "PolicySettings",
     "SyncDecision",
+    "ran_before",
     "build_controller",
 ]

@@ -299,7 +299,8 @@ def _window(saved: dict[str, Any]) -> _Window:
     """A saved window; one saved before windows counted rounds had a round per boundary."""
     # one saved before windows kept their largest K: unknown, so the guard judges it as before
     w = _Window(**{"rounds": saved.get("n", 0), "top": 2**31, **saved})
-    w.per_round = [float(x) for x in w.per_round]
+    # each a round's network seconds, the level a faster or slower link is read against
+    w.per_round = [_saved_number({"per_round": x}, "per_round") or 0.0 for x in w.per_round]
     return w
 
 
@@ -375,8 +376,8 @@ class ExposedSyncController:
     # a round whose network time is over this many times the window's level (or under the
     # level divided by it), SHIFT_ROUNDS in a row, closes the window from those rounds (0: off)
     link_shift: float = 0.0
-    # the faster-link half of `link_shift` alone: rounds under the level divided by this close
-    # the window early (0: off; with both, the smaller ratio reads a faster link)
+    # a faster link: rounds under the level divided by this close the window early (0: off,
+    # or `link_shift` reads both ways)
     link_drop: float = 0.0
     _win: _Window = field(default_factory=_Window)
     _round: _Window = field(default_factory=_Window)  # the round being closed (fragments)
@@ -613,17 +614,23 @@ class ExposedSyncController:
 
     def _take_round(self, needed: int) -> str | None:
         """The round just closed joins the window, or, where its network time is over the
-        window's level by more than `link_shift` or under it by more than the smaller of
-        `link_shift` and `link_drop` (those set), the rounds held apart; SHIFT_ROUNDS of those
+        window's level by more than `link_shift` or under it by more than `link_drop` (by
+        `link_shift` where `link_drop` is 0), the rounds held apart; SHIFT_ROUNDS of those
         in a row in one direction are a changed link: what that says, else None. A round back
         at the level (or off it the other way) puts the ones held apart back in the window's
         sums (not its level), which then hold what they would have without this check."""
         rnd, self._round = self._round.closed(), _Window()
         level = self._level_now()
-        drop = min((r for r in (self.link_shift, self.link_drop) if r > 0), default=0.0)
-        if drop <= 0 or not level or needed <= SHIFT_ROUNDS:
-            # off, nothing to compare with (no level, or none: sync all hidden), or a window
-            # this short, which the check would not close sooner; any held rounds rejoin it
+        drop = self.link_drop if self.link_drop > 0 else self.link_shift
+        if (
+            drop <= 0
+            or not level
+            or needed <= SHIFT_ROUNDS
+            or not math.isfinite(rnd.exposed - rnd.peer)
+        ):
+            # off, nothing to compare with (no level, or none: sync all hidden), a window this
+            # short, which the check would not close sooner, or a round without a measured time
+            # (read as no network time, it is no faster link); any held rounds rejoin it
             self._rejoin()
             self._win.merge(rnd)
             return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from autok.controllers.exposed_sync import GRADE_WINDOWS, SHIFT_ROUNDS
@@ -116,10 +116,11 @@ class PolicySettings(BaseModel):
         ge=0.0,
         le=1e6,
         description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
-        "is over this many times the window's level (its median), or under the level divided "
-        "by it, end the window there: a changed link is met two rounds after it changes rather "
-        "than after --sync-window rounds (0, the default: off; 3 is the ratio measured; near 1 "
-        "ordinary jitter reads as a change)",
+        "is over this many times the window's level (its median) end the window there: a "
+        "slower link is met two rounds after it changes rather than after --sync-window "
+        "rounds; a faster one likewise under the level divided by --link-drop (by this where "
+        "--link-drop is 0) (0, the default: off; 3 is the ratio measured; near 1 ordinary "
+        "jitter reads as a change)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # its faster-link half alone, on by default: a K too large for a fast link buys no time
@@ -129,9 +130,10 @@ class PolicySettings(BaseModel):
         ge=0.0,
         le=1e6,
         description=f"exposed-sync/composite: {SHIFT_ROUNDS} rounds in a row whose network time "
-        "is under the window's level (its median) divided by this end the window there: a "
-        "faster link is met two rounds after it changes (a slower one after --sync-window "
-        "rounds, unless --link-shift); 0: off",
+        "is under the window's level (the lower median of its rounds and the last decision's "
+        "level; with --link-shift, its median) divided by this end the window there: a faster "
+        "link is met two rounds after it changes, a slower one after --sync-window rounds "
+        "unless --link-shift (0: off)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
@@ -203,11 +205,31 @@ class PolicySettings(BaseModel):
     @classmethod
     def _off_or_above_one(cls, ratio: float, info: ValidationInfo) -> float:
         if 0 < ratio <= 1:
+            name = str(info.field_name)
+            kind = "a faster link" if name == "link_drop" else "a changed link"
             raise ValueError(
-                f"--{str(info.field_name).replace('_', '-')}: {ratio:g} would read every round "
-                "as a changed link; give a ratio above 1 (3: the ratio measured) or 0 (off)"
+                f"--{name.replace('_', '-')}: {ratio:g} would read every round as {kind}; give "
+                "a ratio above 1 (3: the ratio measured) or 0 (off)"
             )
         return ratio
+
+    @model_validator(mode="after")
+    def _checked_where_it_acts(self) -> PolicySettings:
+        """A changed link closes a window early: one of SHIFT_ROUNDS rounds or fewer closes no
+        later, so a --link-shift (or a --link-drop other than its default) given with it would
+        change nothing."""
+        default_drop = type(self).model_fields["link_drop"].default
+        for name, given in (
+            ("link_shift", self.link_shift > 0),
+            ("link_drop", self.link_drop > 0 and self.link_drop != default_drop),
+        ):
+            if given and self.sync_window <= SHIFT_ROUNDS:
+                opt = f"--{name.replace('_', '-')}"
+                raise ValueError(
+                    f"{opt}: a window of --sync-window {self.sync_window} rounds closes no later "
+                    f"than the check ({SHIFT_ROUNDS} rounds); drop {opt} or widen the window"
+                )
+        return self
 
     @field_validator("k_schedule")
     @classmethod

@@ -485,6 +485,24 @@ TRAIN = [
         ("--link-shift", "--policy fixed does not read it"),
         id="link-shift-unread-by-fixed",
     ),
+    # a faster link's check: a ratio above 1, or 0 (off)
+    R(
+        ["train", "--policy", "exposed-sync", "--link-drop", "1", "--out", "{out}"],
+        ("--link-drop: 1 would read every round as a faster link",),
+        id="link-drop-at-most-one",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--link-drop", "5", "--sync-window", "2", "--out",
+         "{out}"],
+        ("--link-drop: a window of --sync-window 2 rounds closes no later than the check",),
+        id="link-drop-with-a-short-window",
+    ),  # fmt: skip
+    R(["train", "--policy", "composite", "--link-drop", "-1", "--out", "{out}"], "--link-drop"),
+    R(
+        ["train", "--link-drop", "2", "--out", "{out}"],
+        ("--link-drop", "--policy fixed does not read it"),
+        id="link-drop-unread-by-fixed",
+    ),
     # the policy's floor: a K the run may start at and reach
     R(
         [

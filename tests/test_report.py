@@ -319,9 +319,10 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
     (run_dir / "run.yaml").write_text(yaml.safe_dump(settings))
-    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 1}))
+    now = {**settings, "link_drop": 3.0}  # what a config.json made now records
+    (run_dir / "config.json").write_text(json.dumps({**now, "sync_period": 1}))
     check_run_dirs([run], tmp_path)  # started where these settings start
-    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 4}))
+    (run_dir / "config.json").write_text(json.dumps({**now, "sync_period": 4}))
     with pytest.raises(ConfigError, match="started at K = 4, these settings now start at K = 1"):
         check_run_dirs([run], tmp_path)
     given = Run("exposed-sync", 1, {**settings, "sync_period": 4})  # K given: run.yaml says it
@@ -345,7 +346,7 @@ def test_a_kept_run_with_another_default_floor_does_not_stand_for_this_one(tmp_p
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
         (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
-        config = {**run.settings, "sync_period": floor}
+        config = {**run.settings, "sync_period": floor, "link_drop": 3.0}
         (run_dir / "config.json").write_text(json.dumps(config))  # no floor recorded: 1
         if floor == 1:
             check_run_dirs([run], tmp_path / optimizer)
@@ -948,5 +949,7 @@ def test_a_kept_runs_deeply_nested_config_json_is_no_traceback(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text("[" * 2000 + "]" * 2000)
     assert started_elsewhere(run_dir, run) is None
-    (run_dir / "config.json").write_text(json.dumps({**settings, "sync_period": 1}))
+    (run_dir / "config.json").write_text(
+        json.dumps({**settings, "sync_period": 1, "link_drop": 3.0})
+    )
     assert started_elsewhere(run_dir, run) is None

@@ -604,6 +604,9 @@ def test_a_sweep_over_policies_runs_every_trial_and_its_best_yaml_runs(tmp_path)
     assert best == {k: ran[k] for k in best} and {"policy", "workers"} <= set(best), best
     assert ("k_growth" in best) == (best["policy"] == "exposed-sync"), best
     assert best["sync_period"] == ran["sync_period"]  # pinned: the K its trial started at
+    # and the faster-link check it ran with, where its policy read one
+    assert ("link_drop" in best) == (best["policy"] == "exposed-sync"), best
+    assert best.get("link_drop", ran["link_drop"]) == ran["link_drop"] == 3.0
     load_config({}, {**best, "out": None})  # a run: raises if not
 
 

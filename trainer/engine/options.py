@@ -29,7 +29,6 @@ from pydantic import (
 from autok.controllers import CAPS, POLICY_OPTIONS, PolicyOptions, PolicySettings
 from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
-from autok.controllers.exposed_sync import SHIFT_ROUNDS
 from autok.controllers.options import COUNT_MAX as COUNT_MAX
 from autok.controllers.options import K_MAX as K_MAX
 from autok.controllers.scheduled import parse_k_schedule
@@ -353,7 +352,6 @@ class SyncOptions(
             if self.policy != "fixed":
                 raise ValueError("--policy: ddp keeps K=1; adaptive policies need localsgd/cpdp")
         check_floor(self)
-        self._check_link_shift()
         if self.compress != "none" and self.strategy == "ddp":
             raise ValueError(
                 "--compress: ddp's gradient AllReduce is not compressed; use localsgd or cpdp"
@@ -418,16 +416,6 @@ class SyncOptions(
             raise ValueError(
                 f"--skew-strong: strong skew halves --skew-cap's scale, and --skew-cap "
                 f"{self.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
-            )
-
-    def _check_link_shift(self) -> None:
-        """A changed link closes a window early: one of SHIFT_ROUNDS rounds or fewer closes no
-        later, so a --link-shift given with it would change nothing."""
-        if self.link_shift > 0 and self.sync_window <= SHIFT_ROUNDS:
-            raise ValueError(
-                f"--link-shift: a window of --sync-window {self.sync_window} rounds closes no "
-                f"later than the check ({SHIFT_ROUNDS} rounds); drop --link-shift or widen the "
-                "window"
             )
 
     def _check_k_schedule(self) -> None:

@@ -6,9 +6,11 @@ and `Sync._check_state` stay methods, which autok.Sync extends."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from autok.controllers import RAN_BEFORE, READS
 from autok.trainer.engine.boundary_form import BOUNDARY_FORMS, boundary_form, restore_boundary_form
 from autok.trainer.engine.in_flight import InFlight
 from autok.trainer.engine.loss_sum import LossSum
@@ -129,6 +131,9 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         "clock": sync.options.clock,  # a virtual time line continues only a virtual one
         # the K floor (none: 1), which under Adam's family moved from 1 to 2 (k_floor.py)
         "k_floor": sync.options.k_floor or 1,
+        # the faster-link check, moved from off to 3 (docs/design.md §6, "a faster link"); a
+        # policy that does not read it records it off, as every state saved before it did
+        "link_drop": sync.options.link_drop if "link_drop" in READS[sync.options.policy] else 0.0,
     }
 
 
@@ -168,11 +173,18 @@ def foreign(sync: Sync, state: Any) -> str | None:
         mine = sync._kind()
         for k, v in mine.items():
             saved = kind.get(k, KIND_BEFORE.get(k, v))
+            if k in RAN_BEFORE and not _ratio(saved):
+                return f"saved with {k} {saved!r}, not a number >= 0: not a state autok saved"
             if saved != v:
-                hint = f" (pass k_floor={saved} to continue it)" if k == "k_floor" else ""
+                hint = f" (pass {k}={saved} to continue it)" if k in RAN_BEFORE else ""
                 return f"saved with {k} {saved!r}; this Sync has {v!r}{hint}"
     return None
 
 
+def _ratio(x: object) -> bool:
+    """A finite number >= 0 (not a bool): what a K floor or a link ratio was saved as."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
+
+
 # What a state saved before a key of `engine_kind` existed had: the only value there was then.
-KIND_BEFORE = {"fragment_by": "element", "k_floor": 1}
+KIND_BEFORE = {"fragment_by": "element", **RAN_BEFORE}
