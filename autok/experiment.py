@@ -46,7 +46,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
-from autok.controllers import RAN_BEFORE, READS
+from autok.controllers import RAN_BEFORE, READS, read_drop
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
@@ -686,7 +686,7 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
         config = json.loads(_read_small(run_dir / "config.json"))
         now = validated(run.settings, run.mean_k_of)
         started, floor = config["sync_period"], config.get("k_floor") or 1
-        drop = config.get("link_drop", RAN_BEFORE["link_drop"])
+        drop = read_drop(config.get("link_drop", RAN_BEFORE["link_drop"]), config)
     except (ConfigError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None  # nothing to compare: the run.yaml check stands alone
     if "sync_period" not in run.settings and started != now.sync_period:
@@ -702,12 +702,13 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
             "(a run there is kept, never redone)"
         )
     reads_drop = "link_drop" in READS.get(now.policy, ())
-    if "link_drop" not in run.settings and reads_drop and drop != now.link_drop:
+    now_drop = read_drop(now.link_drop, {"link_shift": now.link_shift})
+    if "link_drop" not in run.settings and reads_drop and drop != now_drop:
         shown = f"{drop:g}" if isinstance(drop, int | float) else repr(drop)
         return (
-            f"--out: {run_dir} holds a run with --link-drop {shown}, these settings now run "
-            f"{now.link_drop:g} (the default changed); choose a new --out (a run there is kept, "
-            "never redone)"
+            f"--out: {run_dir} holds a run that read a faster link at {shown}, these settings "
+            f"now at {now_drop:g} (--link-drop's default changed); choose a new --out (a run "
+            "there is kept, never redone)"
         )
     return None
 

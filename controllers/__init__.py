@@ -160,6 +160,17 @@ def ran_before(policy: object, saved: dict) -> dict[str, float]:
     return {k: v for k, v in RAN_BEFORE.items() if k in reads and k not in saved}
 
 
+def read_drop(link_drop: object, config: dict) -> object:
+    """The ratio a run read a faster link at: its `link_drop`, or where that is 0 its
+    `link_shift` (docs/design.md §6, "a faster link"): a run saved with `--link-shift 3` before
+    `--link-drop` existed read it as `--link-drop 3` does. A value that is not a number is
+    returned as it is (it matches no ratio)."""
+    shift = config.get("link_shift", 0.0)
+    if link_drop == 0 and isinstance(shift, int | float) and not isinstance(shift, bool):
+        return float(shift)
+    return link_drop
+
+
 # A bound on K under every policy: `fixed` does not read it, but its K is checked against it
 # where it is given (a fixed K above 64 has always been given with it raised), so it is never
 # refused as unread.
@@ -191,5 +202,6 @@ __all__ = [
     "PolicySettings",
     "SyncDecision",
     "ran_before",
+    "read_drop",
     "build_controller",
 ]

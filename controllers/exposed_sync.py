@@ -79,8 +79,9 @@ a mix of both links and met a window later, and at K = 15 a window of 4 rounds i
 whole of the GPT flip-link regime's last LAN phase (K stayed 15 there). Each closed round's
 network time is compared with the window's level, the median of its rounds so far (after a
 decision, the median of the window that made it): a round more than `link_shift` times above it,
-or below it by that factor, is held apart, and SHIFT_ROUNDS such rounds in a row, one way, are a
-changed link: the window closes there, from those rounds alone (its reason says "link changed").
+or below it by `link_drop` (by `link_shift` where that is 0), is held apart, and SHIFT_ROUNDS
+such rounds in a row, one way, are a changed link: the window closes there, from those rounds
+alone (its reason says "link changed").
 A round back at the level (or off it the other way) puts the held rounds into the window's sums
 (not into its level: one spike does not move a median), so where no two rounds in a row leave the
 level the decisions are the ones the check off would make, but that a window holds `window`
@@ -237,8 +238,9 @@ GUARD_MIN_STEPS = 32
 GRADE_WINDOWS = 3
 STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
 # A changed link is read from this many rounds in a row whose network time is off the window's
-# level by more than `link_shift` in the same direction (docs/design.md §6, "a changed link"):
-# one round alone may be a spike of the network, which the window averages over as before
+# level, in the same direction, by more than `link_shift` (slower) or `link_drop` (faster)
+# (docs/design.md §6, "a changed link", "a faster link"): one round alone may be a spike of the
+# network, which the window averages over as before
 SHIFT_ROUNDS = 2
 
 
@@ -299,9 +301,18 @@ def _window(saved: dict[str, Any]) -> _Window:
     """A saved window; one saved before windows counted rounds had a round per boundary."""
     # one saved before windows kept their largest K: unknown, so the guard judges it as before
     w = _Window(**{"rounds": saved.get("n", 0), "top": 2**31, **saved})
-    # each a round's network seconds, the level a faster or slower link is read against
-    w.per_round = [_saved_number({"per_round": x}, "per_round") or 0.0 for x in w.per_round]
+    # each a round's network seconds, the level a faster or slower link is read against (inf:
+    # a round of an unbounded time, which states saved before the check could hold)
+    w.per_round = [_round_seconds(x) for x in w.per_round]
     return w
+
+
+def _round_seconds(x: object) -> float:
+    """A saved round's network seconds: a number >= 0 (inf allowed), else a ValueError."""
+    seconds = _saved_number({"per_round": x}, "per_round", inf=True)
+    if seconds is None:
+        raise ValueError("exposed-sync state: per_round must be a number >= 0, not None")
+    return seconds
 
 
 def _saved_number(state: dict[str, Any], key: str, *, inf: bool = False) -> float | None:
@@ -374,7 +385,8 @@ class ExposedSyncController:
     link_k: float | None = None  # the link's K* from the last window (inf: sync was all of it)
     rebaseline: bool = False  # a raise since the guard last judged: its loss is the new level
     # a round whose network time is over this many times the window's level (or under the
-    # level divided by it), SHIFT_ROUNDS in a row, closes the window from those rounds (0: off)
+    # level divided by it where `link_drop` is 0), SHIFT_ROUNDS in a row, closes the window from
+    # those rounds (0: off)
     link_shift: float = 0.0
     # a faster link: rounds under the level divided by this close the window early (0: off,
     # or `link_shift` reads both ways)
@@ -622,12 +634,10 @@ class ExposedSyncController:
         rnd, self._round = self._round.closed(), _Window()
         level = self._level_now()
         drop = self.link_drop if self.link_drop > 0 else self.link_shift
-        if (
-            drop <= 0
-            or not level
-            or needed <= SHIFT_ROUNDS
-            or not math.isfinite(rnd.exposed - rnd.peer)
-        ):
+        timed = math.isfinite(rnd.exposed - rnd.peer)
+        if not timed:
+            rnd.per_round = []  # no time to compare, nor to set a level with
+        if drop <= 0 or not level or needed <= SHIFT_ROUNDS or not timed:
             # off, nothing to compare with (no level, or none: sync all hidden), a window this
             # short, which the check would not close sooner, or a round without a measured time
             # (read as no network time, it is no faster link); any held rounds rejoin it

@@ -133,7 +133,7 @@ class PolicySettings(BaseModel):
         "is under the window's level (the lower median of its rounds and the last decision's "
         "level; with --link-shift, its median) divided by this end the window there: a faster "
         "link is met two rounds after it changes, a slower one after --sync-window rounds "
-        "unless --link-shift (0: off)",
+        "unless --link-shift (0: off, or --link-shift's ratio where that is given)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")

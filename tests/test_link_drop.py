@@ -6,7 +6,7 @@ engine state) keeping what it ran with."""
 from __future__ import annotations
 
 import json
-import shutil
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -70,10 +70,18 @@ def test_rounds_without_a_time_or_a_saved_level_that_is_not_one_are_no_faster_li
     ran = ExposedSyncController(sync_period=1, **KW, link_drop=3.0)
     link_path(ran, [0.1] * 10)
     state = json.loads(json.dumps(ran.state_dict()))
-    for bad in (float("nan"), -1.0, float("inf"), True, "0.1"):
+    for bad in (float("nan"), -1.0, True, "0.1", None):
         broken = {**state, "window": {**state["window"], "per_round": [bad]}}
         with pytest.raises(ValueError, match="per_round must be a number >= 0"):
             ExposedSyncController(sync_period=1, **KW, link_drop=3.0).load_state_dict(broken)
+    # a round of an unbounded time joins the window's sums, not its level, and what the
+    # controller saves it loads (an inf a state saved before the check held loads too)
+    inf = ExposedSyncController(sync_period=1, **KW, link_drop=3.0)
+    link_path(inf, [0.1] * 10 + [float("inf")])
+    assert math.inf not in inf._win.per_round
+    ExposedSyncController(sync_period=1, **KW, link_drop=3.0).load_state_dict(inf.state_dict())
+    older = {**state, "window": {**state["window"], "per_round": [0.1, math.inf]}}
+    ExposedSyncController(sync_period=1, **KW, link_drop=3.0).load_state_dict(older)
 
 
 def test_a_lone_dip_never_reads_as_a_faster_link_and_spikes_up_change_nothing():
@@ -136,17 +144,25 @@ def test_a_kept_experiment_run_made_without_it_does_not_stand_for_one_with_it(tm
     config = {**settings, "sync_period": 1}
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(
-        ConfigError, match="holds a run with --link-drop 0, these settings now run 3"
+        ConfigError, match="holds a run that read a faster link at 0, these settings now at 3"
     ):
         check_run_dirs([run], tmp_path)
     (run_dir / "config.json").write_text(json.dumps(config | {"link_drop": 3.0}))
     check_run_dirs([run], tmp_path)
-    # a link_drop that is not a number says nothing of the check, and the other checks stand
-    (run_dir / "config.json").write_text(
-        json.dumps({**settings, "sync_period": 4, "link_drop": None})
-    )
+    # a link_drop that is not a number matches no ratio: refused, naming it (after the K start)
+    bad = {**settings, "sync_period": 1, "link_drop": None}
+    (run_dir / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match="read a faster link at None"):
+        check_run_dirs([run], tmp_path)
+    (run_dir / "config.json").write_text(json.dumps(bad | {"sync_period": 4}))
     with pytest.raises(ConfigError, match="started at K = 4, these settings now start at K = 1"):
         check_run_dirs([run], tmp_path)
+    # one made before with --link-shift 3 read a faster link at 3, as the default does now
+    shifted = Run("exposed-sync", 1, settings | {"link_shift": 3.0})
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(shifted.settings))
+    (run_dir / "config.json").write_text(json.dumps(config | {"link_shift": 3.0}))
+    check_run_dirs([shifted], tmp_path)
+    (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
     off = Run("exposed-sync", 1, settings | {"link_drop": 0.0})
     (run_dir / "run.yaml").write_text(yaml.safe_dump(off.settings))
     (run_dir / "config.json").write_text(json.dumps(config))
@@ -233,16 +249,15 @@ def test_an_engine_state_saved_without_it_resumes_only_without_it():
         assert out["fixed old"] == out["fixed new"] == "loaded"
 
 
-def test_autok_train_records_it_and_a_bad_ratio_is_one_line(tmp_path):
-    """config.json records the check's ratio; --link-drop 0.5 is refused before anything is
-    written, naming the flag; under --policy fixed it is refused as unread."""
+def test_its_ratio_is_a_setting_and_a_bad_one_is_one_line(tmp_path):
+    """The check's ratio is 3 unless given (config.json is the settings' dump, so it records it);
+    --link-drop 0.5 is refused naming the flag; under --policy fixed it is refused as unread
+    (the CLI's refusals, before anything is written: tests/test_bad_input.py)."""
     from autok.config import ConfigError, load_config
 
     cfg = load_config({}, {"policy": "exposed-sync", "out": str(tmp_path / "a")})
-    assert cfg.link_drop == 3.0
+    assert cfg.link_drop == 3.0 and json.loads(cfg.model_dump_json())["link_drop"] == 3.0
     with pytest.raises(ConfigError, match="--link-drop: 0.5 would read every round"):
         load_config({}, {"policy": "exposed-sync", "link_drop": 0.5, "out": str(tmp_path / "b")})
     with pytest.raises(ConfigError, match="--link-drop"):
         load_config({}, {"policy": "fixed", "link_drop": 2.0, "out": str(tmp_path / "c")})
-    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
-    shutil.rmtree(tmp_path / "a", ignore_errors=True)
