@@ -73,41 +73,8 @@ steps at K >= 2 in a row) reads 2.54–2.89 and 1.39–2.08 (docs/design.md §6,
 Read once on skewed data (once it is finite), above `skew_strong` the soft cap scales with half
 of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read says so in its reason.
 
-A changed link (`link_shift`, off by default; docs/design.md §6, "a changed link"): a window of
-`window` rounds decides once it is full, so a link that changes in its middle is first judged on
-a mix of both links and met a window later, and at K = 15 a window of 4 rounds is 60 steps, the
-whole of the GPT flip-link regime's last LAN phase (K stayed 15 there). Each closed round's
-network time is compared with the window's level, the median of its rounds so far (after a
-decision, the median of the window that made it): a round more than `link_shift` times above it,
-or below it by `link_drop` (by `link_shift` where that is 0), is held apart, and SHIFT_ROUNDS
-such rounds in a row, one way, are a changed link: the window closes there, from those rounds
-alone (its reason says "link changed").
-A round back at the level (or off it the other way) puts the held rounds into the window's sums
-(not into its level: one spike does not move a median), so where no two rounds in a row leave the
-level the decisions are the ones the check off would make, but that a window holds `window`
-rounds at its level before it closes (held rounds do not count until they rejoin it): one round
-off the level delays it by a round. On the virtual clock a static link's rounds all cost the
-same: there the check never fires, and the panel's static regimes are what they were, bit for bit.
-On the wall clock, where the wait for a slow rank is not told apart from the network's and grows
-with K, a move of K by more than `link_shift` can read as a changed link: the window then closes
-two rounds into the new K, from those rounds, rather than after `window` of them. A level of 0
-(sync all hidden) reads nothing. It is off by default: on the panel's flip-link (α = 1 shards)
-K reached the WAN's soft cap two rounds sooner, the skew judgement's first window then sat right
-after the LAN phase at K = 1, where the local momenta have not yet diverged, and read α = 1 as
-iid in some seeds (1.32 against the 1.4 threshold on seed 79), so K rose past the cap: 0.88 of the
-best fixed K's time against 0.83 with the check off; on flip-wan it gained (1.15 against 1.21),
-on the GPT's flip-link it was neutral (docs/controller-panel/link-follow-check/).
-
-A faster link (`link_drop`; autok's settings make it 3): the check's downward half alone. A link
-that got faster is met SHIFT_ROUNDS rounds after it changes, and a slower one a window after, as
-without the check. The two directions differ in what a late answer costs: a K kept too small on a
-link that slowed costs time, and the panel's flip-link lost its win where K met the WAN sooner
-(above); a K kept too large on a link that got faster buys nothing (the sync it saves is nearly
-free there) and costs quality: on the GPT flip-link regime (AdamW) K = 15 ran the whole last LAN
-phase, where K = 2 is best, and seed 83 ended 0.01 over the target it missed; with the check on
-both ways it reached it (docs/design.md §6, "a faster link"). On the wall clock the caveat above
-holds for this half too: a K lowered by more than `link_drop` can close the next window two rounds
-into the new K, from those rounds, which measure the new K's own share.
+A changed link (`link_shift`, `link_drop`): a window is closed SHIFT_ROUNDS rounds after the link
+changes rather than a window later, by a check of its own (controllers/link_check.py).
 
 The guard stays silent on a window whose boundaries were all at K <= `k_floor` (at 1:
 synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
@@ -143,12 +110,19 @@ the controller panel's skew-decay pilot reached the target later (docs/results.m
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from autok.controllers.base import BoundaryStats, SyncDecision
 from autok.controllers.guard import Guard
+from autok.controllers.link_check import LinkCheck
+from autok.controllers.window import (
+    Window,
+    saved_flag,
+    saved_number,
+    saved_window,
+    window_state,
+)
 
 
 def share_at(share: float, factor: float) -> float:
@@ -237,119 +211,6 @@ GUARD_MIN_STEPS = 32
 # (docs/design.md §6: `python -m benchmarks.skew_signal DIR --judge-rounds 12 --judge-steps 96`)
 GRADE_WINDOWS = 3
 STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
-# A changed link is read from this many rounds in a row whose network time is off the window's
-# level, in the same direction, by more than `link_shift` (slower) or `link_drop` (faster)
-# (docs/design.md §6, "a changed link", "a faster link"): one round alone may be a spike of the
-# network, which the window averages over as before
-SHIFT_ROUNDS = 2
-
-
-@dataclass
-class _Window:
-    n: int = 0  # boundaries, for the means
-    rounds: int = 0  # rounds closed (BoundaryStats.closes_round): a window's length
-    compute: float = 0.0
-    exposed: float = 0.0
-    drift_ratio: float = 0.0
-    loss: float = 0.0
-    peer: float = 0.0  # of `exposed`, the wait for a slower rank (BoundaryStats.peer_wait_seconds)
-    steps: int = 0
-    # each closed round's network seconds, held by the decision window only (`_take_round`):
-    # its median is the level a round is compared with, which one spike does not move
-    per_round: list[float] = field(default_factory=list)
-    top: int = 0  # the largest K in force at its boundaries (the guard's: no back-off under it)
-
-    def merge(self, w: _Window) -> None:
-        """Fold another window's boundaries into this one, as if each had been added here."""
-        for name, value in vars(w).items():
-            mine = getattr(self, name)
-            setattr(self, name, max(mine, value) if name == "top" else mine + value)
-
-    @property
-    def network(self) -> float:
-        """Seconds waiting for the network (exposed sync less the wait for a slower peer)."""
-        return max(0.0, self.exposed - self.peer)
-
-    def closed(self) -> _Window:
-        """This window as one closed round: its network seconds recorded as the round's."""
-        self.per_round = [self.network]
-        return self
-
-    def level(self) -> float | None:
-        """The median of the rounds' network seconds (None with no rounds recorded)."""
-        return statistics.median(self.per_round) if self.per_round else None
-
-    def add(self, s: BoundaryStats) -> None:
-        self.n += 1
-        self.rounds += s.closes_round
-        self.compute += s.compute_seconds
-        self.exposed += s.exposed_sync_seconds
-        self.drift_ratio += s.drift_ratio
-        self.loss += s.train_loss if math.isfinite(s.train_loss) else math.inf
-        self.peer += s.peer_wait_seconds
-        self.steps += s.interval_steps
-        self.top = max(self.top, s.sync_period)
-
-    @property
-    def share(self) -> float:
-        """The network's share: a wait for a slower peer is neither compute nor link time that
-        a larger K amortizes (every K waits for a slow rank alike), so it is left out of both."""
-        return network_share(self.compute, self.exposed, self.peer)
-
-
-def _window(saved: dict[str, Any]) -> _Window:
-    """A saved window; one saved before windows counted rounds had a round per boundary."""
-    # one saved before windows kept their largest K: unknown, so the guard judges it as before
-    w = _Window(**{"rounds": saved.get("n", 0), "top": 2**31, **saved})
-    # each a round's network seconds, the level a faster or slower link is read against (inf:
-    # a round of an unbounded time, which states saved before the check could hold)
-    w.per_round = [_round_seconds(x) for x in w.per_round]
-    return w
-
-
-def _round_seconds(x: object) -> float:
-    """A saved round's network seconds: a number >= 0 (inf allowed), else a ValueError."""
-    seconds = _saved_number({"per_round": x}, "per_round", inf=True)
-    if seconds is None:
-        raise ValueError("exposed-sync state: per_round must be a number >= 0, not None")
-    return seconds
-
-
-def _saved_number(state: dict[str, Any], key: str, *, inf: bool = False) -> float | None:
-    """A saved number >= 0 (or inf, where `inf`), or None where the state has none."""
-    v = state.get(key)
-    if v is None:
-        return None
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, int | float)
-        or math.isnan(v)
-        or v < 0
-        or (math.isinf(v) and not inf)
-    ):
-        raise ValueError(f"exposed-sync state: {key} must be a number >= 0, not {v!r}")
-    return float(v)
-
-
-def _saved_flag(state: dict[str, Any], key: str) -> bool:
-    """A saved true or false (false where the state has none)."""
-    v = state.get(key, False)
-    if type(v) is not bool:
-        raise ValueError(f"exposed-sync state: {key} must be true or false, not {v!r}")
-    return v
-
-
-def _saved(w: _Window) -> dict[str, Any]:
-    """A window's state, its list copied (a snapshot the live window does not change)."""
-    return {**vars(w), "per_round": list(w.per_round)}
-
-
-def network_share(compute: float, exposed: float, peer_wait: float) -> float:
-    """The share of the interval's time spent waiting for the network: (exposed − peer wait) /
-    (compute + exposed − peer wait). With no peer wait it is the exposed-sync share."""
-    network = max(0.0, exposed - peer_wait)
-    total = compute + network
-    return network / total if total > 0 else 0.0
 
 
 @dataclass
@@ -391,18 +252,15 @@ class ExposedSyncController:
     # a faster link: rounds under the level divided by this close the window early (0: off,
     # or `link_shift` reads both ways)
     link_drop: float = 0.0
-    _win: _Window = field(default_factory=_Window)
-    _round: _Window = field(default_factory=_Window)  # the round being closed (fragments)
-    _shifted: _Window = field(default_factory=_Window)  # rounds in a row off the window's level
-    _shift_up: bool = False  # the direction of the rounds in `_shifted`
-    # network seconds a round in the last decision's window: the level a new window's first
-    # rounds are compared with (a spike that opened a window would otherwise set its level)
-    _level: float | None = None
-    _guard_win: _Window = field(default_factory=_Window)
-    _skew_win: _Window = field(default_factory=_Window)  # rounds at K >= 2 only
-    _grade_win: _Window = field(default_factory=_Window)  # the same rounds, for the grade
+    _win: Window = field(default_factory=Window)
+    _round: Window = field(default_factory=Window)  # the round being closed (fragments)
+    _link: LinkCheck = field(init=False)  # the rounds off the window's level, and that level
+    _guard_win: Window = field(default_factory=Window)
+    _skew_win: Window = field(default_factory=Window)  # rounds at K >= 2 only
+    _grade_win: Window = field(default_factory=Window)  # the same rounds, for the grade
 
     def __post_init__(self) -> None:
+        self._link = LinkCheck(shift=self.link_shift, drop=self.link_drop)
         if self.floor is None:
             self.floor = 1 if self.lower else self.sync_period
         self.floor = max(self.floor, self.k_floor)
@@ -415,7 +273,7 @@ class ExposedSyncController:
         g = self._guard_win
         if g.rounds < self.window or (g.steps < GUARD_MIN_STEPS and math.isfinite(g.loss)):
             return None
-        self._guard_win = _Window()
+        self._guard_win = Window()
         if self.rebaseline:  # the first window since a raise: the new K's level, not a rise
             self.rebaseline = False
             self.guard.best_loss = math.inf
@@ -432,7 +290,7 @@ class ExposedSyncController:
         them again)."""
         grading = self.skew_strong > 0 and self.skewed is not False and self.skew_ratio is None
         if stats.sync_period < 2:
-            self._skew_win, self._grade_win = _Window(), _Window()
+            self._skew_win, self._grade_win = Window(), Window()
             return
         if self.skewed is None:
             self._skew_win.add(stats)
@@ -445,12 +303,12 @@ class ExposedSyncController:
         w = self._skew_win
         if self.skewed is not None or w.rounds < self.window or w.steps < GUARD_MIN_STEPS:
             return
-        self._skew_win = _Window()
+        self._skew_win = Window()
         ratio = w.drift_ratio / w.n
         if math.isfinite(ratio):
             self.skewed = ratio > self.skew_drift
             if not self.skewed:
-                self._grade_win = _Window()  # iid: nothing to grade
+                self._grade_win = Window()  # iid: nothing to grade
 
     def _grade_skew(self) -> bool:
         """Once, on skewed data with `skew_strong` set: the mean drift ratio over the first
@@ -461,7 +319,7 @@ class ExposedSyncController:
             return False
         if g.rounds < GRADE_WINDOWS * self.window or g.steps < GRADE_WINDOWS * GUARD_MIN_STEPS:
             return False
-        self._grade_win = _Window()
+        self._grade_win = Window()
         ratio = g.drift_ratio / g.n
         if not math.isfinite(ratio):
             return False
@@ -557,7 +415,7 @@ class ExposedSyncController:
             and self.sync_period > cap
         ):
             if shift is not None:  # the new link's level, not the old one's
-                self._level = self._shifted.level()
+                self._link.level = self._link.held.level()
             self._new_window()
             self.sync_period = cap  # a K known too large: now
             link = "" if self.link_k is None else f", link K* {self.link_k:.3g}"
@@ -568,17 +426,18 @@ class ExposedSyncController:
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
             return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")
-        held = self._win.rounds + self._shifted.rounds
-        waits = self._shifted.rounds and self._win.rounds < needed
+        off_level = self._link.held.rounds
+        held = self._win.rounds + off_level
+        waits = off_level and self._win.rounds < needed
         if reason is None and shift is None and (held < needed or waits):
             # a round off the level waits for the next, which says whether the link changed
-            off = f", {self._shifted.rounds} off its level" if self._shifted.rounds else ""
+            off = f", {off_level} off its level" if off_level else ""
             return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
-        w = self._shifted if shift is not None else self._win
+        w = self._link.held if shift is not None else self._win
         if shift is None:  # a full window or the guard: rounds held apart are its too
-            self._rejoin()
+            self._link.rejoin(self._win)
         self._new_window()
-        self._level = w.level() if w.per_round else self._level
+        self._link.decided(w)
         self.estimated = True
         self.link_k = link_k(self.sync_period, w.share, self.target)
         if self.rule == "direct":
@@ -615,63 +474,14 @@ class ExposedSyncController:
 
     def _new_window(self) -> None:
         """A decision's window starts afresh, with no rounds pending as off its level."""
-        self._win, self._shifted = _Window(), _Window()
-
-    def _rejoin(self) -> None:
-        """The rounds held apart go back into the window's sums, not into its level (one spike
-        does not move a median)."""
-        self._shifted.per_round = []
-        self._win.merge(self._shifted)
-        self._shifted = _Window()
+        self._win = Window()
+        self._link.held = Window()
 
     def _take_round(self, needed: int) -> str | None:
-        """The round just closed joins the window, or, where its network time is over the
-        window's level by more than `link_shift` or under it by more than `link_drop` (by
-        `link_shift` where `link_drop` is 0), the rounds held apart; SHIFT_ROUNDS of those
-        in a row in one direction are a changed link: what that says, else None. A round back
-        at the level (or off it the other way) puts the ones held apart back in the window's
-        sums (not its level), which then hold what they would have without this check."""
-        rnd, self._round = self._round.closed(), _Window()
-        level = self._level_now()
-        drop = self.link_drop if self.link_drop > 0 else self.link_shift
-        timed = math.isfinite(rnd.exposed - rnd.peer)
-        if not timed:
-            rnd.per_round = []  # no time to compare, nor to set a level with
-        if drop <= 0 or not level or needed <= SHIFT_ROUNDS or not timed:
-            # off, nothing to compare with (no level, or none: sync all hidden), a window this
-            # short, which the check would not close sooner, or a round without a measured time
-            # (read as no network time, it is no faster link); any held rounds rejoin it
-            self._rejoin()
-            self._win.merge(rnd)
-            return None
-        up = self.link_shift > 0 and rnd.network > level * self.link_shift
-        down = rnd.network * drop < level
-        if (not up and not down) or (self._shifted.rounds and up != self._shift_up):
-            self._rejoin()
-            if not up and not down:
-                self._win.merge(rnd)
-                return None
-        self._shifted.merge(rnd)
-        self._shift_up = up
-        if self._shifted.rounds < SHIFT_ROUNDS:
-            return None
-        now = self._shifted.level() or 0.0
-        return (
-            f"link changed: network {now * 1e3:.3g} ms a round over {self._shifted.rounds} "
-            f"rounds, {level * 1e3:.3g} ms before"
-        )
-
-    def _level_now(self) -> float | None:
-        """The level a closed round is compared with. With `link_shift` a round off it either
-        way is held apart, so the window's rounds are at its level: their median (the last
-        decision's level before the first). With `link_drop` alone a slower round joins the
-        window, and a spike that opens one would set its level, so that the rounds after it
-        read as a faster link: the last decision's level votes with the window's rounds, and
-        the lower median of them is the level (one spike, or half the rounds, cannot lift it)."""
-        if self.link_shift > 0:
-            return self._win.level() if self._win.per_round else self._level
-        rounds = self._win.per_round + ([self._level] if self._level else [])
-        return statistics.median_low(rounds) if rounds else None
+        """The round just closed, to the window or held apart by the link check: what a changed
+        link says, else None."""
+        rnd, self._round = self._round.closed(), Window()
+        return self._link.take(rnd, self._win, needed)
 
     def set_sync_period(self, k: int, was: int | None = None) -> None:
         """Move to K from `was` (default: the K in force); a raise by more than the margin
@@ -686,8 +496,8 @@ class ExposedSyncController:
         self.sync_period = max(sync_period, self.k_floor)
         self.ceiling, self.since_fire = self.sync_period, 0
         self._new_window()
-        self._round, self._guard_win, self._skew_win = _Window(), _Window(), _Window()
-        self._grade_win = _Window()
+        self._round, self._guard_win, self._skew_win = Window(), Window(), Window()
+        self._grade_win = Window()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -695,19 +505,17 @@ class ExposedSyncController:
             "ceiling": self.ceiling,
             "since_fire": self.since_fire,
             "guard": self.guard.state_dict(),
-            "window": _saved(self._win),
-            "guard_window": _saved(self._guard_win),
+            "window": window_state(self._win),
+            "guard_window": window_state(self._guard_win),
             "estimated": self.estimated,
             "skewed": self.skewed,
             "skew_ratio": self.skew_ratio,
             "link_k": self.link_k,
             "rebaseline": self.rebaseline,
-            "skew_window": _saved(self._skew_win),
-            "grade_window": _saved(self._grade_win),
-            "round": _saved(self._round),
-            "shifted": _saved(self._shifted),
-            "shift_up": self._shift_up,
-            "level": self._level,
+            "skew_window": window_state(self._skew_win),
+            "grade_window": window_state(self._grade_win),
+            "round": window_state(self._round),
+            **self._link.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -715,9 +523,9 @@ class ExposedSyncController:
         self.ceiling = state["ceiling"]
         self.since_fire = int(state["since_fire"])
         self.guard.load_state_dict(state["guard"])
-        self._win = _window(state["window"])
+        self._win = saved_window(state["window"])
         # a state saved before the guard had its own window: it starts one, the estimate made
-        self._guard_win = _window(state.get("guard_window", {}))
+        self._guard_win = saved_window(state.get("guard_window", {}))
         self.estimated = bool(state.get("estimated", True))
         skewed = state.get("skewed", False)  # a state saved before the skew cap: False
         if skewed is not None and type(skewed) is not bool:
@@ -727,14 +535,12 @@ class ExposedSyncController:
         if skewed is False and "link_k" not in state and self.guard.calibrated_drift is None:
             skewed = None  # saved before the soft cap, before its one window: not judged yet
         self.skewed = False if self.skew_drift <= 0 else skewed
-        self.skew_ratio = _saved_number(state, "skew_ratio")  # saved before it was kept: None
+        self.skew_ratio = saved_number(state, "skew_ratio")  # saved before it was kept: None
         # a state saved before the soft cap: unknown, the cap holds; inf: sync was all of it
-        self.link_k = _saved_number(state, "link_k", inf=True)
-        self.rebaseline = _saved_flag(state, "rebaseline")
-        self._skew_win = _window(state.get("skew_window", {}))
-        self._grade_win = _window(state.get("grade_window", {}))
+        self.link_k = saved_number(state, "link_k", inf=True)
+        self.rebaseline = saved_flag(state, "rebaseline")
+        self._skew_win = saved_window(state.get("skew_window", {}))
+        self._grade_win = saved_window(state.get("grade_window", {}))
         # saved before the link-shift check: the round was in the window, none held apart
-        self._round = _window(state.get("round", {}))
-        self._shifted = _window(state.get("shifted", {}))
-        self._shift_up = _saved_flag(state, "shift_up")
-        self._level = _saved_number(state, "level")
+        self._round = saved_window(state.get("round", {}))
+        self._link.load_state_dict(state)

@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from autok.controllers.exposed_sync import GRADE_WINDOWS, SHIFT_ROUNDS
+from autok.controllers.exposed_sync import GRADE_WINDOWS
+from autok.controllers.link_check import SHIFT_ROUNDS
 from autok.controllers.scheduled import parse_k_schedule
 
 K_MAX = 2**20
@@ -109,7 +110,7 @@ class PolicySettings(BaseModel):
         "which skew counts as strong and the soft cap scales with half of --skew-cap (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
-    # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/exposed_sync.py);
+    # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/link_check.py);
     # off by default: on the panel's flip-link it moved the skew judgement (docs/design.md §6)
     link_shift: float = Field(
         0.0,
@@ -124,7 +125,7 @@ class PolicySettings(BaseModel):
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
     # its faster-link half alone, on by default: a K too large for a fast link buys no time
-    # and costs quality (controllers/exposed_sync.py, "a faster link"; docs/design.md §6)
+    # and costs quality (controllers/link_check.py, "a faster link"; docs/design.md §6)
     link_drop: float = Field(
         3.0,
         ge=0.0,

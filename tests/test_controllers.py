@@ -14,16 +14,12 @@ from autok.controllers.adacomm import AdaCommController
 from autok.controllers.adacomm import next_sync_period as adacomm_k
 from autok.controllers.base import BoundaryStats
 from autok.controllers.composite import CompositeController
-from autok.controllers.exposed_sync import (
-    GUARD_MIN_STEPS,
-    ExposedSyncController,
-    network_share,
-    share_at,
-)
+from autok.controllers.exposed_sync import GUARD_MIN_STEPS, ExposedSyncController, share_at
 from autok.controllers.exposed_sync import direct_sync_period as direct_rule
 from autok.controllers.exposed_sync import next_sync_period as share_rule
 from autok.controllers.qsr import QSRController, default_alpha
 from autok.controllers.qsr import next_sync_period as qsr_k
+from autok.controllers.window import network_share
 from tests.optim_helpers import cosine_lr
 
 

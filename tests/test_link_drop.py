@@ -1,5 +1,5 @@
 """A faster link met two rounds after it changes (`--link-drop`, on by default): the downward half
-of the changed-link check alone (controllers/exposed_sync.py, "a faster link"; docs/design.md §6),
+of the changed-link check alone (controllers/link_check.py, "a faster link"; docs/design.md §6),
 and the saved work that ran without it (a config.json, a kept experiment run, a sweep study, an
 engine state) keeping what it ran with."""
 
