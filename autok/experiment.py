@@ -46,7 +46,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
-from autok.controllers import RAN_BEFORE, READS, read_drop
+from autok.controllers import RAN_BEFORE, read_drop, reads
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
@@ -701,9 +701,8 @@ def started_elsewhere(run_dir: Path, run: Run) -> str | None:
             f"it at {now.k_floor} (the default follows the optimizer now); choose a new --out "
             "(a run there is kept, never redone)"
         )
-    reads_drop = "link_drop" in READS.get(now.policy, ())
     now_drop = read_drop(now.link_drop, {"link_shift": now.link_shift})
-    if "link_drop" not in run.settings and reads_drop and drop != now_drop:
+    if "link_drop" not in run.settings and reads(now.policy, "link_drop") and drop != now_drop:
         shown = f"{drop:g}" if isinstance(drop, int | float) else repr(drop)
         return (
             f"--out: {run_dir} holds a run that read a faster link at {shown}, these settings "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from autok.controllers import RAN_BEFORE, READS
+from autok.controllers import RAN_BEFORE, reads
 from autok.trainer.engine.clock import training_seconds
 from autok.trainer.engine.link import exposed_wait
 
@@ -875,9 +875,7 @@ def _as_read(key: str, config: dict) -> object:
     K floor is 1 and no faster-link check 0, so fixed K beside exposed-sync on SGD varies the
     policy, and runs made before and after the move vary only where the policy read it."""
     value = config.get(key)
-    if key in RAN_BEFORE and (
-        value is None or key not in READS.get(str(config.get("policy")), frozenset())
-    ):
+    if key in RAN_BEFORE and (value is None or not reads(config.get("policy"), key)):
         return RAN_BEFORE[key]
     return value
 

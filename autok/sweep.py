@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
-from autok.controllers import READS
+from autok.controllers import reads
 from autok.pareto import pareto_front, plot_front
 from autok.space import (
     CONDITIONAL,
@@ -38,7 +38,6 @@ from autok.space import (
     trial_settings,
     unread_reason,
 )
-from autok.trainer.engine.k_floor import reads_floor
 from autok.trainer.loop.environment import difference, environment
 from autok.training_settings import DIVIDES_BY_SECOND_MOMENT
 from autok.trials import COMPLETE, FAIL, INTERRUPTED, PRUNED, TrialResult, run_trial
@@ -468,7 +467,7 @@ def k_floor_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Di
         return None  # every trial's floor is given, or K is 1 whatever the optimizer
     policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
     optimizers = drawn.get("optimizer") or (fixed.get("optimizer", "sgd"),)
-    if not any(isinstance(p, str) and reads_floor(p) for p in policies):
+    if not any(reads(p, "k_floor") for p in policies):
         return None
     if not any(DIVIDES_BY_SECOND_MOMENT.get(o) for o in optimizers if isinstance(o, str)):
         return None
@@ -491,7 +490,7 @@ def link_drop_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[
     if fixed.get("link_drop") is not None or "link_drop" in drawn:
         return None  # every trial's check is given, or drawn with the study
     policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
-    if not any(isinstance(p, str) and "link_drop" in READS.get(p, ()) for p in policies):
+    if not any(reads(p, "link_drop") for p in policies):
         return None
     return (
         "was made when exposed-sync met a faster link after a whole window unless told; its new "
@@ -764,7 +763,7 @@ def write_outputs(opts: SweepOptions, fixed: dict, space: list[Dim], rows: list[
             config.setdefault("sync_period", ran.sync_period)
             if ran.k_floor is not None:
                 config.setdefault("k_floor", ran.k_floor)
-            if "link_drop" in READS.get(ran.policy, ()):
+            if reads(ran.policy, "link_drop"):
                 config.setdefault("link_drop", ran.link_drop)
         (out / "best.yaml").write_text(
             f"# best trial {best['number']} of {out}: best test {opts.metric_name} "

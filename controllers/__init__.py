@@ -153,11 +153,15 @@ READS: dict[str, frozenset[str]] = {name: policy.reads for name, policy in POLIC
 RAN_BEFORE: dict[str, float] = {"k_floor": 1, "link_drop": 0.0}
 
 
+def reads(policy: object, option: str) -> bool:
+    """Whether `policy` (a name; anything else reads nothing) reads the K-policy `option`."""
+    return isinstance(policy, str) and option in READS.get(policy, frozenset())
+
+
 def ran_before(policy: object, saved: dict) -> dict[str, float]:
     """The options of RAN_BEFORE a run of `policy` read but `saved` (its settings) lacks, with
     the values it ran with."""
-    reads = READS.get(policy, frozenset()) if isinstance(policy, str) else frozenset()
-    return {k: v for k, v in RAN_BEFORE.items() if k in reads and k not in saved}
+    return {k: v for k, v in RAN_BEFORE.items() if reads(policy, k) and k not in saved}
 
 
 def read_drop(link_drop: object, config: dict) -> object:
@@ -203,5 +207,6 @@ __all__ = [
     "SyncDecision",
     "ran_before",
     "read_drop",
+    "reads",
     "build_controller",
 ]

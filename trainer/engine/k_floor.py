@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from autok.controllers import READS as POLICY_READS
+from autok.controllers import reads
 
 if TYPE_CHECKING:
     from autok.trainer.engine.options import SyncOptions
@@ -29,7 +29,7 @@ SECOND_MOMENT_KEY = "second_moment"  # the validation context's key: the optimiz
 
 def reads_floor(policy: str) -> bool:
     """Whether `policy` keeps a K floor (exposed-sync, composite)."""
-    return "k_floor" in POLICY_READS.get(policy, ())
+    return reads(policy, "k_floor")
 
 
 def default_floor(second_moment: bool, cap: int) -> int:

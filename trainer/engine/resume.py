@@ -10,7 +10,7 @@ import math
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from autok.controllers import RAN_BEFORE, READS
+from autok.controllers import RAN_BEFORE, reads
 from autok.trainer.engine.boundary_form import BOUNDARY_FORMS, boundary_form, restore_boundary_form
 from autok.trainer.engine.in_flight import InFlight
 from autok.trainer.engine.loss_sum import LossSum
@@ -133,7 +133,7 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         "k_floor": sync.options.k_floor or 1,
         # the faster-link check, moved from off to 3 (docs/design.md §6, "a faster link"); a
         # policy that does not read it records it off, as every state saved before it did
-        "link_drop": sync.options.link_drop if "link_drop" in READS[sync.options.policy] else 0.0,
+        "link_drop": sync.options.link_drop if reads(sync.options.policy, "link_drop") else 0.0,
     }
 
 
