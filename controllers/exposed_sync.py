@@ -12,8 +12,9 @@ Predicting f at another K assumes the per-boundary sync cost s is constant and c
 with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r), and the K that
 brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)).
 
-`rule="direct"` (the default) jumps to K*: at the first post-warmup boundary (the link model's K
-from that boundary's measured times, rather than a window at the starting K), then once per
+`rule="direct"` (the default) jumps to K*: at the first post-warmup boundary, or the second
+without warmup (the link model's K from that boundary's measured times, rather than a window at
+the starting K: "The first boundary", below), then once per
 window when K* is more than `margin` away (hysteresis), up or down, so a new link is met in one
 window rather than log2 of the gap. With `lower` (the default) K may fall to 1 (or `k_floor`), a
 fast link's best K in the panel; without it, not below the starting K (the floor). Unless told
@@ -21,6 +22,15 @@ otherwise it starts at its floor, K = 1 under SGD (trainer/engine/options.py): t
 is then one step, and where K = 1 is best the run is K = 1's bit for bit. Started at 4, its first
 four steps alone made the panel's straggler runs cross the target at 0.71-1.15x fixed K = 1's
 time, seed by seed.
+
+The first boundary: the run's first record (boundary 0) never enters the link's measurement. A
+record is packed before its own averaging runs, so it holds the previous boundary's averaging
+(controllers/base.py, BoundaryStats), and boundary 0 has none before it: its exposed time is the
+gradient all-reduce of a two-phase boundary step alone (half the sync under AdamW: on the GPT
+workload 0.062 s against 0.124 s at every later boundary, so the first K* read 12.4 where the
+next window read 25.7), and nothing at all on a fused boundary or under `localsgd` (a share of 0,
+so K held at its floor for a whole window). The first estimate is therefore the second
+boundary's record (after warmup, the first post-warmup one, which holds warmup's last averaging).
 
 `rule="double"` steps instead: f > target: K ← min(K·growth, ceiling); f ≤ target: hold, or with
 `lower`, K ← K/growth when even that keeps the share well under target (predicted f(K/g) <
@@ -231,8 +241,8 @@ class ExposedSyncController:
     # the lowest K chosen for any reason (lowering, a back-off, a cap): 2 keeps Adam's second
     # moment measured on local gradients (the module's docstring, "Adam's family")
     k_floor: int = 1
-    # direct rule: the first post-warmup boundary already decides (the link model's K* from its
-    # measured times), instead of a whole window at the starting K
+    # direct rule: the first measured round already decides (the link model's K* from its times:
+    # the first post-warmup boundary, or boundary 1), instead of a whole window at the starting K
     estimated: bool = False
     skew_drift: float = 1.4  # the first judged window's drift ratio above which data is skewed
     skew_cap: int = 4  # on skewed data, the link K* above which K grows as its square root
@@ -391,7 +401,8 @@ class ExposedSyncController:
     def _decide(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
             return SyncDecision(self.sync_period, "warmup")
-        self._round.add(stats)
+        if stats.boundary > 0:  # the first boundary's record holds no averaging's wait
+            self._round.add(stats)  # (the module's docstring, "the first boundary")
         self._guard_win.add(stats)
         self._add_to_skew_window(stats)
         if not stats.closes_round:  # windows and the cooldown count whole rounds
@@ -432,6 +443,8 @@ class ExposedSyncController:
         if reason is None and shift is None and (held < needed or waits):
             # a round off the level waits for the next, which says whether the link changed
             off = f", {off_level} off its level" if off_level else ""
+            if stats.boundary == 0:
+                off = ": the first boundary's record holds no averaging"
             return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
         w = self._link.held if shift is not None else self._win
         if shift is None:  # a full window or the guard: rounds held apart are its too
@@ -481,6 +494,8 @@ class ExposedSyncController:
         """The round just closed, to the window or held apart by the link check: what a changed
         link says, else None."""
         rnd, self._round = self._round.closed(), Window()
+        if rnd.n == 0:  # the run's first boundary, alone in its round: nothing measured
+            return None
         return self._link.take(rnd, self._win, needed)
 
     def set_sync_period(self, k: int, was: int | None = None) -> None:

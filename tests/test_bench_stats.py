@@ -291,5 +291,5 @@ def test_the_timing_parts_guard_judges_finiteness_but_not_the_loss():
     sync = SimpleNamespace(divergence=DivergenceGuard())
     engine._times_only(sync)
     assert not any(judged(sync.divergence, wobble))
-    nan = sync.divergence.check(stats(8, drift_ratio=float("nan")))  # diverged parameters
+    nan = sync.divergence.check(stats(8, drift_ratio=float("nan"), i=0))  # diverged parameters
     assert nan == "non-finite values at boundary 0 (loss 1.0, drift nan, update 1.0)"

@@ -23,7 +23,7 @@ from autok.controllers.window import network_share
 from tests.optim_helpers import cosine_lr
 
 
-def stats(k, *, step_compute=0.005, sync=0.1, drift_ratio=1.0, loss=1.0, lr=0.1, warmup=False, i=0):
+def stats(k, *, step_compute=0.005, sync=0.1, drift_ratio=1.0, loss=1.0, lr=0.1, warmup=False, i=1):
     """One boundary after K steps: compute grows with K, the boundary's sync cost does not."""
     return BoundaryStats(
         boundary=i,
@@ -44,10 +44,12 @@ def stats(k, *, step_compute=0.005, sync=0.1, drift_ratio=1.0, loss=1.0, lr=0.1,
 
 
 def drive(ctrl, n, **kw):
-    """Feed n boundaries, each measured at the K the controller chose last; return the K path."""
+    """Feed n boundaries, each measured at the K the controller chose last; return the K path.
+    Numbered from 1: these records each hold a whole boundary's sync, which the run's first
+    (boundary 0, no averaging before it) does not (tests below)."""
     ks = []
     k = ctrl.sync_period
-    for i in range(n):
+    for i in range(1, n + 1):
         k = ctrl.observe(stats(k, i=i, **kw)).next_sync_period
         ks.append(k)
     return ks
@@ -111,12 +113,12 @@ def test_backs_off_on_a_drift_spike_and_stays_capped_for_the_cooldown():
     assert c.sync_period == 32
     d = c.observe(stats(32, drift_ratio=5.0))
     for i in range(3):
-        d = c.observe(stats(32, drift_ratio=5.0, i=i))
+        d = c.observe(stats(32, drift_ratio=5.0, i=i + 6))
     assert d.next_sync_period == 16 and d.reason.startswith("back off: drift")
     # share is still high, but K may not rise above the backed-off value during the cooldown
-    ks = [c.observe(stats(16, i=i)).next_sync_period for i in range(8)]
+    ks = [c.observe(stats(16, i=i + 9)).next_sync_period for i in range(8)]
     assert set(ks) == {16}
-    ks = [c.observe(stats(16, i=i)).next_sync_period for i in range(4)]
+    ks = [c.observe(stats(16, i=i + 17)).next_sync_period for i in range(4)]
     assert ks == [16, 16, 16, 32]  # cooldown over at the 12th boundary: the share rule raises
 
 
@@ -358,7 +360,7 @@ def test_the_loss_guard_still_fires_when_k_swings_or_composite_steps_back_up():
 def link_path(ctrl, syncs, *, step_compute=0.005, **kw):
     """Feed one boundary per sync time, each at the K chosen last; the decisions."""
     out = []
-    for i, sync in enumerate(syncs):
+    for i, sync in enumerate(syncs, start=1):  # from 1, as `drive`
         s = stats(ctrl.sync_period, sync=sync, step_compute=step_compute, i=i, **kw)
         out.append(ctrl.observe(s))
     return out
@@ -484,7 +486,7 @@ def test_at_its_floor_the_guard_does_not_pin_k_and_with_fragments_it_still_judge
               link_shift=3.0)  # fmt: skip
     c = ExposedSyncController(sync_period=2, k_floor=2, **kw)
     for i in range(64):  # a fast link, the loss up 50% from round 32 on
-        c.observe(stats(c.sync_period, sync=1e-5, loss=1.0 if i < 32 else 1.5, i=i))
+        c.observe(stats(c.sync_period, sync=1e-5, loss=1.0 if i < 32 else 1.5, i=i + 1))
     assert c.ceiling is None and c.sync_period == 2
     ds = link_path(c, [0.2] * 4, loss=1.5)
     assert ds[1].reason.startswith("link changed") and ds[1].next_sync_period > 2
@@ -636,10 +638,39 @@ def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_boundary():
     assert {x.next_sync_period for x in ks} == {d.next_sync_period}
 
 
+def test_the_first_boundarys_record_is_not_measured_the_second_decides():
+    """Boundary 0's record holds no averaging (its own lands in boundary 1's): under localsgd
+    or a fused boundary it reads no sync at all, so it must not set K*; the next record decides,
+    as the first would have, had it held a whole boundary's sync. The guard and the skew
+    judgement still read it (its loss and drift are whole)."""
+    opts = PolicyOptions(max_sync_period=32, skew_drift=0.0)
+    c = build_controller("exposed-sync", 4, opts)
+    d = c.observe(stats(4, step_compute=0.02, sync=0.0, i=0))
+    assert (d.next_sync_period, d.reason) == (
+        4,
+        "measuring (0/1: the first boundary's record holds no averaging)",
+    )
+    assert c._guard_win.n == 1  # the guard's window has it
+    d = c.observe(stats(4, step_compute=0.02, sync=0.05, i=1))  # K* = 10, as at i = 1 alone
+    alone = build_controller("exposed-sync", 4, opts)
+    assert d == alone.observe(stats(4, step_compute=0.02, sync=0.05))
+    assert d.next_sync_period in (10, 11)
+    # with F = 2 fragments the first round is boundaries 0 and 1: boundary 1 alone measures it
+    # (2 steps, 0.01 s of compute, 0.05 s of sync: K* = 4 · 5 / 0.25 = 80; with boundary 0's
+    # empty record in it, 40)
+    f = build_controller("exposed-sync", 4, opts)
+    first = [dataclasses.replace(s, boundary=b) for b, s in enumerate(round_stats(4, 2, i=0))]
+    first[0] = dataclasses.replace(first[0], exposed_sync_seconds=0.0)
+    assert [x.closes_round for x in first] == [False, True]
+    ds = [f.observe(s) for s in first]
+    assert ds[-1].reason == "raise: sync share 83% > target 20%: K* 80"
+
+
 def test_the_default_rule_lowers_k_on_a_fast_link_and_raises_it_when_the_link_slows():
     c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32, skew_drift=0.0))
     assert c.observe(stats(4, step_compute=0.02, sync=1e-4)).next_sync_period == 1
-    ks = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)).next_sync_period for i in range(4)]
+    slow = [stats(1, step_compute=0.02, sync=0.05, i=i) for i in range(2, 6)]
+    ks = [c.observe(s).next_sync_period for s in slow]
     assert ks[-1] >= 8  # a window of 4 boundaries at K = 1 on the slow link: K* = 10
 
 

@@ -50,6 +50,17 @@ def test_exposed_sync_climbs_on_wan_and_all_ranks_agree():
     assert s0["k_path"][0]["sync_period"] == 1 and len(s0["k_path"]) >= 2
 
 
+def test_the_first_estimate_waits_for_a_record_that_holds_an_averaging():
+    """Under localsgd a boundary is its averaging alone, and a record holds the previous
+    boundary's (controllers/base.py): boundary 0's reads no sync at all. Without the wait it
+    held K at 1 for a window ("sync share 0%"); with it boundary 1 raises K from a real share."""
+    virtual = {"strategy": "localsgd", "clock": "virtual", "compute_ms": 20}
+    (log0, s0), (log1, _) = run_dist(_policy_worker, 2, "exposed-sync", "wan", 1, 32, 2000, virtual)
+    assert log0 == log1
+    assert s0["reasons"][0] == "measuring (0/1: the first boundary's record holds no averaging)"
+    assert s0["reasons"][1].startswith("raise: sync share") and log0[1][2] > 1, s0["reasons"][:3]
+
+
 def _lan_worker(rank, world, options):
     cfg = tiny_cfg(
         link="lan", clock="virtual", compute_ms=20, warmup_epochs=0, epochs=3,
