@@ -23,7 +23,7 @@ is then one step, and where K = 1 is best the run is K = 1's bit for bit. Starte
 four steps alone made the panel's straggler runs cross the target at 0.71-1.15x fixed K = 1's
 time, seed by seed.
 
-The first boundary: the run's first record (boundary 0) never enters the link's measurement. A
+The first boundary: the run's first round (boundary 0) never enters the link's measurement. A
 record is packed before its own averaging runs, so it holds the previous boundary's averaging
 (controllers/base.py, BoundaryStats), and boundary 0 has none before it: its exposed time is the
 gradient all-reduce of a two-phase boundary step alone (half the sync under AdamW: on the GPT
@@ -31,6 +31,10 @@ workload 0.062 s against 0.124 s at every later boundary, so the first K* read 1
 next window read 25.7), and nothing at all on a fused boundary or under `localsgd` (a share of 0,
 so K held at its floor for a whole window). The first estimate is therefore the second
 boundary's record (after warmup, the first post-warmup one, which holds warmup's last averaging).
+With F fragments the whole first round (boundaries 0 to F − 1) is left out, so that the first
+estimate comes a round in at any F: its other records each hold a fragment's averaging, but at
+F = 1 the first round is boundary 0 alone. A round is the run's first where it holds every record
+since boundary 0 (warmup's are in no round).
 
 `rule="double"` steps instead: f > target: K ← min(K·growth, ceiling); f ≤ target: hold, or with
 `lower`, K ← K/growth when even that keeps the share well under target (predicted f(K/g) <
@@ -401,14 +405,16 @@ class ExposedSyncController:
     def _decide(self, stats: BoundaryStats) -> SyncDecision:
         if stats.warmup:  # K is forced to 1 in warmup; the share there says nothing about K
             return SyncDecision(self.sync_period, "warmup")
-        if stats.boundary > 0:  # the first boundary's record holds no averaging's wait
-            self._round.add(stats)  # (the module's docstring, "the first boundary")
+        self._round.add(stats)
         self._guard_win.add(stats)
         self._add_to_skew_window(stats)
         if not stats.closes_round:  # windows and the cooldown count whole rounds
             return SyncDecision(self.sync_period, f"measuring (fragment {stats.fragment})")
         needed = self.window if self.estimated or self.rule != "direct" else 1
-        shift = self._take_round(needed)
+        # every record since boundary 0: the run's first round, which is not measured (the
+        # module's docstring, "the first boundary")
+        first_round = self._round.n == stats.boundary + 1
+        shift = self._take_round(needed, measured=not first_round)
         if self.ceiling is not None:
             self.since_fire += 1
             if self.since_fire >= self.cooldown:
@@ -443,8 +449,8 @@ class ExposedSyncController:
         if reason is None and shift is None and (held < needed or waits):
             # a round off the level waits for the next, which says whether the link changed
             off = f", {off_level} off its level" if off_level else ""
-            if stats.boundary == 0:
-                off = ": the first boundary's record holds no averaging"
+            if first_round:
+                off = ": the run's first round, no averaging before it"
             return SyncDecision(self.sync_period, f"measuring ({held}/{needed}{off})")
         w = self._link.held if shift is not None else self._win
         if shift is None:  # a full window or the guard: rounds held apart are its too
@@ -490,13 +496,11 @@ class ExposedSyncController:
         self._win = Window()
         self._link.held = Window()
 
-    def _take_round(self, needed: int) -> str | None:
-        """The round just closed, to the window or held apart by the link check: what a changed
-        link says, else None."""
+    def _take_round(self, needed: int, measured: bool = True) -> str | None:
+        """The round just closed, to the window or held apart by the link check (dropped where
+        not `measured`): what a changed link says, else None."""
         rnd, self._round = self._round.closed(), Window()
-        if rnd.n == 0:  # the run's first boundary, alone in its round: nothing measured
-            return None
-        return self._link.take(rnd, self._win, needed)
+        return self._link.take(rnd, self._win, needed) if measured else None
 
     def set_sync_period(self, k: int, was: int | None = None) -> None:
         """Move to K from `was` (default: the K in force); a raise by more than the margin

@@ -624,7 +624,7 @@ def test_network_share_leaves_the_peer_wait_out_of_both_sides():
     assert network_share(0.0, 0.0, 0.0) == 0.0
 
 
-def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_boundary():
+def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_measured_boundary():
     # s = 0.05 s per boundary, c = 0.02 s per step: f(4) = 0.05/0.13, K* = 4·r/r_t = 10,
     # decided at the first boundary rather than after a window at the starting K
     c = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32, skew_drift=0.0))
@@ -638,7 +638,7 @@ def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_boundary():
     assert {x.next_sync_period for x in ks} == {d.next_sync_period}
 
 
-def test_the_first_boundarys_record_is_not_measured_the_second_decides():
+def test_the_first_round_is_not_measured_the_second_decides():
     """Boundary 0's record holds no averaging (its own lands in boundary 1's): under localsgd
     or a fused boundary it reads no sync at all, so it must not set K*; the next record decides,
     as the first would have, had it held a whole boundary's sync. The guard and the skew
@@ -648,22 +648,23 @@ def test_the_first_boundarys_record_is_not_measured_the_second_decides():
     d = c.observe(stats(4, step_compute=0.02, sync=0.0, i=0))
     assert (d.next_sync_period, d.reason) == (
         4,
-        "measuring (0/1: the first boundary's record holds no averaging)",
+        "measuring (0/1: the run's first round, no averaging before it)",
     )
     assert c._guard_win.n == 1  # the guard's window has it
     d = c.observe(stats(4, step_compute=0.02, sync=0.05, i=1))  # K* = 10, as at i = 1 alone
     alone = build_controller("exposed-sync", 4, opts)
     assert d == alone.observe(stats(4, step_compute=0.02, sync=0.05))
     assert d.next_sync_period in (10, 11)
-    # with F = 2 fragments the first round is boundaries 0 and 1: boundary 1 alone measures it
-    # (2 steps, 0.01 s of compute, 0.05 s of sync: K* = 4 · 5 / 0.25 = 80; with boundary 0's
-    # empty record in it, 40)
+    # with F = 2 fragments the whole first round (boundaries 0 and 1) is left out, so that the
+    # first estimate comes a round in at any F; the second round decides, as boundary 1 at F = 1
     f = build_controller("exposed-sync", 4, opts)
-    first = [dataclasses.replace(s, boundary=b) for b, s in enumerate(round_stats(4, 2, i=0))]
-    first[0] = dataclasses.replace(first[0], exposed_sync_seconds=0.0)
+    first = round_stats(4, 2, i=0, b=0, step_compute=0.02, sync=0.0)
     assert [x.closes_round for x in first] == [False, True]
-    ds = [f.observe(s) for s in first]
-    assert ds[-1].reason == "raise: sync share 83% > target 20%: K* 80"
+    assert f.observe(first[0]).reason.startswith("measuring (fragment")
+    why = "measuring (0/1: the run's first round, no averaging before it)"
+    assert f.observe(first[1]).reason == why
+    second = round_stats(4, 2, i=1, b=2, step_compute=0.02, sync=0.05)
+    assert [f.observe(x) for x in second][-1] == d
 
 
 def test_the_default_rule_lowers_k_on_a_fast_link_and_raises_it_when_the_link_slows():
@@ -700,19 +701,21 @@ def test_share_prediction():
 # ----- windows count rounds with --fragments ---------------------------------------------------
 
 
-def round_stats(k, frags, *, i, **kw):
+def round_stats(k, frags, *, i, b=None, **kw):
     """One round at K as the engine reports it with F fragments: F boundaries of gaps
     ⌊jK/F⌋ − ⌊(j−1)K/F⌋ in the order 1, …, F−1, 0, that together time and drift as one F = 1
-    boundary `stats(k, ...)`; the whole model in one boundary while K < F."""
+    boundary `stats(k, ...)`; the whole model in one boundary while K < F. `b`: the first
+    boundary's number, the engine's count (default `i`, every boundary of the round numbered so)."""
     whole = stats(k, i=i, **kw)
     if k < frags:
-        return [whole]
+        return [whole if b is None else dataclasses.replace(whole, boundary=b)]
     out = []
     for j in range(1, frags + 1):
         steps = (j * k) // frags - ((j - 1) * k) // frags
         out.append(
             dataclasses.replace(
                 whole,
+                boundary=whole.boundary if b is None else b + j - 1,
                 interval_steps=steps,
                 compute_seconds=whole.compute_seconds * steps / k,
                 exposed_sync_seconds=whole.exposed_sync_seconds / frags,
@@ -728,7 +731,7 @@ def test_windows_count_whole_rounds_not_fragment_boundaries(name):
     # where each round ends, is the F = 1 path, and K never changes inside a round.
     def path(frags):
         c = build_controller(name, 8, PolicyOptions(max_sync_period=32))
-        k, ks = c.sync_period, []
+        k, ks, b = c.sync_period, [], 0  # b: the engine's boundary count, from 0
         for i in range(40):
             kw = {  # powers of 2: a round's parts sum to the F = 1 boundary exactly
                 "step_compute": 2**-6,
@@ -736,7 +739,8 @@ def test_windows_count_whole_rounds_not_fragment_boundaries(name):
                 "drift_ratio": 1.0 if i < 24 else 5.0,
                 "loss": 2.0 / (1 + i),
             }
-            ds = [c.observe(s) for s in round_stats(k, frags, i=i, **kw)]
+            ds = [c.observe(s) for s in round_stats(k, frags, i=i, b=b, **kw)]
+            b += len(ds)
             assert {d.next_sync_period for d in ds[:-1]} <= {k}
             k = ds[-1].next_sync_period
             ks.append(k)

@@ -46,7 +46,7 @@ def test_exposed_sync_climbs_on_wan_and_all_ranks_agree():
     ks = [k for _, k, _ in log0]
     assert ks[0] == 1 and max(ks) >= 8, ks
     assert s0["param_digest_per_rank"][0] == s0["param_digest_per_rank"][1]
-    # the direct rule (the default) jumps to K* from the first boundary: K 1, then K*'s
+    # the direct rule (the default) jumps to K* from the first measured boundary: K 1, then K*'s
     assert s0["k_path"][0]["sync_period"] == 1 and len(s0["k_path"]) >= 2
 
 
@@ -57,7 +57,7 @@ def test_the_first_estimate_waits_for_a_record_that_holds_an_averaging():
     virtual = {"strategy": "localsgd", "clock": "virtual", "compute_ms": 20}
     (log0, s0), (log1, _) = run_dist(_policy_worker, 2, "exposed-sync", "wan", 1, 32, 2000, virtual)
     assert log0 == log1
-    assert s0["reasons"][0] == "measuring (0/1: the first boundary's record holds no averaging)"
+    assert s0["reasons"][0] == "measuring (0/1: the run's first round, no averaging before it)"
     assert s0["reasons"][1].startswith("raise: sync share") and log0[1][2] > 1, s0["reasons"][:3]
 
 

@@ -454,9 +454,9 @@ class SyncOptions(
 
     def _default_sync_period(self) -> int:
         """K where --sync-period is not given: 1 on ddp; its --k-floor (1; 2 under Adam's family)
-        under exposed-sync's direct rule with lowering (its first boundary measures the link and
-        sets K* from it, so where K = 1 is best the run is K = 1's from its first step; started
-        at 4, its first four steps alone moved the panel's time to target per seed by
+        under exposed-sync's direct rule with lowering (its first measured boundary, the
+        second, sets K* from the link, so where K = 1 is best the run is K = 1's from its first
+        step; started at 4, its first four steps alone moved the panel's time to target per seed by
         0.71-1.15x: docs/design.md §6);
         under scheduled, its --k-schedule's first K; else 4, the study's K (or the policy's
         --k-floor above it)."""

@@ -41,8 +41,8 @@ class StrategySettings(BaseModel):
         ge=1,
         le=K_MAX,
         description="K, optimizer steps between boundaries (default: 4; 1 on ddp; under "
-        "exposed-sync's direct rule with lowering, which sets K from its first boundary, its "
-        "--k-floor (1; 2 under Adam's family); --k-schedule's first K under scheduled; never "
+        "exposed-sync's direct rule with lowering, which sets K from its first measured boundary, "
+        "its --k-floor (1; 2 under Adam's family); --k-schedule's first K under scheduled; never "
         "under --k-floor)",
         json_schema_extra=about(_SYNC, too_high=_K_REASON),
     )
