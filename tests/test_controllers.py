@@ -634,7 +634,8 @@ def test_the_default_rule_jumps_to_the_link_models_k_at_the_first_measured_bound
     on = build_controller("exposed-sync", 4, PolicyOptions(max_sync_period=32))
     assert on.observe(stats(4, step_compute=0.02, sync=0.05)).next_sync_period == 6
     # then a window per decision: K* at 10 or 11 is within the margin, so K holds
-    ks = [c.observe(stats(d.next_sync_period, step_compute=0.02, sync=0.05, i=i)) for i in range(8)]
+    k = d.next_sync_period
+    ks = [c.observe(stats(k, step_compute=0.02, sync=0.05, i=i)) for i in range(2, 10)]
     assert {x.next_sync_period for x in ks} == {d.next_sync_period}
 
 
@@ -684,7 +685,7 @@ def test_the_loss_guard_does_not_hold_k_at_1_on_the_noise_of_a_few_steps():
     for i in range(12):
         loss = 1.0 if (i // 4) % 2 == 0 else 1.2
         c.observe(stats(1, step_compute=0.02, sync=1e-4, loss=loss, i=i))
-    ds = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)) for i in range(8)]
+    ds = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)) for i in range(12, 20)]
     assert not any("back off" in d.reason for d in ds)
     assert max(d.next_sync_period for d in ds) >= 8  # within two windows of the slowing
 
