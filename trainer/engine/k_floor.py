@@ -27,11 +27,6 @@ FAMILY_FLOOR = 2  # judged: docs/controller-panel/gpt-floor-check/ (with --link-
 SECOND_MOMENT_KEY = "second_moment"  # the validation context's key: the optimizer Sync was given
 
 
-def reads_floor(policy: str) -> bool:
-    """Whether `policy` keeps a K floor (exposed-sync, composite)."""
-    return reads(policy, "k_floor")
-
-
 def default_floor(second_moment: bool, cap: int) -> int:
     """The floor under an optimizer that does (or does not) divide by a second moment: 2, or 1
     where K may not exceed 1 (a cap of 1 leaves nothing to choose)."""
@@ -42,7 +37,7 @@ def resolve_floor(opts: SyncOptions, second_moment: bool | None) -> None:
     """In the options' validator, before the start K is derived: the optimizer's floor, where
     the policy reads a floor, none is given and the optimizer is known (None: not yet; autok.Sync
     validates again with it). A --sync-period given under it is refused in one line."""
-    if opts.k_floor is not None or not reads_floor(opts.policy) or second_moment is None:
+    if opts.k_floor is not None or not reads(opts.policy, "k_floor") or second_moment is None:
         return
     if opts.strategy == "ddp":  # K is 1 there, and an adaptive policy is refused for it first
         return
@@ -64,7 +59,7 @@ def with_optimizer_floor(opts: Options, second_moment: bool) -> Options:
 
     from autok.trainer.engine.options import OptionError, describe  # (it imports this module)
 
-    if opts.k_floor is not None or not reads_floor(opts.policy):
+    if opts.k_floor is not None or not reads(opts.policy, "k_floor"):
         return opts
     # given where the validator saw it given, or where it differs from what the options derive
     # (set on a copy or by assignment since: options.py's record is of the validation; a start
