@@ -667,11 +667,43 @@ def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
     return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
 
 
+def best_in_hindsight(summary: dict, g: Regime) -> tuple[str, dict] | None:
+    """The arm whose K was set in advance (`scheduled`: per phase, chosen after the run) with the
+    lowest CI upper bound in this regime, with its summary entry; None where the regime has none.
+    It bounds what a policy that follows the regime's phases with these K could show."""
+    entries = summary["regimes"].get(g.name, {})
+    ranked = sorted(
+        (e["ci_high"], name)
+        for name, e in entries.items()
+        if in_hindsight(g, name) and e.get("ci_high") is not None
+    )
+    return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
+
+
+def hindsight_clause(summary: dict, g: Regime) -> str:
+    """Where the regime ran K set per phase in hindsight: its best, and whether even it was shown
+    10% faster (if not, no policy that sets K per phase from those K could be shown so here)."""
+    bound = best_in_hindsight(summary, g)
+    if bound is None:
+        return ""
+    name, e = bound
+    verdict = (
+        "shown 10% faster, so a policy following the phases could be"
+        if shown_faster(e)
+        else "not shown 10% faster either, so no policy that sets K per phase from these K "
+        "could be shown so here"
+    )
+    return (
+        f"; K set per phase in hindsight, at best {name}, {e['ratio']:.3f}× ({_ci(e)}): {verdict}"
+    )
+
+
 def render_why(
     gs: list[Goal], regimes: list[Regime], summary: dict, policy: str = DEFAULT_POLICY
 ) -> str:
     """Per regime where the default policy missed "within 5%", why and what would change it
-    (why_missed); then, per regime where no policy was 10% faster, the nearest."""
+    (why_missed); then, per regime where no policy was 10% faster, the nearest, and where K set
+    per phase in hindsight ran, whether even its best was."""
     by_name = {g.name: g for g in regimes}
     lines = ["### Why the goals were missed, from the records", "", f"Within 5% ({policy}):", ""]
     for goal in gs:
@@ -701,7 +733,10 @@ def render_why(
                     "its run's end, no crossing: not counted as faster)"
                 )
             )
-            lines.append(f"- {goal.regime}: {name}, {e['ratio']:.3f}× ({_ci(e)}){missed}")
+            lines.append(
+                f"- {goal.regime}: {name}, {e['ratio']:.3f}× ({_ci(e)}){missed}"
+                + ("" if g is None else hindsight_clause(summary, g))
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -745,6 +745,25 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
     assert summary["regimes"]["r"]["sched-1-8"]["ci_high"] <= panel.GOAL_FASTER
     assert goal.faster == []
     assert panel.nearest_faster(summary, regimes[0])[0] == "exposed-sync"
+    # the goal's line says what even K set per phase in hindsight showed: here a bound it passed
+    text = panel.render_why([goal], regimes, summary)
+    assert "- r: exposed-sync, 0.987× (0.949–1.025); K set per phase in hindsight" in text
+    assert "K set per phase in hindsight, at best sched-1-8, 0.803×" in text
+    assert "shown 10% faster, so a policy following the phases could be" in text
+    slow = [_run("sched-1-8", s, [0.6, 0.88, 0.9], f, "scheduled")
+            for s, f in ((1, 0.95), (2, 0.97), (3, 0.96))]  # fmt: skip
+    slower = [_run("sched-1-4", s, [0.6, 0.88, 0.9], f, "scheduled")
+              for s, f in ((1, 0.99), (2, 1.0), (3, 0.98))]  # fmt: skip
+    regimes = panel.build_regimes(best + es + slow + slower)
+    summary = panel.summary_data(regimes)
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert "at best sched-1-8, 0.960×" in text and "sched-1-4" not in text
+    assert "not shown 10% faster either, so no policy that sets K per phase from these K" in text
+    # no K set in hindsight: the line names the nearest policy alone
+    regimes = panel.build_regimes(best + es)
+    summary = panel.summary_data(regimes)
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert "- r: exposed-sync, 0.987× (0.949–1.025)\n" in text and "hindsight" not in text
     for b in es[0].boundaries[1:]:
         b["reason"] = "raise: sync share 30% > target 20%: K* 40; K 40 capped at 32, the steps "
     assert panel.decisions(regimes[0].method("exposed-sync"))[0] == pytest.approx(0.0)
