@@ -759,6 +759,18 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
     text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
     assert "at best sched-1-8, 0.960×" in text and "sched-1-4" not in text
     assert "not shown 10% faster either, so no policy that sets K per phase from these K" in text
+    # its bound met in the seeds it finished, but a seed lost (a run that diverged at the jump)
+    from autok.report import StoppedRun
+
+    lost = [
+        _run("sched-1-4", s, [0.6, 0.88, 0.9], f, "scheduled") for s, f in ((1, 0.8), (2, 0.81))
+    ]
+    stopped = [StoppedRun("sched-1-4 regime=r", 3, 2, 0.7, "training diverged")]
+    regimes = panel.build_regimes(best + es + lost)
+    summary = panel.summary_data(regimes, stopped=stopped)
+    assert summary["regimes"]["r"]["sched-1-4"]["ci_high"] <= panel.GOAL_FASTER
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert "its bound is met but it reached the target in 67% of seeds, so not shown" in text
     # no K set in hindsight: the line names the nearest policy alone
     regimes = panel.build_regimes(best + es)
     summary = panel.summary_data(regimes)
