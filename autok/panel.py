@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -651,33 +651,35 @@ def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | Non
     return f"**not resolved**: {ratio} ({span}), the CI spans 1: {need}; {said}."
 
 
-def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
-    """The adaptive policy (not a fixed K, nor one set in hindsight) whose CI's upper bound is
-    lowest in this regime (the nearest to "10% faster"), with its summary entry; None where no
-    policy has one."""
+def lowest_bound(summary: dict, g: Regime, keep: Callable[[str], bool]) -> tuple[str, dict] | None:
+    """Of the regime's summary entries whose method `keep` admits, the one whose CI's upper bound
+    is lowest, with its entry; None where none has a bound."""
     entries = summary["regimes"].get(g.name, {})
     ranked = sorted(
         (e["ci_high"], name)
         for name, e in entries.items()
-        if (m := g.method(name)) is not None
-        and not m.fixed
-        and not in_hindsight(g, name)
-        and e.get("ci_high") is not None
+        if keep(name) and e.get("ci_high") is not None
     )
     return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
+
+
+def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
+    """The adaptive policy (not a fixed K, nor one set in hindsight) whose CI's upper bound is
+    lowest in this regime (the nearest to "10% faster"), with its summary entry; None where no
+    policy has one."""
+
+    def adaptive(name: str) -> bool:
+        m = g.method(name)
+        return m is not None and not m.fixed and not in_hindsight(g, name)
+
+    return lowest_bound(summary, g, adaptive)
 
 
 def best_in_hindsight(summary: dict, g: Regime) -> tuple[str, dict] | None:
     """The arm whose K was set in advance (`scheduled`: per phase, chosen after the run) with the
     lowest CI upper bound in this regime, with its summary entry; None where the regime has none.
     It bounds what a policy that follows the regime's phases with these K could show."""
-    entries = summary["regimes"].get(g.name, {})
-    ranked = sorted(
-        (e["ci_high"], name)
-        for name, e in entries.items()
-        if in_hindsight(g, name) and e.get("ci_high") is not None
-    )
-    return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
+    return lowest_bound(summary, g, lambda name: in_hindsight(g, name))
 
 
 def hindsight_clause(summary: dict, g: Regime) -> str:
