@@ -706,6 +706,27 @@ def hindsight_clause(summary: dict, g: Regime) -> str:
     )
 
 
+def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
+    """For a regime where the default policy missed "within 5%" and K set per phase in hindsight
+    ran: whether even its best was within 5% by the goal's own test (`Goal.within`), so whether a
+    policy that sets K per phase from those K could meet the goal here."""
+    bound = best_in_hindsight(summary, g)
+    if bound is None:
+        return ""
+    name, e = bound
+    within = Goal(
+        g.name, e["ratio"], e["ci_high"], e["ci_low"], e["reached"], goal.baseline_reached, [], None
+    ).within
+    verdict = (
+        "was within 5%, so a policy following the phases with these K could be"
+        if within
+        else "was not shown within 5% either"
+    )
+    return (
+        f" K set per phase in hindsight, at best {name}, {e['ratio']:.3f}× ({_ci(e)}), {verdict}."
+    )
+
+
 def render_why(
     gs: list[Goal], regimes: list[Regime], summary: dict, policy: str = DEFAULT_POLICY
 ) -> str:
@@ -717,8 +738,8 @@ def render_why(
     for goal in gs:
         g = by_name.get(goal.regime)
         why = None if g is None else why_missed(goal, g, policy)
-        if why is not None:
-            lines.append(f"- {goal.regime}: {why}")
+        if why is not None and g is not None:
+            lines.append(f"- {goal.regime}: {why}{hindsight_within(summary, g, goal)}")
     if len(lines) == 4:
         lines.append(
             f"- {policy} met it in every regime." if gs else f"- {policy} ran in no regime."

@@ -779,3 +779,35 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
     for b in es[0].boundaries[1:]:
         b["reason"] = "raise: sync share 30% > target 20%: K* 40; K 40 capped at 32, the steps "
     assert panel.decisions(regimes[0].method("exposed-sync"))[0] == pytest.approx(0.0)
+
+
+def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsight_met_it():
+    """A goal-1 miss in a regime that ran K set per phase in hindsight also says whether even
+    its best was within 5% by the goal's own test: if so a policy following the phases could
+    be; if not, the miss is not the following alone."""
+    from autok import panel
+
+    best = [_run("k8", s, [0.6, 0.88, 0.9], 1.0, ks=(8, 8)) for s in (1, 2, 3)]
+    slow = [_run("exposed-sync", s, [0.6, 0.88, 0.9], f, "exposed-sync", ks=(4, 4))
+            for s, f in ((1, 1.2), (2, 1.22), (3, 1.21))]  # fmt: skip
+    near = [_run("sched-8-16", s, [0.6, 0.88, 0.9], f, "scheduled")
+            for s, f in ((1, 0.98), (2, 0.99), (3, 0.985))]  # fmt: skip
+    far = [_run("sched-6-16", s, [0.6, 0.88, 0.9], f, "scheduled")
+           for s, f in ((1, 1.1), (2, 1.12), (3, 1.11))]  # fmt: skip
+
+    def line(runs):
+        regimes = panel.build_regimes(runs)
+        summary = panel.summary_data(regimes)
+        text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+        return next(t for t in text.splitlines() if t.startswith("- r: **time**"))
+
+    met = line(best + slow + near + far)
+    assert met.endswith(
+        "K set per phase in hindsight, at best sched-8-16, 0.985× (0.973–0.997), was within 5%, "
+        "so a policy following the phases with these K could be."
+    )
+    assert line(best + slow + far).endswith(
+        "K set per phase in hindsight, at best sched-6-16, 1.110× (1.085–1.135), was not shown "
+        "within 5% either."
+    )
+    assert "hindsight" not in line(best + slow)
