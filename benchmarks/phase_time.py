@@ -10,18 +10,19 @@ phase, is what learning of each change costs it (docs/design.md §6, "what follo
 A phase is a run of boundary records naming one link in a row (the record's `link`): its time is
 the sum of their compute and exposed-sync seconds, and its steps per round (/rd) its steps over
 its records, the sync count that costs time (a round also ends at an epoch's end). A record holds
-the previous boundary's averaging (docs/design.md §6, "the first boundary"), so the first round
-on a new link is booked to the phase before it: a phase's time is its own to within one round.
+the previous boundary's averaging (docs/design.md §6, "the first boundary"), so a phase's first
+record holds the last averaging on the link before, and its own last averaging is booked to the
+next phase: a phase's time is its own to within one round's sync.
 
 Runs are grouped by their directory's arm and regime (`ARM_regime=NAME/seed-S`, as `autok
 experiment run` writes them). Arms on seeds of their own (a pilot's) are left out, and only the
 seeds every other arm of the regime finished are counted, so each mean is over the same seeds.
 With `--against ARM`, each arm's time per phase is also given as a difference from ARM's: its
-mean and range over those seeds. Where DIR's plan.json holds the regime's target, each arm's mean
-epoch of crossing it is given too (interpolated between evaluations as the report's time to
-target is, on the epoch count instead of the clock; runs that never cross it are counted): two
-arms that spend the same time per phase can cross the target epochs apart where a larger K costs
-steps.
+mean and range over those seeds. Where DIR's plan.json holds the regime's target, each arm's
+epoch of crossing it is given too, its mean and range over the runs that crossed it and how many
+did (interpolated between evaluations as the report's time to target is, on the epoch count
+instead of the clock): two arms that spend the same time per phase can cross the target epochs
+apart where a larger K costs steps.
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ def phases(records: list[dict]) -> list[Phase]:
 
 
 def crossing_epoch(run: Path, target: float, accuracy: bool) -> float | None:
-    """The epochs the run took to cross the target (evaluation i at the end of epoch i, counted
-    from 1), interpolated between evaluations; None where it never crossed it."""
+    """The epochs the run took to cross the target (an evaluation at the end of each epoch, the
+    epoch column counted from 0), interpolated between evaluations; None where it never did."""
     with (run / "epochs.csv").open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     values = [float(r["test_accuracy"] if accuracy else r["test_loss"]) for r in rows]
-    epochs = [float(i + 1) for i in range(len(rows))]
+    epochs = [float(r["epoch"]) + 1 for r in rows]
     return crossing_time(epochs, values, target, higher_is_better=accuracy)
 
 
@@ -109,10 +110,13 @@ def collect(root: Path) -> dict[str, dict[str, dict[int, Run]]]:
             s = SEED_DIR.match(seed_dir.name)
             if s is None or not (seed_dir / "summary.json").is_file():
                 continue  # not finished (a diverged run has no summary)
-            run = Run(phases(read_boundaries(seed_dir / "boundaries.jsonl")))
-            if m["regime"] in goal:
-                run.judged = True
-                run.crossed = crossing_epoch(seed_dir, *goal[m["regime"]])
+            try:
+                run = Run(phases(read_boundaries(seed_dir / "boundaries.jsonl")))
+                if m["regime"] in goal:
+                    run.judged = True
+                    run.crossed = crossing_epoch(seed_dir, *goal[m["regime"]])
+            except (KeyError, ValueError, OSError) as exc:  # a field missing or not a number
+                raise ReportError(f"{seed_dir}: {type(exc).__name__}: {exc}") from None
             found[m["regime"]].setdefault(m["arm"], {})[int(s["seed"])] = run
     return found
 
@@ -130,8 +134,9 @@ def crossed(runs: list[Run]) -> str:
     if not all(r.judged for r in runs):
         return ""
     at = [r.crossed for r in runs if r.crossed is not None]
-    mean = f"{statistics.fmean(at):5.2f}" if at else f"{'—':>5}"
-    return f"{mean} ({len(at)}/{len(runs)})"
+    if not at:
+        return f"— (0/{len(runs)})"
+    return f"{statistics.fmean(at):.2f} ({min(at):.2f}–{max(at):.2f}; {len(at)}/{len(runs)})"
 
 
 def table(arms: dict[str, dict[int, Run]], against: str | None) -> list[str]:
@@ -149,7 +154,7 @@ def table(arms: dict[str, dict[int, Run]], against: str | None) -> list[str]:
     if apart:
         lines.append(f"  left out, on seeds of their own: {', '.join(apart)}")
     header = "  arm".ljust(26) + "".join(f"{f'{i + 1}: {ln}':>28}" for i, ln in enumerate(links))
-    lines += [header + f"{'total (s)':>12}{'target at epoch':>20}"]
+    lines += [header + f"{'total (s)':>12}   target at epoch (range; crossed)"]
     for arm in sorted(arms):
         runs = [arms[arm][s] for s in seeds]
         cells = []
@@ -160,7 +165,9 @@ def table(arms: dict[str, dict[int, Run]], against: str | None) -> list[str]:
             cells.append(f"{sec:7.2f} s {steps:4.0f} st {steps / rounds:5.1f}/rd")
         total = statistics.fmean(sum(p.seconds for p in r.phases) for r in runs)
         row = f"  {arm}".ljust(26) + "".join(f"{c:>28}" for c in cells)
-        lines.append(row + f"{total:12.2f}{crossed(runs):>20}")
+        lines.append(row + f"{total:12.2f}   {crossed(runs)}")
+    if against is not None and against not in arms:
+        lines.append(f"  no arm {against} in this regime: no differences")
     if against is not None and against in arms:
         lines.append(f"  seconds over {against}'s, per phase: mean (range over seeds)")
         for arm in sorted(a for a in arms if a != against):
@@ -186,10 +193,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         found = collect(args.dir)
-    except (ReportError, OSError, ValueError, KeyError) as exc:
+    except (ReportError, OSError) as exc:
         print(f"phase_time: {exc}", file=sys.stderr)
         return 2
     regimes = [args.regime] if args.regime else sorted(found)
+    known = {a for r in regimes if r in found for a in main_arms(found[r])[0]}
+    if args.against is not None and args.against not in known:
+        print(
+            f"phase_time: --against {args.against}: no such arm on the main seeds "
+            f"(arms: {', '.join(sorted(known))})",
+            file=sys.stderr,
+        )
+        return 2
     for regime in regimes:
         if regime not in found:
             print(

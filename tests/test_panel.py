@@ -811,3 +811,23 @@ def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsi
         "within 5% either."
     )
     assert "hindsight" not in line(best + slow)
+    # a lower bound from an arm that lost a seed does not hide one that was within 5%
+    from autok.report import StoppedRun
+
+    lost = [
+        _run("sched-1-4", s, [0.6, 0.88, 0.9], f, "scheduled") for s, f in ((1, 0.8), (2, 0.81))
+    ]
+    stopped = [StoppedRun("sched-1-4 regime=r", 3, 2, 0.7, "training diverged")]
+    regimes = panel.build_regimes(best + slow + near + lost)
+    summary = panel.summary_data(regimes, stopped=stopped)
+    assert summary["regimes"]["r"]["sched-1-4"]["ci_high"] < 0.9
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert "at best sched-8-16, 0.985× (0.973–0.997), was within 5%" in text
+    # within by the reach clause: the best fixed K missed a seed, the schedule none
+    missing = best[:2] + [_run("k8", 3, [0.6, 0.7, 0.8], 1.0, ks=(8, 8))]
+    unreached = slow[:2] + [_run("exposed-sync", 3, [0.6, 0.7, 0.8], 1.0, "exposed-sync")]
+    regimes = panel.build_regimes(missing + unreached + far)
+    summary = panel.summary_data(regimes)
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert summary["regimes"]["r"]["sched-6-16"]["ci_high"] > 1.05
+    assert "reached the target in every seed where the best fixed K did not, so a policy" in text

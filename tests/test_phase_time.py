@@ -61,7 +61,7 @@ def test_time_and_steps_per_round_by_link_phase_over_the_common_seeds(tmp_path, 
     out = capsys.readouterr().out
     assert "2 seeds (1-2); phases: wan -> slow-wan" in out
     assert "left out, on seeds of their own: k4" in out
-    assert " 2.50 (2/2)" in out and "— (0/2)" in out  # the schedule never crossed 0.8
+    assert " 2.50 (2.50–2.50; 2/2)" in out and "— (0/2)" in out  # the schedule never crossed 0.8
     assert "6.7/rd" in out  # 20 steps in 3 rounds on the slow link
     # the rule's slow phase over the schedule's: +0.0 on seed 1, +0.4 on seed 2 (same steps)
     assert "+0.20 (+0.00..+0.40)" in out
@@ -79,3 +79,36 @@ def test_arms_on_other_links_are_not_compared_and_bad_input_exits_2(tmp_path, ca
     (tmp_path / "a_regime=r" / "seed-1" / "boundaries.jsonl").write_text("[1]\n")
     assert phase_time.main([str(tmp_path)]) == 2
     assert "not a JSON object" in capsys.readouterr().err
+
+
+def test_a_loss_target_an_unknown_arm_and_no_plan(tmp_path, capsys):
+    """Under a loss target the crossing is the first evaluation at or under it; without a plan
+    no crossing is read; an arm named to subtract that is not there exits 2."""
+    rounds = [("wan", 4, 0.08, 0.05)] * 2
+    for arm in ("a", "b"):
+        _run(tmp_path, f"{arm}_regime=gpt", 1, rounds)
+    rows = ["epoch,test_accuracy,test_loss", "0,0,3.0", "1,0,2.0", "2,0,1.0"]
+    (tmp_path / "a_regime=gpt" / "seed-1" / "epochs.csv").write_text("\n".join(rows) + "\n")
+    found = phase_time.collect(tmp_path)
+    assert not found["gpt"]["a"][1].judged and found["gpt"]["a"][1].crossed is None
+    (tmp_path / "plan.json").write_text(
+        json.dumps({"regime=gpt": {"target": 2.5, "metric": "validation loss"}})
+    )
+    found = phase_time.collect(tmp_path)
+    assert found["gpt"]["a"][1].crossed == 1.5  # 3.0 after epoch 1, 2.0 after epoch 2
+    assert phase_time.main([str(tmp_path), "--against", "c"]) == 2
+    assert "--against c: no such arm on the main seeds (arms: a, b)" in capsys.readouterr().err
+    (tmp_path / "b_regime=gpt" / "seed-1" / "boundaries.jsonl").write_text(
+        json.dumps(
+            {
+                "epoch": 0,
+                "global_step": 0,
+                "sync_period": 1,
+                "compute_seconds": 0,
+                "exposed_sync_seconds": 0,
+            }
+        )
+        + "\n"  # fmt: skip
+    )
+    assert phase_time.main([str(tmp_path)]) == 2
+    assert "b_regime=gpt/seed-1: KeyError: 'interval_steps'" in capsys.readouterr().err
