@@ -708,9 +708,9 @@ def hindsight_clause(summary: dict, g: Regime) -> str:
 
 def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
     """For a regime where the default policy missed "within 5%" and K set per phase in hindsight
-    ran: whether even one such arm was within 5% by the goal's own test (`Goal.within`), so
-    whether a policy that sets K per phase from those K could meet the goal here. It names one
-    that was (the lowest upper bound among them), else the one with the lowest upper bound."""
+    ran: whether any such arm was within 5% by the goal's own test (`Goal.within`), so whether a
+    policy that sets K per phase from those K could meet the goal here. It names one that was
+    (the lowest upper bound among them), else the one with the lowest upper bound."""
     entries = summary["regimes"].get(g.name, {})
 
     def within(name: str) -> bool:
@@ -726,31 +726,36 @@ def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
             seeds_for_within=None,
         ).within
 
-    met = lowest_bound(summary, g, lambda name: in_hindsight(g, name) and within(name))
-    bound = met or best_in_hindsight(summary, g)
+    # an arm within by the reach clause alone may have no CI (a single paired seed): ranked last
+    met = sorted(
+        (e.get("ci_high") is None, e.get("ci_high") or 0.0, name)
+        for name, e in entries.items()
+        if in_hindsight(g, name) and within(name)
+    )
+    bound = (met[0][2], entries[met[0][2]]) if met else best_in_hindsight(summary, g)
     if bound is None:
         return ""
     name, e = bound
-    if met is None:
+    if not met:
         verdict = "was not shown within 5% either"
-    elif e["ci_high"] <= GOAL_WITHIN:
+    elif e.get("ci_high") is not None and e["ci_high"] <= GOAL_WITHIN:
         verdict = "was within 5%, so a policy following the phases with these K could be"
     else:  # within by the reach clause: the best fixed K missed a seed, this arm none
         verdict = (
             "reached the target in every seed where the best fixed K did not, so a policy "
             "following the phases with these K could meet the goal"
         )
-    return (
-        f" K set per phase in hindsight, at best {name}, {e['ratio']:.3f}× ({_ci(e)}), {verdict}."
-    )
+    ratio = "—" if e.get("ratio") is None else f"{e['ratio']:.3f}×"
+    return f" K set per phase in hindsight, at best {name}, {ratio} ({_ci(e)}), {verdict}."
 
 
 def render_why(
     gs: list[Goal], regimes: list[Regime], summary: dict, policy: str = DEFAULT_POLICY
 ) -> str:
     """Per regime where the default policy missed "within 5%", why and what would change it
-    (why_missed); then, per regime where no policy was 10% faster, the nearest, and where K set
-    per phase in hindsight ran, whether even its best was."""
+    (why_missed) and, where K set per phase in hindsight ran, whether any such arm was within 5%
+    (hindsight_within); then, per regime where no policy was 10% faster, the nearest, and whether
+    even the best K set in hindsight was (hindsight_clause)."""
     by_name = {g.name: g for g in regimes}
     lines = ["### Why the goals were missed, from the records", "", f"Within 5% ({policy}):", ""]
     for goal in gs:

@@ -93,8 +93,10 @@ def targets(root: Path) -> dict[str, tuple[float, bool]]:
     out = {}
     for key, entry in plan.items() if isinstance(plan, dict) else ():
         if key.startswith("regime=") and isinstance(entry, dict) and "target" in entry:
-            accuracy = entry.get("metric") == "accuracy"
-            out[key.removeprefix("regime=")] = (float(entry["target"]), accuracy)
+            target = entry["target"]
+            if isinstance(target, bool) or not isinstance(target, (int, float)):
+                raise ReportError(f"{root / 'plan.json'}: {key}: target {target!r} is not a number")
+            out[key.removeprefix("regime=")] = (float(target), entry.get("metric") == "accuracy")
     return out
 
 
@@ -115,6 +117,8 @@ def collect(root: Path) -> dict[str, dict[str, dict[int, Run]]]:
                 if m["regime"] in goal:
                     run.judged = True
                     run.crossed = crossing_epoch(seed_dir, *goal[m["regime"]])
+            except ReportError:
+                raise
             except (KeyError, ValueError, OSError) as exc:  # a field missing or not a number
                 raise ReportError(f"{seed_dir}: {type(exc).__name__}: {exc}") from None
             found[m["regime"]].setdefault(m["arm"], {})[int(s["seed"])] = run
@@ -154,7 +158,9 @@ def table(arms: dict[str, dict[int, Run]], against: str | None) -> list[str]:
     if apart:
         lines.append(f"  left out, on seeds of their own: {', '.join(apart)}")
     header = "  arm".ljust(26) + "".join(f"{f'{i + 1}: {ln}':>28}" for i, ln in enumerate(links))
-    lines += [header + f"{'total (s)':>12}   target at epoch (range; crossed)"]
+    judged = all(arms[a][s].judged for a in arms for s in seeds)
+    crossing = "   target at epoch (range; crossed)" if judged else ""
+    lines += [header + f"{'total (s)':>12}{crossing}"]
     for arm in sorted(arms):
         runs = [arms[arm][s] for s in seeds]
         cells = []
@@ -196,8 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ReportError, OSError) as exc:
         print(f"phase_time: {exc}", file=sys.stderr)
         return 2
+    if args.regime is not None and args.regime not in found:
+        print(
+            f"phase_time: no finished run of regime {args.regime!r} in {args.dir}", file=sys.stderr
+        )
+        return 2
     regimes = [args.regime] if args.regime else sorted(found)
-    known = {a for r in regimes if r in found for a in main_arms(found[r])[0]}
+    known = {a for r in regimes for a in main_arms(found[r])[0]}
     if args.against is not None and args.against not in known:
         print(
             f"phase_time: --against {args.against}: no such arm on the main seeds "
@@ -206,11 +217,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     for regime in regimes:
-        if regime not in found:
-            print(
-                f"phase_time: no finished run of regime {regime!r} in {args.dir}", file=sys.stderr
-            )
-            return 2
         print(f"{regime}:")
         print("\n".join(table(found[regime], args.against)))
     return 0

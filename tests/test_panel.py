@@ -831,3 +831,10 @@ def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsi
     text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
     assert summary["regimes"]["r"]["sched-6-16"]["ci_high"] > 1.05
     assert "reached the target in every seed where the best fixed K did not, so a policy" in text
+    # within by the reach clause on one seed, so with no CI: still found, not passed over
+    one = [_run("sched-2-8", 1, [0.6, 0.88, 0.9], 1.2, "scheduled")]
+    regimes = panel.build_regimes(missing + unreached + one)
+    summary = panel.summary_data(regimes)
+    assert summary["regimes"]["r"]["sched-2-8"]["ci_high"] is None
+    text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
+    assert "at best sched-2-8, 1.200× (—), reached the target in every seed where" in text

@@ -82,8 +82,9 @@ def test_arms_on_other_links_are_not_compared_and_bad_input_exits_2(tmp_path, ca
 
 
 def test_a_loss_target_an_unknown_arm_and_no_plan(tmp_path, capsys):
-    """Under a loss target the crossing is the first evaluation at or under it; without a plan
-    no crossing is read; an arm named to subtract that is not there exits 2."""
+    """Under a loss target the crossing is interpolated to where the loss falls to it; without a
+    plan no crossing is read and none is shown; an arm named to subtract that is not there, and
+    a target that is not a number, exit 2."""
     rounds = [("wan", 4, 0.08, 0.05)] * 2
     for arm in ("a", "b"):
         _run(tmp_path, f"{arm}_regime=gpt", 1, rounds)
@@ -91,6 +92,8 @@ def test_a_loss_target_an_unknown_arm_and_no_plan(tmp_path, capsys):
     (tmp_path / "a_regime=gpt" / "seed-1" / "epochs.csv").write_text("\n".join(rows) + "\n")
     found = phase_time.collect(tmp_path)
     assert not found["gpt"]["a"][1].judged and found["gpt"]["a"][1].crossed is None
+    assert phase_time.main([str(tmp_path)]) == 0
+    assert "target at epoch" not in capsys.readouterr().out
     (tmp_path / "plan.json").write_text(
         json.dumps({"regime=gpt": {"target": 2.5, "metric": "validation loss"}})
     )
@@ -98,6 +101,12 @@ def test_a_loss_target_an_unknown_arm_and_no_plan(tmp_path, capsys):
     assert found["gpt"]["a"][1].crossed == 1.5  # 3.0 after epoch 1, 2.0 after epoch 2
     assert phase_time.main([str(tmp_path), "--against", "c"]) == 2
     assert "--against c: no such arm on the main seeds (arms: a, b)" in capsys.readouterr().err
+    assert phase_time.main([str(tmp_path), "--regime", "typo", "--against", "a"]) == 2
+    assert "no finished run of regime 'typo'" in capsys.readouterr().err
+    (tmp_path / "plan.json").write_text(json.dumps({"regime=gpt": {"target": None}}))
+    assert phase_time.main([str(tmp_path)]) == 2
+    assert "regime=gpt: target None is not a number" in capsys.readouterr().err
+    (tmp_path / "plan.json").unlink()
     (tmp_path / "b_regime=gpt" / "seed-1" / "boundaries.jsonl").write_text(
         json.dumps(
             {
