@@ -459,9 +459,15 @@ class Goal:
 
     @property
     def within(self) -> bool:
-        if self.ci_high is not None and self.ci_high <= GOAL_WITHIN and self.reached == 1.0:
-            return True
-        return self.reached == 1.0 and not self.baseline_reached
+        return is_within(self.ci_high, self.reached, self.baseline_reached)
+
+
+def is_within(ci_high: float | None, reached: float, baseline_reached: bool) -> bool:
+    """The within-5% test, for the default policy (`Goal.within`) or any arm: the target reached in
+    every seed, and the CI's upper bound at most GOAL_WITHIN or the best fixed K missing a seed."""
+    if ci_high is not None and ci_high <= GOAL_WITHIN and reached == 1.0:
+        return True
+    return reached == 1.0 and not baseline_reached
 
 
 # A policy whose K is set in advance (`scheduled`): in a panel it stands for K chosen per phase
@@ -651,16 +657,19 @@ def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | Non
     return f"**not resolved**: {ratio} ({span}), the CI spans 1: {need}; {said}."
 
 
-def lowest_bound(summary: dict, g: Regime, keep: Callable[[str], bool]) -> tuple[str, dict] | None:
+def lowest_bound(
+    summary: dict, g: Regime, keep: Callable[[str], bool], unbounded: bool = False
+) -> tuple[str, dict] | None:
     """Of the regime's summary entries whose method `keep` admits, the one whose CI's upper bound
-    is lowest, with its entry; None where none has a bound."""
+    is lowest, with its entry; None where none has a bound. With `unbounded`, entries with no CI
+    (a single paired seed) are ranked after every bounded one instead of left out."""
     entries = summary["regimes"].get(g.name, {})
     ranked = sorted(
-        (e["ci_high"], name)
+        (e.get("ci_high") is None, e.get("ci_high") or 0.0, name)
         for name, e in entries.items()
-        if keep(name) and e.get("ci_high") is not None
+        if keep(name) and (unbounded or e.get("ci_high") is not None)
     )
-    return (ranked[0][1], entries[ranked[0][1]]) if ranked else None
+    return (ranked[0][2], entries[ranked[0][2]]) if ranked else None
 
 
 def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
@@ -708,35 +717,24 @@ def hindsight_clause(summary: dict, g: Regime) -> str:
 
 def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
     """For a regime where the default policy missed "within 5%" and K set per phase in hindsight
-    ran: whether any such arm was within 5% by the goal's own test (`Goal.within`), so whether a
+    ran: whether any such arm was within 5% by the goal's own test (`is_within`), so whether a
     policy that sets K per phase from those K could meet the goal here. It names one that was
     (the lowest upper bound among them), else the one with the lowest upper bound."""
     entries = summary["regimes"].get(g.name, {})
 
     def within(name: str) -> bool:
         e = entries[name]
-        return Goal(
-            regime=g.name,
-            ratio=e.get("ratio"),
-            ci_high=e.get("ci_high"),
-            ci_low=e.get("ci_low"),
-            reached=e["reached"],
-            baseline_reached=goal.baseline_reached,
-            faster=[],
-            seeds_for_within=None,
-        ).within
+        return in_hindsight(g, name) and is_within(
+            e.get("ci_high"), e["reached"], goal.baseline_reached
+        )
 
-    # an arm within by the reach clause alone may have no CI (a single paired seed): ranked last
-    met = sorted(
-        (e.get("ci_high") is None, e.get("ci_high") or 0.0, name)
-        for name, e in entries.items()
-        if in_hindsight(g, name) and within(name)
-    )
-    bound = (met[0][2], entries[met[0][2]]) if met else best_in_hindsight(summary, g)
+    # an arm within by the reach clause alone may have no CI (a single paired seed)
+    met = lowest_bound(summary, g, within, unbounded=True)
+    bound = met or best_in_hindsight(summary, g)
     if bound is None:
         return ""
     name, e = bound
-    if not met:
+    if met is None:
         verdict = "was not shown within 5% either"
     elif e.get("ci_high") is not None and e["ci_high"] <= GOAL_WITHIN:
         verdict = "was within 5%, so a policy following the phases with these K could be"

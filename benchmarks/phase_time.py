@@ -28,7 +28,6 @@ apart where a larger K costs steps.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import re
 import statistics
@@ -38,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autok.panel_stats import crossing_time
-from autok.report import ReportError, read_boundaries
+from autok.report import ReportError, read_boundaries, read_epochs
 
 RUN_DIR = re.compile(r"^(?P<arm>.+?)_regime=(?P<regime>[^/]+)$")
 SEED_DIR = re.compile(r"^seed-(?P<seed>\d+)$")
@@ -77,9 +76,9 @@ def phases(records: list[dict]) -> list[Phase]:
 def crossing_epoch(run: Path, target: float, accuracy: bool) -> float | None:
     """The epochs the run took to cross the target (an evaluation at the end of each epoch, the
     epoch column counted from 0), interpolated between evaluations; None where it never did."""
-    with (run / "epochs.csv").open(encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    values = [float(r["test_accuracy"] if accuracy else r["test_loss"]) for r in rows]
+    column = "test_accuracy" if accuracy else "test_loss"
+    rows = read_epochs(run / "epochs.csv", numbers=(column,), counts=("epoch",))
+    values = [float(r[column]) for r in rows]
     epochs = [float(r["epoch"]) + 1 for r in rows]
     return crossing_time(epochs, values, target, higher_is_better=accuracy)
 
@@ -174,7 +173,7 @@ def table(arms: dict[str, dict[int, Run]], against: str | None) -> list[str]:
         lines.append(row + f"{total:12.2f}   {crossed(runs)}")
     if against is not None and against not in arms:
         lines.append(f"  no arm {against} in this regime: no differences")
-    if against is not None and against in arms:
+    elif against is not None:
         lines.append(f"  seconds over {against}'s, per phase: mean (range over seeds)")
         for arm in sorted(a for a in arms if a != against):
             cells = []
