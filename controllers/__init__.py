@@ -41,6 +41,8 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_drift=o.skew_drift,
         skew_cap=o.skew_cap,
         skew_strong=o.skew_strong,
+        skew_power=o.skew_power,
+        skew_grade_gamma=o.skew_grade_gamma,
         link_shift=o.link_shift,
         link_drop=o.link_drop,
         k_floor=o.k_floor or 1,  # None: not resolved (no optimizer named): no floor
@@ -85,6 +87,8 @@ _SHARE_READS = frozenset(
         "skew_drift",
         "skew_cap",
         "skew_strong",
+        "skew_power",
+        "skew_grade_gamma",
         "link_shift",
         "link_drop",
         "k_floor",

@@ -87,6 +87,23 @@ steps at K >= 2 in a row) reads 2.54–2.89 and 1.39–2.08 (docs/design.md §6,
 Read once on skewed data (once it is finite), above `skew_strong` the soft cap scales with half
 of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read says so in its reason.
 
+The cap's exponent (`skew_power`, 0.5 by default): K ≤ ⌊scale^(1 − p) · K*^p⌋ above the scale
+(at 0.5 the committed rule's to the bit). One square root does not fit the panel's Dirichlet 1
+regimes at once: on flip-wan (constant LR) K set per phase in hindsight was best at 8–16 on the
+WAN (K* 10) and 32 on the slow WAN (K* 81), on skew-decay (the same shards and WAN, the LR
+decayed where the target is crossed) at 8. flip-wan's pilot crossed the target after epochs
+that grow about linearly in K (8.9, 9.4, 10.2, 12.4 at K = 4, 8, 16, 32), whose least time falls
+near ⌊√(17 · K*)⌋ (13 and 37); skew-decay's 8 is ⌊√(6.4 · K*)⌋. A law through 8 at K* 10 and
+32 at K* 81 has p = log 4 / log 8 ≈ 2/3, at a scale of 6: a fit to two levels, not derived, and
+an option under test (docs/design.md §6, "the cap's exponent").
+
+The grade on one scale (`skew_grade_gamma`, off by default): the drift ratio falls with K (as
+K^−0.28 on the panel's shards, within each seed), so a grading window read at K = 8 puts
+Dirichlet 0.1 shards where one at K = 6 put Dirichlet 1 (2.11–2.23 and 1.39–2.08): with gamma
+the grade reads the window's mean ratio × (K/4)^gamma, K its steps a round (the mean K of its
+rounds, an epoch's short last round included; the scale of the mean, not of each round's ratio
+by its own K), as a window at K = 4 would read it, so one threshold serves any cap.
+
 A changed link (`link_shift`, `link_drop`): a window is closed SHIFT_ROUNDS rounds after the link
 changes rather than a window later, by a check of its own (controllers/link_check.py).
 
@@ -152,6 +169,15 @@ def link_k(k: int, share: float, target: float) -> float:
     if share >= 1.0:
         return math.inf
     return k * (share / (1.0 - share)) / (target / (1.0 - target))
+
+
+def soft_cap(scale: int, link_k: float, power: float = 0.5) -> int:
+    """⌊scale^(1 − power) · K*^power⌋: at 0.5 ⌊√(scale · K*)⌋, the committed rule's to the bit."""
+    # K* is a ratio of measured sums: 16 may read 15.999999999999993, whose root is not 8 when
+    # floored
+    if power == 0.5:
+        return math.floor(math.sqrt(scale * link_k) + 1e-9)
+    return math.floor(scale ** (1.0 - power) * link_k**power + 1e-9)
 
 
 def next_sync_period(
@@ -224,6 +250,8 @@ GUARD_MIN_STEPS = 32
 # (drift ratio 1.79-2.75 and 1.34-1.93), and the ratio of both rises over the first epochs
 # (docs/design.md §6: `python -m benchmarks.skew_signal DIR --judge-rounds 12 --judge-steps 96`)
 GRADE_WINDOWS = 3
+# the grade's one scale (`skew_grade_gamma`): the drift ratio as a window at K = 4 would read it
+GRADE_K = 4
 STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
 
 
@@ -253,6 +281,12 @@ class ExposedSyncController:
     # on skewed data, a drift ratio above `skew_strong` (> 0) over the longer grading window is
     # strong skew: the soft cap scales with half of `skew_cap`
     skew_strong: float = 0.0
+    # the soft cap's exponent: K <= scale^(1 - p) * K*^p above the scale (0.5: the square root;
+    # the module's docstring, "the cap's exponent")
+    skew_power: float = 0.5
+    # the grade reads the drift ratio x (K/4)^gamma, K the grading window's steps a round: one
+    # scale at any K (0: as measured; the module's docstring, "the grade on one scale")
+    skew_grade_gamma: float = 0.0
     skew_ratio: float | None = None  # the grading window's drift ratio, once read
     # None until a window at K >= 2 judges it (held under the soft cap meanwhile); False with
     # skew_drift = 0 (off)
@@ -335,10 +369,16 @@ class ExposedSyncController:
             return False
         self._grade_win = Window()
         ratio = g.drift_ratio / g.n
+        if self.skew_grade_gamma > 0:  # on the scale of K = 4 (the module's docstring)
+            ratio *= (g.steps / g.rounds / GRADE_K) ** self.skew_grade_gamma
         if not math.isfinite(ratio):
             return False
         self.skew_ratio = ratio
         return True
+
+    def _grade_scale(self) -> str:
+        """What a grade's reason adds where the ratio was put on one scale."""
+        return f" (on K = {GRADE_K}'s scale)" if self.skew_grade_gamma > 0 else ""
 
     def strong(self) -> bool:
         """Whether the grading window read strong skew."""
@@ -367,9 +407,7 @@ class ExposedSyncController:
         elif not math.isfinite(self.link_k):
             cap = self.max_sync_period  # the share was all sync: no K* to scale
         else:
-            # K* is a ratio of measured sums: 16 may read 15.999999999999993, whose root is
-            # not 8 when floored
-            cap = max(scale, math.floor(math.sqrt(scale * self.link_k) + 1e-9))
+            cap = max(scale, soft_cap(scale, self.link_k, self.skew_power))
         # unjudged, it only stops a rise: a K the user started above it is theirs until judged
         return cap if self.skewed else max(cap, self.sync_period)
 
@@ -390,7 +428,7 @@ class ExposedSyncController:
         return SyncDecision(
             d.next_sync_period,
             f"skew graded {grade}: drift ratio {self.skew_ratio:.3g} {sign} "
-            f"{self.skew_strong:g}; {d.reason}",
+            f"{self.skew_strong:g}{self._grade_scale()}; {d.reason}",
         )
 
     def _floored(self, d: SyncDecision) -> SyncDecision:
@@ -439,6 +477,7 @@ class ExposedSyncController:
             scale = self.cap_scale()
             why = (
                 f"{STRONG_CUT}: drift ratio {self.skew_ratio:.3g} > {self.skew_strong:g}"
+                f"{self._grade_scale()}"
                 if graded and self.strong()
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )

@@ -110,6 +110,28 @@ class PolicySettings(BaseModel):
         "which skew counts as strong and the soft cap scales with half of --skew-cap (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
+    # the soft cap's law: the square root by default (controllers/exposed_sync.py, "the cap's
+    # exponent"); 2/3 fits the controller panel's best levels on two links (docs/design.md §6)
+    skew_power: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="exposed-sync/composite, on skewed data: the soft cap's exponent, K <= "
+        "cap^(1-p) * K*^p above --skew-cap (0.5, the default: sqrt(cap * K*); 1: K* itself)",
+        json_schema_extra=about(too_high="K* itself is the link's K: no cap"),
+    )
+    skew_grade_gamma: float = Field(
+        0.0,
+        ge=0.0,
+        le=2.0,
+        description="exposed-sync/composite, with --skew-strong: read the grading window's "
+        "drift ratio times (K/4)^gamma, K its steps a round, so that one threshold holds at "
+        "any K (the ratio falls with K; 0.28 on the controller panel's shards; 0, the "
+        "default: as measured)",
+        json_schema_extra=about(
+            too_high="the ratio falls as K^-0.28 on the panel's shards: 2 is seven times that"
+        ),
+    )
     # a link that changes mid-run is met in SHIFT_ROUNDS rounds (controllers/link_check.py);
     # off by default: on the panel's flip-link it moved the skew judgement (docs/design.md §6)
     link_shift: float = Field(

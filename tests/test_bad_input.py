@@ -590,6 +590,34 @@ TRAIN = [
         ("--skew-strong", "--policy fixed does not read it"),
         id="skew-strong-unread-by-fixed",
     ),
+    # the grade's scale scales a grade: refused without one, and out of its bounds
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-grade-gamma", "0.28", "--out", "{out}"],
+        ("--skew-grade-gamma", "--skew-strong is 0 (no grade)"),
+        id="skew-grade-gamma-without-a-grade",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-strong", "2.5", "--skew-grade-gamma", "3",
+         "--out", "{out}"],
+        ("--skew-grade-gamma", "less than or equal to 2"),
+        id="skew-grade-gamma-above-two",
+    ),  # fmt: skip
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-power", "0.6", "--skew-drift", "0",
+         "--out", "{out}"],
+        ("--skew-power: shapes the soft skew cap, and --skew-drift is 0 (off)",),
+        id="skew-power-with-skew-off",
+    ),  # fmt: skip
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-power", "0", "--out", "{out}"],
+        ("--skew-power", "greater than 0"),
+        id="skew-power-zero",
+    ),
+    R(
+        ["train", "--policy", "exposed-sync", "--skew-power", "1.5", "--out", "{out}"],
+        ("--skew-power", "less than or equal to 1"),
+        id="skew-power-above-one",
+    ),
     R(
         ["train", "--sync-period", "100", "--max-sync-period", "8", "--out", "{out}"],
         "--max-sync-period: 8 is below --sync-period 100",

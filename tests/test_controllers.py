@@ -14,7 +14,12 @@ from autok.controllers.adacomm import AdaCommController
 from autok.controllers.adacomm import next_sync_period as adacomm_k
 from autok.controllers.base import BoundaryStats
 from autok.controllers.composite import CompositeController
-from autok.controllers.exposed_sync import GUARD_MIN_STEPS, ExposedSyncController, share_at
+from autok.controllers.exposed_sync import (
+    GUARD_MIN_STEPS,
+    ExposedSyncController,
+    share_at,
+    soft_cap,
+)
 from autok.controllers.exposed_sync import direct_sync_period as direct_rule
 from autok.controllers.exposed_sync import next_sync_period as share_rule
 from autok.controllers.qsr import QSRController, default_alpha
@@ -245,6 +250,56 @@ def test_strong_skew_is_read_over_a_longer_window_and_grades_the_soft_cap():
     plain = ExposedSyncController(sync_period=4, **{**kw, "skew_strong": 0.0})
     assert drive(plain, 40, drift_ratio=2.5, step_compute=0.005, sync=0.1)[-1] == 17
     assert plain.skew_ratio is None
+
+
+def test_the_soft_cap_s_exponent_and_the_grade_on_one_scale():
+    """skew_power sets the soft cap's law, ⌊scale^(1 − p) · K*^p⌋ (the square root's to the bit
+    at 0.5, K* itself at 1); skew_grade_gamma reads the grading window's drift ratio on K = 4's
+    scale, × (K/4)^gamma, so a window at K = 8 grades as one at K = 4 would."""
+    assert soft_cap(4, 80.0) == 17 == math.floor(math.sqrt(320))
+    assert soft_cap(4, 15.999999999999993) == 8  # a measured 16: its root floored is 8
+    assert soft_cap(6, 10.1, 2 / 3) == 8 and soft_cap(6, 81.0, 2 / 3) == 34  # the panel's links
+    assert soft_cap(6, 10.1) == 7 and soft_cap(6, 81.0) == 22  # the square root's
+    assert soft_cap(4, 80.0, 1.0) == 80
+    assert soft_cap(8, 27.0, 2 / 3) == 18  # 17.999999999999996 before the margin
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
+    # the slow link of the tests above (K* = 80) on skewed data: the cap by its law
+    for power, cap in ((0.5, 21), (2 / 3, 33), (1.0, 64)):
+        c = ExposedSyncController(sync_period=4, skew_cap=6, skew_power=power, **kw)
+        ks = drive(c, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
+        assert c.skewed and ks[-1] == cap, (power, ks[-5:])
+    # K = 8 throughout (the share under target, no raise, no lowering): a ratio of 2.0 reads
+    # 2.0 · 2^0.28 = 2.43 on K = 4's scale, strong above 2.2, where as measured it is mild
+    held = dict(target=0.2, max_sync_period=64, window=4, rule="double", lower=False,
+                skew_drift=1.8, skew_strong=2.2, skew_cap=8)  # fmt: skip
+    graded = {}
+    for gamma in (0.0, 0.28):
+        c = ExposedSyncController(sync_period=8, skew_grade_gamma=gamma, **held)
+        reasons = [
+            c.observe(stats(8, drift_ratio=2.0, step_compute=0.05, sync=0.001, i=i)).reason
+            for i in range(1, 13)
+        ]
+        graded[gamma] = (c.skew_ratio, c.strong(), reasons[-1])
+    assert graded[0.0][:2] == (pytest.approx(2.0), False)
+    assert graded[0.28][:2] == (pytest.approx(2.0 * 2**0.28), True)
+    assert graded[0.0][2].startswith("skew graded mild: drift ratio 2 <= 2.2; ")
+    assert graded[0.28][2].startswith(
+        "strong skew: drift ratio 2.43 > 2.2 (on K = 4's scale): K capped at 4 (soft cap 4"
+    )
+    # K is the window's steps a round: an epoch's short round (4 steps at K = 8) counts as such,
+    # so 13 rounds of 100 steps read at K = 100/13, not at the K in force
+    short = ExposedSyncController(sync_period=8, skew_grade_gamma=0.28, **held)
+    for i in range(1, 14):
+        st = stats(8, drift_ratio=2.0, step_compute=0.05, sync=0.001, i=i)
+        short.observe(dataclasses.replace(st, interval_steps=4) if i == 7 else st)
+        assert (short.skew_ratio is None) == (i < 13)  # 92 steps after 12 rounds: not yet 96
+    assert short.skew_ratio == pytest.approx(2.0 * (100 / 13 / 4) ** 0.28)
+    built = build_controller(
+        "exposed-sync", 1, PolicyOptions(skew_power=0.75, skew_strong=2.2, skew_grade_gamma=0.3)
+    )
+    assert (built.skew_power, built.skew_grade_gamma) == (0.75, 0.3)
+    comp = build_controller("composite", 4, PolicyOptions(skew_power=0.75, qsr_base=4))
+    assert comp.share.skew_power == 0.75
 
 
 def test_a_window_at_k_1_leaves_skew_unjudged_and_the_soft_cap_holds_on_a_new_link():
