@@ -99,10 +99,11 @@ an option under test (docs/design.md §6, "the cap's exponent").
 
 The grade on one scale (`skew_grade_gamma`, off by default): the drift ratio falls with K (as
 K^−0.28 on the panel's shards, within each seed), so a grading window read at K = 8 puts
-Dirichlet 0.1 shards where one at K = 6 put Dirichlet 1 (2.11–2.23 and 1.39–2.08): with gamma
-the grade reads the window's mean ratio × (K/4)^gamma, K its steps a round (the mean K of its
-rounds, an epoch's short last round included; the scale of the mean, not of each round's ratio
-by its own K), as a window at K = 4 would read it, so one threshold serves any cap.
+Dirichlet 0.1 shards near where one at K = 6 put Dirichlet 1 (2.11–2.23 and 1.39–2.08): with
+gamma the grade reads the window's mean ratio × (K/4)^gamma, K its steps a round (the mean K of
+its rounds, an epoch's short last round included; the scale of the mean, not of each round's
+ratio by its own K), as a window at K = 4 would read it, so that one threshold may serve several
+caps (checked at K 8 and 11 on the seeds it was set on; not adopted: docs/design.md §6).
 
 A changed link (`link_shift`, `link_drop`): a window is closed SHIFT_ROUNDS rounds after the link
 changes rather than a window later, by a check of its own (controllers/link_check.py).
