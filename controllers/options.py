@@ -125,9 +125,9 @@ class PolicySettings(BaseModel):
         ge=0.0,
         le=2.0,
         description="exposed-sync/composite, with --skew-strong: read the grading window's "
-        "drift ratio times (K/4)^gamma, K its steps a round, so that one threshold holds at "
-        "any K (the ratio falls with K; 0.28 on the controller panel's shards; 0, the "
-        "default: as measured)",
+        "drift ratio times (K/4)^gamma, K its steps a round, so that one threshold may "
+        "serve several K (the ratio falls with K; 0.28 on the controller panel's shards; 0, "
+        "the default: as measured)",
         json_schema_extra=about(
             too_high="the ratio falls as K^-0.28 on the panel's shards: 2 is seven times that"
         ),
