@@ -332,7 +332,7 @@ class SyncOptions(
         if self.random_mean is not None and self.policy != "random":
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         self._check_policy_options()
-        self._check_skew_strong()
+        self._check_skew_options()
         self._check_k_schedule()
         self._given_start = self.sync_period
         # K's floor, before K's start: the optimizer's (k_floor.py), autok.Sync's or the named
@@ -397,7 +397,7 @@ class SyncOptions(
             )
         return self
 
-    def _check_skew_strong(self) -> None:
+    def _check_skew_options(self) -> None:
         """Strong skew grades skew, with a tighter cap: with the skew rule off, a threshold at or
         under --skew-drift's, or a --skew-cap with no smaller half, it grades nothing; nor do
         --skew-grade-gamma without a grade, or --skew-power with the skew rule off."""
