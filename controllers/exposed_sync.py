@@ -10,7 +10,12 @@ and stragglers regimes the whole exposed share raised K to 32 where K = 1 was be
 
 Predicting f at another K assumes the per-boundary sync cost s is constant and compute grows
 with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g·r), and the K that
-brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)).
+brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). The K
+there is the length of the rounds the share was measured over: the window's mean steps a round,
+K̄, which is below K where rounds were cut short. Every epoch ends with a boundary, so on the
+controller panel's flip-wan (32-step epochs) a window at K = 28 held rounds of 8, 28, 4 and 28
+steps (K̄ = 17), and K·r/r_t read the slow WAN's K* as 103 where s/(c·r_t) is 62.5; K̄·r/r_t is
+exact under the model whatever cut the rounds.
 
 `rule="direct"` (the default) jumps to K*: at the first post-warmup boundary, or the second
 without warmup (the link model's K from that boundary's measured times, rather than a window at
@@ -165,11 +170,13 @@ def share_at(share: float, factor: float) -> float:
     return r / (1.0 + r)
 
 
-def link_k(k: int, share: float, target: float) -> float:
-    """The link model's K*: the K at which the share measured at K would be the target."""
+def link_k(steps: float, share: float, target: float) -> float:
+    """The link model's K*: the K at which the share measured over rounds of `steps` steps (a
+    window's mean steps a round, which is K only where no round was cut short) would be the
+    target."""
     if share >= 1.0:
         return math.inf
-    return k * (share / (1.0 - share)) / (target / (1.0 - target))
+    return steps * (share / (1.0 - share)) / (target / (1.0 - target))
 
 
 def soft_cap(scale: int, link_k: float, power: float = 0.5) -> int:
@@ -192,8 +199,10 @@ def next_sync_period(
     lower: bool = False,
     guard_reason: str | None = None,
     ceiling: int | None = None,
+    steps: float | None = None,
 ) -> tuple[int, str]:
-    """The rule, as a pure function of the current K and one window's measurements."""
+    """The rule, as a pure function of the current K and one window's measurements; `steps`: the
+    window's mean steps a round (K where None), which the share was measured over."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
@@ -202,9 +211,10 @@ def next_sync_period(
         if new > k:
             return new, f"raise: sync share {share:.0%} > target {target:.0%}"
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
-    if lower and k > 1 and share_at(share, 1.0 / growth) < target * (1.0 - margin):
+    predicted = share_at(share, (k / growth) / (steps or k))
+    if lower and k > 1 and predicted < target * (1.0 - margin):
         return max(1, min(top, k // growth)), (
-            f"lower: share {share:.0%}, predicted {share_at(share, 1 / growth):.0%} at K/{growth}"
+            f"lower: share {share:.0%}, predicted {predicted:.0%} at K/{growth}"
         )
     return min(k, top), f"hold: sync share {share:.0%} <= target {target:.0%}"
 
@@ -220,13 +230,15 @@ def direct_sync_period(
     ceiling: int | None = None,
     floor: int = 1,
     growth: int = 2,
+    steps: float | None = None,
 ) -> tuple[int, str]:
-    """The direct rule, as a pure function: K* = K·r/r_t, applied when it is > margin away;
-    lowering stops at `floor`. The guard backs off by `growth`, as under the doubling rule."""
+    """The direct rule, as a pure function: K* = K̄·r/r_t (K̄ = `steps`, the window's mean steps
+    a round; K where None), applied when it is > margin away from K; lowering stops at `floor`.
+    The guard backs off by `growth`, as under the doubling rule."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
-    want = link_k(k, share, target)
+    want = link_k(steps or k, share, target)
     if want > k * (1.0 + margin):
         new = min(top, math.ceil(want) if math.isfinite(want) else top)
         if new > k:
@@ -498,7 +510,10 @@ class ExposedSyncController:
         self._new_window()
         self._link.decided(w)
         self.estimated = True
-        self.link_k = link_k(self.sync_period, w.share, self.target)
+        # the share was measured over the window's rounds, which an epoch's end (or a schedule)
+        # may cut short of K: the model's K is their mean length (the module's docstring)
+        steps = w.steps / w.rounds if w.rounds else float(self.sync_period)
+        self.link_k = link_k(steps, w.share, self.target)
         if self.rule == "direct":
             k, why = direct_sync_period(
                 self.sync_period,
@@ -510,6 +525,7 @@ class ExposedSyncController:
                 ceiling=self.k_ceiling(),
                 floor=self.floor or 1,
                 growth=self.growth,
+                steps=steps,
             )
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0
@@ -525,6 +541,7 @@ class ExposedSyncController:
             lower=self.lower,
             guard_reason=reason,
             ceiling=self.k_ceiling(),
+            steps=steps,
         )
         if reason is not None:
             self.ceiling, self.since_fire = k, 0

@@ -740,9 +740,44 @@ def test_the_loss_guard_does_not_hold_k_at_1_on_the_noise_of_a_few_steps():
     for i in range(12):
         loss = 1.0 if (i // 4) % 2 == 0 else 1.2
         c.observe(stats(1, step_compute=0.02, sync=1e-4, loss=loss, i=i))
-    ds = [c.observe(stats(1, step_compute=0.02, sync=0.05, i=i)) for i in range(12, 20)]
+    k, ds = 1, []
+    for i in range(12, 20):  # each boundary measured at the K chosen before it
+        ds.append(c.observe(stats(k, step_compute=0.02, sync=0.05, i=i)))
+        k = ds[-1].next_sync_period
     assert not any("back off" in d.reason for d in ds)
-    assert max(d.next_sync_period for d in ds) >= 8  # within two windows of the slowing
+    # within two windows of the slowing K is at the link's K* (s/(c·r_t) = 10) as far as the soft
+    # skew cap allows while skew is not yet judged: ⌊√(4 · 10)⌋ = 6
+    assert c.link_k == pytest.approx(10.0) and k == 6
+
+
+def test_k_star_is_read_at_the_rounds_mean_length_where_epoch_ends_cut_them():
+    # Every epoch ends with a boundary: at K = 13 on 32-step epochs the rounds run 13, 13, 6.
+    # The share was measured over rounds of 32/3 steps, so K* = s/(c·r_t) = 0.3/(0.02 · 0.25) = 60
+    # (the module's docstring); read as if each round were K long it would be 13/(32/3) of that.
+    c = ExposedSyncController(
+        sync_period=1, max_sync_period=13, window=3, skew_drift=0, rule="direct"
+    )
+    i, seen = 1, []
+    for _ in range(4):  # epochs of 32 steps, each round cut at the epoch's end, as autok's loop
+        left = 32
+        while left:
+            k = c.sync_period
+            st = stats(min(k, left), step_compute=0.02, sync=0.3, i=i)
+            c.observe(dataclasses.replace(st, sync_period=k))
+            i, left = i + 1, left - min(k, left)
+            seen.append(st.interval_steps)
+    assert seen[-3:] == [13, 13, 6] and c.sync_period == 13
+    assert c.link_k == pytest.approx(60.0)
+    # the pure rules, at K = 28 over rounds averaging 17 steps (the panel's flip-wan): K* 62.5
+    share = 0.3125 / (17 * 0.02 + 0.3125)
+    assert direct_rule(28, share, target=0.2, max_k=128, steps=17)[0] == 63
+    assert direct_rule(28, share, target=0.2, max_k=128)[0] == 103  # as if the rounds were 28
+    # doubling's lowering predicts the share at K/2 from the rounds the share was measured over
+    # (s = 3.5 steps' compute over rounds of 20 at K = 32: 16.3% at K/2 = 16, under 0.75 · 30%;
+    # halving the measured rounds' length instead predicts 25.9% at 10 steps, and holds)
+    low = 0.07 / (20 * 0.02 + 0.07)
+    assert share_rule(32, low, target=0.3, growth=2, max_k=64, lower=True, steps=20)[0] == 16
+    assert share_rule(32, low, target=0.3, growth=2, max_k=64, lower=True)[0] == 32
 
 
 def test_share_prediction():
