@@ -410,6 +410,7 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"policy": "exposed-sync", "skew_strong": 2.3, "skew_cap": 1}, "--skew-strong"),
         ({"policy": "exposed-sync", "skew_grade_gamma": 0.28}, "--skew-grade-gamma"),  # no grade
         ({"policy": "exposed-sync", "skew_power": 0.6, "skew_drift": 0.0}, "--skew-power"),
+        ({"policy": "exposed-sync", "skew_cap": 8, "skew_drift": 0.0}, "--skew-cap"),
         ({"policy": "exposed-sync", "k_floor": 2, "sync_period": 1}, "--k-floor"),
         ({"policy": "exposed-sync", "link_shift": 0.5}, "--link-shift"),
         ({"strategy": "ddp", "sync_optimizer_state": True}, "--sync-optimizer-state"),  # unread

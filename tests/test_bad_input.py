@@ -609,6 +609,12 @@ TRAIN = [
         id="skew-power-with-skew-off",
     ),  # fmt: skip
     R(
+        ["train", "--policy", "exposed-sync", "--skew-cap", "8", "--skew-drift", "0",
+         "--out", "{out}"],
+        ("--skew-cap: shapes the soft skew cap, and --skew-drift is 0 (off)",),
+        id="skew-cap-with-skew-off",
+    ),  # fmt: skip
+    R(
         ["train", "--policy", "exposed-sync", "--skew-power", "0", "--out", "{out}"],
         ("--skew-power", "greater than 0"),
         id="skew-power-zero",

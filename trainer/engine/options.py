@@ -398,14 +398,14 @@ class SyncOptions(
         return self
 
     def _check_skew_options(self) -> None:
-        """Strong skew grades skew, with a tighter cap: with the skew rule off, a threshold at or
-        under --skew-drift's, or a --skew-cap with no smaller half, it grades nothing; nor do
-        --skew-grade-gamma without a grade, or --skew-power with the skew rule off."""
-        if self.skew_power != 0.5 and self.skew_drift == 0:
-            raise ValueError(
-                "--skew-power: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
-                "--skew-power or give --skew-drift"
-            )
+        """The skew rule's options, refused where unread: the cap's with the rule off (given: not
+        the default), --skew-grade-gamma without a grade, a --skew-strong that grades nothing."""
+        for f in ("skew_power", "skew_cap"):
+            if getattr(self, f) != type(self).model_fields[f].default and self.skew_drift == 0:
+                raise ValueError(
+                    f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
+                    f"{flag(f)} or give --skew-drift"
+                )
         if self.skew_strong == 0 and self.skew_grade_gamma > 0:
             raise ValueError(
                 "--skew-grade-gamma: scales the grade's drift ratio, and --skew-strong is 0 "
