@@ -470,9 +470,9 @@ def is_within(ci_high: float | None, reached: float, baseline_reached: bool) -> 
     return reached == 1.0 and not baseline_reached
 
 
-# A policy whose K is set in advance (`scheduled`): in a panel it stands for K chosen per phase
-# in hindsight, a bound on what a policy could do (docs/design.md §6), not a policy that counts
-# towards a goal
+# A policy whose K is set in advance (`scheduled`): in a panel it stands for K chosen per segment
+# in hindsight (a link's phases, or on a static link the run's progress), a bound on what a
+# policy could do (docs/design.md §6), not a policy that counts towards a goal
 IN_HINDSIGHT = frozenset({"scheduled"})
 
 
@@ -685,21 +685,21 @@ def nearest_faster(summary: dict, g: Regime) -> tuple[str, dict] | None:
 
 
 def best_in_hindsight(summary: dict, g: Regime) -> tuple[str, dict] | None:
-    """The arm whose K was set in advance (`scheduled`: per phase, chosen after the run) with the
-    lowest CI upper bound in this regime, with its summary entry; None where the regime has none.
-    It bounds what a policy that follows the regime's phases with these K could show."""
+    """The arm whose K was set in advance (`scheduled`: per segment, chosen after the run) with
+    the lowest CI upper bound in this regime, with its summary entry; None where the regime has
+    none. It bounds what a policy that follows its segments with these K could show."""
     return lowest_bound(summary, g, lambda name: in_hindsight(g, name))
 
 
 def hindsight_clause(summary: dict, g: Regime) -> str:
-    """Where the regime ran K set per phase in hindsight: its best, and whether even it was shown
-    10% faster (if not, no policy that sets K per phase from those K could be shown so here)."""
+    """Where the regime ran K set in hindsight: its best, and whether even it was shown 10% faster
+    (if not, no policy that sets K per segment from those K could be shown so here)."""
     bound = best_in_hindsight(summary, g)
     if bound is None:
         return ""
     name, e = bound
     if shown_faster(e):
-        verdict = "shown 10% faster, so a policy following the phases could be"
+        verdict = "shown 10% faster, so a policy following its segments could be"
     elif e["ci_high"] <= GOAL_FASTER:  # the bound met, a seed lost: the reach clause fails
         verdict = (
             f"its bound is met but it reached the target in {e['reached']:.0%} of seeds, so not "
@@ -707,18 +707,16 @@ def hindsight_clause(summary: dict, g: Regime) -> str:
         )
     else:
         verdict = (
-            "not shown 10% faster either, so no policy that sets K per phase from these K "
+            "not shown 10% faster either, so no policy that sets K per segment from these K "
             "could be shown so here"
         )
-    return (
-        f"; K set per phase in hindsight, at best {name}, {e['ratio']:.3f}× ({_ci(e)}): {verdict}"
-    )
+    return f"; K set in hindsight, at best {name}, {e['ratio']:.3f}× ({_ci(e)}): {verdict}"
 
 
 def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
-    """For a regime where the default policy missed "within 5%" and K set per phase in hindsight
-    ran: whether any such arm was within 5% by the goal's own test (`is_within`), so whether a
-    policy that sets K per phase from those K could meet the goal here. It names one that was
+    """For a regime where the default policy missed "within 5%" and K set in hindsight ran:
+    whether any such arm was within 5% by the goal's own test (`is_within`), so whether a
+    policy that sets K per segment from those K could meet the goal here. It names one that was
     (the lowest upper bound among them), else the one with the lowest upper bound."""
     entries = summary["regimes"].get(g.name, {})
 
@@ -737,21 +735,21 @@ def hindsight_within(summary: dict, g: Regime, goal: Goal) -> str:
     if met is None:
         verdict = "was not shown within 5% either"
     elif e.get("ci_high") is not None and e["ci_high"] <= GOAL_WITHIN:
-        verdict = "was within 5%, so a policy following the phases with these K could be"
+        verdict = "was within 5%, so a policy following its segments with these K could be"
     else:  # within by the reach clause: the best fixed K missed a seed, this arm none
         verdict = (
             "reached the target in every seed where the best fixed K did not, so a policy "
-            "following the phases with these K could meet the goal"
+            "following its segments with these K could meet the goal"
         )
     ratio = "—" if e.get("ratio") is None else f"{e['ratio']:.3f}×"
-    return f" K set per phase in hindsight, at best {name}, {ratio} ({_ci(e)}), {verdict}."
+    return f" K set in hindsight, at best {name}, {ratio} ({_ci(e)}), {verdict}."
 
 
 def render_why(
     gs: list[Goal], regimes: list[Regime], summary: dict, policy: str = DEFAULT_POLICY
 ) -> str:
     """Per regime where the default policy missed "within 5%", why and what would change it
-    (why_missed) and, where K set per phase in hindsight ran, whether any such arm was within 5%
+    (why_missed) and, where K set in hindsight ran, whether any such arm was within 5%
     (hindsight_within); then, per regime where no policy was 10% faster, the nearest, and whether
     even the best K set in hindsight was (hindsight_clause)."""
     by_name = {g.name: g for g in regimes}

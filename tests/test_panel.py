@@ -745,11 +745,11 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
     assert summary["regimes"]["r"]["sched-1-8"]["ci_high"] <= panel.GOAL_FASTER
     assert goal.faster == []
     assert panel.nearest_faster(summary, regimes[0])[0] == "exposed-sync"
-    # the goal's line says what even K set per phase in hindsight showed: here a bound it passed
+    # the goal's line says what even K set in hindsight showed: here a bound it passed
     text = panel.render_why([goal], regimes, summary)
-    assert "- r: exposed-sync, 0.987× (0.949–1.025); K set per phase in hindsight" in text
-    assert "K set per phase in hindsight, at best sched-1-8, 0.803×" in text
-    assert "shown 10% faster, so a policy following the phases could be" in text
+    assert "- r: exposed-sync, 0.987× (0.949–1.025); K set in hindsight" in text
+    assert "K set in hindsight, at best sched-1-8, 0.803×" in text
+    assert "shown 10% faster, so a policy following its segments could be" in text
     slow = [_run("sched-1-8", s, [0.6, 0.88, 0.9], f, "scheduled")
             for s, f in ((1, 0.95), (2, 0.97), (3, 0.96))]  # fmt: skip
     slower = [_run("sched-1-4", s, [0.6, 0.88, 0.9], f, "scheduled")
@@ -758,7 +758,7 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
     summary = panel.summary_data(regimes)
     text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
     assert "at best sched-1-8, 0.960×" in text and "sched-1-4" not in text
-    assert "not shown 10% faster either, so no policy that sets K per phase from these K" in text
+    assert "not shown 10% faster either, so no policy that sets K per segment from these K" in text
     # its bound met in the seeds it finished, but a seed lost (a run that diverged at the jump)
     from autok.report import StoppedRun
 
@@ -782,8 +782,8 @@ def test_a_k_set_in_hindsight_is_no_policy_for_the_goals_and_an_epoch_cap_is_not
 
 
 def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsight_met_it():
-    """A goal-1 miss in a regime that ran K set per phase in hindsight also says whether even
-    its best was within 5% by the goal's own test: if so a policy following the phases could
+    """A goal-1 miss in a regime that ran K set in hindsight also says whether even its best
+    was within 5% by the goal's own test: if so a policy following its segments could
     be; if not, the miss is not the following alone."""
     from autok import panel
 
@@ -803,11 +803,11 @@ def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsi
 
     met = line(best + slow + near + far)
     assert met.endswith(
-        "K set per phase in hindsight, at best sched-8-16, 0.985× (0.973–0.997), was within 5%, "
-        "so a policy following the phases with these K could be."
+        "K set in hindsight, at best sched-8-16, 0.985× (0.973–0.997), was within 5%, "
+        "so a policy following its segments with these K could be."
     )
     assert line(best + slow + far).endswith(
-        "K set per phase in hindsight, at best sched-6-16, 1.110× (1.085–1.135), was not shown "
+        "K set in hindsight, at best sched-6-16, 1.110× (1.085–1.135), was not shown "
         "within 5% either."
     )
     assert "hindsight" not in line(best + slow)
