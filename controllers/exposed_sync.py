@@ -100,7 +100,9 @@ decayed where the target is crossed) at 8. flip-wan's pilot crossed the target a
 that grow about linearly in K (8.9, 9.4, 10.2, 12.4 at K = 4, 8, 16, 32), whose least time falls
 near ⌊√(17 · K*)⌋ (13 and 37); skew-decay's 8 is ⌊√(6.4 · K*)⌋. A law through 8 at K* 10 and
 32 at K* 81 has p = log 4 / log 8 ≈ 2/3, at a scale of 6: a fit to two levels, not derived, and
-an option under test (docs/design.md §6, "the cap's exponent").
+an option under test (docs/design.md §6, "the cap's exponent"). The 81 was read at K over rounds
+that epoch ends cut short; at their mean length the slow WAN's K* is 62.5, where this law gives
+28 (two syncs an epoch, as 16 gives), not 32.
 
 The grade on one scale (`skew_grade_gamma`, off by default): the drift ratio falls with K (as
 K^−0.28 on the panel's shards, within each seed), so a grading window read at K = 8 puts
