@@ -119,7 +119,7 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     autok accepted before it refused them (a K-policy option its policy does not read, SGD's
     momentum under AdamW, --nesterov with --momentum 0, which SGD was built without): name ->
     (the value given, why it was never read). A resumed run or study drops them, with a note,
-    and runs as it ran."""
+    and runs as it ran. The soft skew cap's options with --skew-drift 0 are among them."""
     out: dict[str, tuple[Any, str]] = {}
     fields = TrainConfig.model_fields
     for name, (chooser, _) in CONDITIONAL.items():
@@ -138,6 +138,11 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         and _slowmo_momentum(settings) == 0.0
     ):
         out["slowmo_lr_aware"] = (True, "SlowMo's momentum is 0: no velocity to rescale")
+    for name in ("skew_cap", "skew_power"):  # the soft skew cap's, with the skew rule off
+        value = settings.get(name, fields[name].default)
+        off = _value("skew_drift", settings) == 0
+        if name not in out and value != fields[name].default and off:
+            out[name] = (value, "--skew-drift is 0 (off)")
     return out
 
 

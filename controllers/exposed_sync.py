@@ -13,9 +13,11 @@ with K: f = s/(Kc + s), so with r = f/(1 − f) = s/(Kc), f(K/g) = g·r / (1 + g
 brings the share to the target is K* = s/(c·r_t) = K·r/r_t (r_t = target/(1 − target)). The K
 there is the length of the rounds the share was measured over: the window's mean steps a round,
 K̄, which is below K where rounds were cut short. Every epoch ends with a boundary, so on the
-controller panel's flip-wan (32-step epochs) a window at K = 28 held rounds of 8, 28, 4 and 28
-steps (K̄ = 17), and K·r/r_t read the slow WAN's K* as 103 where s/(c·r_t) is 62.5; K̄·r/r_t is
-exact under the model whatever cut the rounds.
+controller panel's flip-wan (32-step epochs) a window at K = 28 (the skew-power check's power
+arm) held rounds of 8, 28, 4 and 28 steps (K̄ = 17), and K·r/r_t read the slow WAN's K* as 103
+where s/(c·r_t) is 62.5. With one sync a round K̄·r/r_t is exact under the model whatever cut
+the rounds; with F > 1 fragments a cut round pays its fragments' syncs and a whole-model one, so
+s is not one round's constant there.
 
 `rule="direct"` (the default) jumps to K*: at the first post-warmup boundary, or the second
 without warmup (the link model's K from that boundary's measured times, rather than a window at
@@ -75,7 +77,7 @@ the LAN phase ran at K = 1 and left skew unjudged) dropped test accuracy from 0.
 0.43–0.62 within an epoch in three of five seeds, while on iid data the provisional cap costs a
 window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 12).
 
-The soft cap: with the link's K* (K·r/r_t, from the last window) at or under `skew_cap`, K
+The soft cap: with the link's K* (K̄·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
 the time to a target is least at a K proportional to √(sync time / compute time) rather than to
 the ratio itself (AdaComm's τ*, Wang and Joshi 2019), and the link's K* is proportional to the
@@ -95,14 +97,15 @@ of `skew_cap` (⌊√(2 · 11)⌋ = 4 on the WAN); the boundary where it is read
 The cap's exponent (`skew_power`, 0.5 by default): K ≤ ⌊scale^(1 − p) · K*^p⌋ above the scale
 (at 0.5 the committed rule's to the bit). One square root does not fit the panel's Dirichlet 1
 regimes at once: on flip-wan (constant LR) K set per phase in hindsight was best at 8–16 on the
-WAN (K* 10) and 32 on the slow WAN (K* 81), on skew-decay (the same shards and WAN, the LR
-decayed where the target is crossed) at 8. flip-wan's pilot crossed the target after epochs
-that grow about linearly in K (8.9, 9.4, 10.2, 12.4 at K = 4, 8, 16, 32), whose least time falls
-near ⌊√(17 · K*)⌋ (13 and 37); skew-decay's 8 is ⌊√(6.4 · K*)⌋. A law through 8 at K* 10 and
-32 at K* 81 has p = log 4 / log 8 ≈ 2/3, at a scale of 6: a fit to two levels, not derived, and
-an option under test (docs/design.md §6, "the cap's exponent"). The 81 was read at K over rounds
-that epoch ends cut short; at their mean length the slow WAN's K* is 62.5, where this law gives
-28 (two syncs an epoch, as 16 gives), not 32.
+WAN (K* 10) and 32 on the slow WAN (K* 81, read at K; 62.5 at K̄), on skew-decay (the same
+shards and WAN, the LR decayed where the target is crossed) at 8. flip-wan's pilot crossed the
+target after epochs that grow about linearly in K (8.9, 9.4, 10.2, 12.4 at K = 4, 8, 16, 32),
+whose least time falls near ⌊√(17 · K*)⌋ (13 and 37; 32 at 62.5); skew-decay's 8 is
+⌊√(6.4 · K*)⌋. A law through 8 at K* 10 and 32 at K* 81 has p = log 4 / log 8 ≈ 2/3, at a
+scale of 6: a fit to two levels, not derived, and an option under test (docs/design.md §6, "the
+cap's exponent"). The 81 was read at K over rounds that epoch ends cut short; at their mean
+length the slow WAN's K* is 62.5, where this law gives 28 (two syncs an epoch, as 16 gives), not
+32.
 
 The grade on one scale (`skew_grade_gamma`, off by default): the drift ratio falls with K (as
 K^−0.28 on the panel's shards, within each seed), so a grading window read at K = 8 puts
@@ -512,9 +515,10 @@ class ExposedSyncController:
         self._new_window()
         self._link.decided(w)
         self.estimated = True
-        # the share was measured over the window's rounds, which an epoch's end (or a schedule)
-        # may cut short of K: the model's K is their mean length (the module's docstring)
-        steps = w.steps / w.rounds if w.rounds else float(self.sync_period)
+        # the share was measured over the window's rounds, which an epoch's end may cut short
+        # of K: the model's K is their mean length (the module's docstring); K where the window
+        # counts no steps (no rounds, or rounds saved before windows counted steps)
+        steps = w.steps / w.rounds if w.rounds and w.steps else float(self.sync_period)
         self.link_k = link_k(steps, w.share, self.target)
         if self.rule == "direct":
             k, why = direct_sync_period(

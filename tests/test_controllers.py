@@ -751,29 +751,30 @@ def test_the_loss_guard_does_not_hold_k_at_1_on_the_noise_of_a_few_steps():
 
 
 def test_k_star_is_read_at_the_rounds_mean_length_where_epoch_ends_cut_them():
-    # Every epoch ends with a boundary: at K = 13 on 32-step epochs the rounds run 13, 13, 6.
-    # The share was measured over rounds of 32/3 steps, so K* = s/(c·r_t) = 0.3/(0.02 · 0.25) = 60
-    # (the module's docstring); read as if each round were K long it would be 13/(32/3) of that.
+    # Every epoch ends with a boundary: at K = 15 on 32-step epochs the rounds run 15, 15, 2.
+    # The share is measured over rounds of 32/3 steps, so K* = s/(c·r_t) = 0.0725/(0.02 · 0.25)
+    # = 14.5 (the module's docstring) and K holds at 15; read as if each round were K long, K*
+    # would be 15 · 14.5/(32/3) = 20.4, over the 25% margin, and K would rise to 21.
     c = ExposedSyncController(
-        sync_period=1, max_sync_period=13, window=3, skew_drift=0, rule="direct"
+        sync_period=1, max_sync_period=64, window=3, skew_drift=0, rule="direct"
     )
     i, seen = 1, []
     for _ in range(4):  # epochs of 32 steps, each round cut at the epoch's end, as autok's loop
         left = 32
         while left:
             k = c.sync_period
-            st = stats(min(k, left), step_compute=0.02, sync=0.3, i=i)
+            st = stats(min(k, left), step_compute=0.02, sync=0.0725, i=i)
             c.observe(dataclasses.replace(st, sync_period=k))
             i, left = i + 1, left - min(k, left)
             seen.append(st.interval_steps)
-    assert seen[-3:] == [13, 13, 6] and c.sync_period == 13
-    assert c.link_k == pytest.approx(60.0)
+    assert seen[-3:] == [15, 15, 2] and c.sync_period == 15
+    assert c.link_k == pytest.approx(14.5)
     # the pure rules, at K = 28 over rounds averaging 17 steps (the panel's flip-wan): K* 62.5
     share = 0.3125 / (17 * 0.02 + 0.3125)
     assert direct_rule(28, share, target=0.2, max_k=128, steps=17)[0] == 63
     assert direct_rule(28, share, target=0.2, max_k=128)[0] == 103  # as if the rounds were 28
     # doubling's lowering predicts the share at K/2 from the rounds the share was measured over
-    # (s = 3.5 steps' compute over rounds of 20 at K = 32: 16.3% at K/2 = 16, under 0.75 · 30%;
+    # (s = 3.5 steps' compute over rounds of 20 at K = 32: 17.9% at K/2 = 16, under 0.75 · 30%;
     # halving the measured rounds' length instead predicts 25.9% at 10 steps, and holds)
     low = 0.07 / (20 * 0.02 + 0.07)
     assert share_rule(32, low, target=0.3, growth=2, max_k=64, lower=True, steps=20)[0] == 16

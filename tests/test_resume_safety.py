@@ -193,6 +193,24 @@ def test_a_run_saved_with_an_option_it_never_read_resumes_without_it(stopped_run
     assert len((run / "epochs.csv").read_text().splitlines()) == 1 + 4  # epochs 2 and 3 too
 
 
+def test_a_skew_cap_saved_with_the_skew_rule_off_is_dropped_on_a_resume():
+    """--skew-cap with --skew-drift 0 is refused now (the cap is off there); a run saved before
+    that resumes as it ran, without it, and says so; with the rule on it is kept."""
+    from autok.config import TrainConfig
+    from autok.space import as_ran
+
+    saved = {"policy": "exposed-sync", "skew_cap": 8, "skew_drift": 0.0}
+    with pytest.raises(ValueError, match="--skew-cap: shapes the soft skew cap"):
+        TrainConfig(**saved)
+    ran, notes = as_ran(saved)
+    assert ran == {"policy": "exposed-sync", "skew_drift": 0.0}
+    assert notes == [
+        "--skew-cap 8, which it never read (--skew-drift is 0 (off)); resuming without it"
+    ]
+    assert TrainConfig(**ran).skew_cap == 4
+    assert as_ran({**saved, "skew_drift": 1.4}) == ({**saved, "skew_drift": 1.4}, [])
+
+
 def test_a_run_saved_before_the_link_check_resumes_without_it(stopped_run, tmp_path):
     """An exposed-sync run whose config.json has no link_shift (saved before the check of a
     changed link) resumes with it off, as it ran (its default); one that has it keeps it."""

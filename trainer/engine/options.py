@@ -398,8 +398,8 @@ class SyncOptions(
         return self
 
     def _check_skew_options(self) -> None:
-        """The skew rule's options, refused where unread: the cap's with the rule off (given: not
-        the default), --skew-grade-gamma without a grade, a --skew-strong that grades nothing."""
+        """Refused where nothing reads them: --skew-power or --skew-cap (off their defaults) with
+        --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong that grades nothing."""
         for f in ("skew_power", "skew_cap"):
             if getattr(self, f) != type(self).model_fields[f].default and self.skew_drift == 0:
                 raise ValueError(
