@@ -751,10 +751,11 @@ def test_the_loss_guard_does_not_hold_k_at_1_on_the_noise_of_a_few_steps():
 
 
 def test_k_star_is_read_at_the_rounds_mean_length_where_epoch_ends_cut_them():
-    # Every epoch ends with a boundary: at K = 15 on 32-step epochs the rounds run 15, 15, 2.
-    # The share is measured over rounds of 32/3 steps, so K* = s/(c·r_t) = 0.0725/(0.02 · 0.25)
-    # = 14.5 (the module's docstring) and K holds at 15; read as if each round were K long, K*
-    # would be 15 · 14.5/(32/3) = 20.4, over the 25% margin, and K would rise to 21.
+    # Every epoch ends with a boundary: at K = 15 on 32-step epochs the rounds run 15, 15, 2
+    # (15, 15, 1 in the first epoch, whose first step was a round of its own). K* is
+    # s/(c·r_t) = 0.0725/(0.02 · 0.25) = 14.5 (the module's docstring), so K holds at 15; read as
+    # if each round were K long, the first window (mean 31/3 steps) would read 15 · 14.5/(31/3) =
+    # 21, over the 25% margin, and K would rise to 22 (as it did before the fix).
     c = ExposedSyncController(
         sync_period=1, max_sync_period=64, window=3, skew_drift=0, rule="direct"
     )
