@@ -21,6 +21,7 @@ from autok.config import (
 )
 from autok.controllers import CAPS, POLICY_OPTIONS, READS
 from autok.controllers import REGISTRY as POLICIES
+from autok.controllers.options import SKEW_CAP_OPTIONS
 from autok.resources import default_space
 from autok.trainer.engine.link import PROFILES
 from autok.trainer.engine.options import default_slowmo_beta
@@ -138,10 +139,10 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
         and _slowmo_momentum(settings) == 0.0
     ):
         out["slowmo_lr_aware"] = (True, "SlowMo's momentum is 0: no velocity to rescale")
-    for name in ("skew_cap", "skew_power"):  # the soft skew cap's, with the skew rule off
+    skew_off = _value("skew_drift", settings) == 0
+    for name in SKEW_CAP_OPTIONS if skew_off else ():
         value = settings.get(name, fields[name].default)
-        off = _value("skew_drift", settings) == 0
-        if name not in out and value != fields[name].default and off:
+        if name not in out and value != fields[name].default:
             out[name] = (value, "--skew-drift is 0 (off)")
     return out
 

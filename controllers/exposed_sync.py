@@ -388,7 +388,7 @@ class ExposedSyncController:
         self._grade_win = Window()
         ratio = g.drift_ratio / g.n
         if self.skew_grade_gamma > 0:  # on the scale of K = 4 (the module's docstring)
-            ratio *= (g.steps / g.rounds / GRADE_K) ** self.skew_grade_gamma
+            ratio *= ((g.round_steps or GRADE_K) / GRADE_K) ** self.skew_grade_gamma
         if not math.isfinite(ratio):
             return False
         self.skew_ratio = ratio
@@ -518,7 +518,7 @@ class ExposedSyncController:
         # the share was measured over the window's rounds, which an epoch's end may cut short
         # of K: the model's K is their mean length (the module's docstring); K where the window
         # counts no steps (no rounds, or rounds saved before windows counted steps)
-        steps = w.steps / w.rounds if w.rounds and w.steps else float(self.sync_period)
+        steps = w.round_steps or float(self.sync_period)
         self.link_k = link_k(steps, w.share, self.target)
         if self.rule == "direct":
             k, why = direct_sync_period(

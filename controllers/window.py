@@ -69,6 +69,12 @@ class Window:
         self.top = max(self.top, s.sync_period)
 
     @property
+    def round_steps(self) -> float | None:
+        """The mean steps a round: the length the window's share was measured over (K, or less
+        where a round was cut short); None with no rounds or no steps counted."""
+        return self.steps / self.rounds if self.rounds and self.steps else None
+
+    @property
     def share(self) -> float:
         """The network's share: a wait for a slower peer is neither compute nor link time that
         a larger K amortizes (every K waits for a slow rank alike), so it is left out of both."""

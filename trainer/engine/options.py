@@ -31,6 +31,7 @@ from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
 from autok.controllers.options import COUNT_MAX as COUNT_MAX
 from autok.controllers.options import K_MAX as K_MAX
+from autok.controllers.options import SKEW_CAP_OPTIONS
 from autok.controllers.scheduled import parse_k_schedule
 from autok.trainer.engine.about import GROUPS as GROUPS
 from autok.trainer.engine.about import About as About
@@ -400,7 +401,7 @@ class SyncOptions(
     def _check_skew_options(self) -> None:
         """Refused where nothing reads them: --skew-power or --skew-cap (off their defaults) with
         --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong that grades nothing."""
-        for f in ("skew_power", "skew_cap"):
+        for f in SKEW_CAP_OPTIONS:
             if getattr(self, f) != type(self).model_fields[f].default and self.skew_drift == 0:
                 raise ValueError(
                     f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
