@@ -49,7 +49,8 @@ target·(1 − margin)).
 
 Under either rule the guard (drift ratio or loss, controllers/guard.py) judges its own window of
 at least `window` rounds and GUARD_MIN_STEPS steps; when it fires, K ← max(K/growth, k_floor), and
-K may not exceed that value until `cooldown` rounds pass without it firing again. A raise by
+K may not exceed that value until `cooldown` rounds pass without it firing again (on skewed
+data, for the rest of the run: below). A raise by
 more than `margin` re-baselines the loss guard once: its next judged window sets the level
 instead of being compared with the best window at the smaller K. A larger K runs at a higher
 training loss from its first window (each replica's steps start further from the average), and
@@ -57,6 +58,18 @@ compared across the raise the guard backed off every raise on a link that had ju
 panel's flip-link and flip-wan: K 8 → 4 → 2 → 1 within three windows of the WAN's start). A rise
 at one K still fires it; a K raised again in every judged window (a link that swings by more than
 the margin each window) leaves only the drift guard.
+
+A back-off on skewed data (below) holds for the rest of the run: once the data is judged skewed,
+the ceiling a back-off sets does not lift when the cooldown ends. There the soft cap, not the
+link, bounds K, and a back-off says the shards do not bear the K it left; the K a drift-bound run
+bears falls as its loss falls (AdaComm's τ* ∝ √F), so K does not go back to it. On the panel's
+seeds 253–262 two skew-wan runs of ten diverged within an epoch of K going back from 3 to the
+cap's 6, the K the guard had left three epochs before (accuracy 0.81 → 0.35 and 0.89 → 0.53);
+held, every seed reached the target; on new seeds 263–272 no run diverged under either rule,
+and held it reached the target in every seed, as the old rule did, at 0.974× (0.940–1.009) its
+time (docs/design.md §6, "a back-off on skewed data"). The costs: a run held low for its last
+epochs takes longer to end (a second back-off holds K at the floor: five of those ten skew-wan
+runs ended at K = 1), and a slower link after such a back-off is not followed above the ceiling.
 
 Heterogeneous data: on label-skewed shards the replicas disagree far more than on iid shards at
 the same K, and that drift grows with K (FedAvg, SCAFFOLD), so the link's K* can miss the quality
@@ -120,11 +133,12 @@ changes rather than a window later, by a check of its own (controllers/link_chec
 
 The guard stays silent on a window whose boundaries were all at K <= `k_floor` (at 1:
 synchronous SGD, whose loss no K raised): there is no smaller K to back off to, and its ceiling
-would only have held K there for `cooldown` rounds against the link (a non-finite loss still
-fires it). It reads the K in force, not steps per boundary: with F fragments at K = F a boundary
-is one step apart, and that is local SGD. On the panel's flip-link seed
-75 the training loss of the last LAN epoch before the WAN rose from 0.85 to 1.19 (noise at LR 0.1),
-the guard fired, and K stayed at 1 through the WAN's first epoch at 72% of the time in sync.
+would only have held K there for `cooldown` rounds (on skewed data, for good) against the link
+(a non-finite loss still fires it). It reads the K in force, not steps per boundary: with F
+fragments at K = F a boundary is one step apart, and that is local SGD. On the panel's flip-link
+seed 75 the training loss of the last LAN epoch before the WAN rose from 0.85 to 1.19 (noise at
+LR 0.1), the guard fired, and K stayed at 1 through the WAN's first epoch at 72% of the time in
+sync.
 
 Adam's family (`k_floor`): after a phase at K = 1, where every step is one synchronized step on
 the averaged gradient, each rank's second-moment estimate v measures the averaged gradient, with a
@@ -430,8 +444,8 @@ class ExposedSyncController:
         return cap if self.skewed else max(cap, self.sync_period)
 
     def k_ceiling(self) -> int | None:
-        """The lowest of the guard's ceiling (until its cooldown ends) and, on skewed data, the
-        soft cap."""
+        """The lowest of the guard's ceiling (until its cooldown ends; on skewed data for good)
+        and, on skewed data, the soft cap."""
         caps = [c for c in (self.ceiling, self.skew_ceiling()) if c is not None]
         return min(caps) if caps else None
 
@@ -473,7 +487,9 @@ class ExposedSyncController:
         shift = self._take_round(needed, measured=not first_round)
         if self.ceiling is not None:
             self.since_fire += 1
-            if self.since_fire >= self.cooldown:
+            # on skewed data a back-off's ceiling holds for the rest of the run (the module's
+            # docstring, "a back-off on skewed data")
+            if self.since_fire >= self.cooldown and not self.skewed:
                 self.ceiling = None
         judged = self._skew_win.drift_ratio / max(1, self._skew_win.n)
         was_skewed = self.skewed
@@ -574,7 +590,7 @@ class ExposedSyncController:
 
     def rollback(self, sync_period: int) -> None:
         """After a divergence rollback: continue from the halved K (not under the floor),
-        capped there for a cooldown."""
+        capped there for a cooldown (on skewed data for the rest of the run, as a back-off)."""
         self.sync_period = max(sync_period, self.k_floor)
         self.ceiling, self.since_fire = self.sync_period, 0
         self._new_window()

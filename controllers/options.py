@@ -175,7 +175,8 @@ class PolicySettings(BaseModel):
         32,
         ge=1,
         le=COUNT_MAX,
-        description="boundaries after a back-off before K may rise above the backed-off value",
+        description="boundaries after a back-off before K may rise above the backed-off value "
+        "(on data judged skewed, --skew-drift: never)",
         json_schema_extra=about(),
     )
     # the direct rule with lowering: the panel's default adaptive policy (docs/policies.md)

@@ -351,6 +351,32 @@ def test_a_back_off_and_composite_stay_within_the_skew_cap():
     assert share.skewed and share.skew_ceiling() == 17 and set(ks[-20:]) == {17}
 
 
+def test_on_skewed_data_a_back_off_holds_for_the_rest_of_the_run():
+    """On data judged skewed the soft cap, not the link, bounds K, and a back-off says the shards
+    do not bear the K it left: its ceiling does not lift when the cooldown ends (on the panel,
+    K going back to the cap's K three epochs after a back-off blew up two skew-wan runs of ten).
+    On iid data the cooldown ends it as before, and the link's K comes back."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, cooldown=12)
+    skewed = ExposedSyncController(sync_period=4, **kw)
+    iid = ExposedSyncController(sync_period=4, **kw)
+    for c, drift in ((skewed, 2.0), (iid, 0.8)):
+        drive(c, 40, drift_ratio=drift)  # the slow link of the tests above: K* 80
+        drive(c, 8, drift_ratio=drift, loss=0.8)  # the best window
+        k = c.sync_period
+        fired = [c.observe(stats(k, drift_ratio=drift, loss=1.0, i=i)) for i in range(1, 5)]
+        assert fired[-1].reason.startswith("back off: loss 1 rose"), fired[-1].reason
+    assert skewed.skewed is True and iid.skewed is False
+    assert (skewed.sync_period, iid.sync_period) == (8, 32)  # 17 // 2 and 64 // 2
+    after = {name: drive(c, 40, drift_ratio=d, loss=0.8)
+             for name, c, d in (("skewed", skewed, 2.0), ("iid", iid, 0.8))}  # fmt: skip
+    assert set(after["skewed"]) == {8} and skewed.ceiling == 8
+    assert after["iid"][:11] == [32] * 11 and after["iid"][-1] == 64 and iid.ceiling is None
+    # it survives a resume
+    again = ExposedSyncController(sync_period=4, **kw)
+    again.load_state_dict(skewed.state_dict())
+    assert set(drive(again, 40, drift_ratio=2.0, loss=0.8)) == {8}
+
+
 def test_backs_off_when_the_loss_rises_over_a_window():
     c = ExposedSyncController(sync_period=8, target=0.2, max_sync_period=8, window=4)
     drive(c, 4, loss=1.0)
