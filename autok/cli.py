@@ -35,7 +35,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
-from autok.controllers import ran_before
+from autok.controllers import ran_before, revision, revision_problem
 from autok.extras import require, require_run, require_storage
 from autok.sweep import OBJECTIVE_ALIASES, OBJECTIVES
 from autok.trainer.engine.clock import CLOCKS
@@ -363,6 +363,13 @@ def resume_config(ns: argparse.Namespace) -> TrainConfig:
             f"--resume: {run} was started with {why}; continued here its numbers would mix "
             "two installations: resume it where it started, or start a new --out"
         )
+    # a run saved before its rule's revision was recorded ran revision 0: where its policy's
+    # rule has moved since, continued here it would follow two rules (docs/design.md §6)
+    if why := revision_problem(saved.get("policy"), saved.pop("policy_revision", None)):
+        raise ConfigError(
+            f"--resume: {run} was started by {why}; continued here its K path would follow "
+            "two rules: resume it with the autok that started it, or start a new --out"
+        )
     from autok.space import as_ran
 
     saved, notes = as_ran(saved)
@@ -537,6 +544,8 @@ def resolved_config(cfg: TrainConfig, out: Path) -> dict[str, Any]:
     from autok.trainer.loop.environment import environment
 
     resolved["environment"] = environment()  # what its numbers depend on besides settings
+    # and the K policy's rule as this version has it (docs/design.md §6, "the rule's revision")
+    resolved["policy_revision"] = revision(cfg.policy)
     return resolved
 
 
@@ -573,9 +582,13 @@ def check_restarted_run(cfg: TrainConfig, out: Path) -> bool:
         what = f" (its {flag(differs)} differs)" if differs else ""
         if differs == "environment":
             what = " (it was started with other package versions or another CPU)"
+        # --resume refuses a run of another revision too (resume_config)
+        other = " or --resume that run" if differs != "policy_revision" else ""
+        if differs == "policy_revision":
+            what = " (it was started by another revision of its K policy's rule)"
         raise ConfigError(
             f"--out: {out} holds a run this command did not configure{what}; a torchrun "
-            "restart continues only its own run: give a new --out, or --resume that run"
+            f"restart continues only its own run: give a new --out{other}"
         )
     return True
 

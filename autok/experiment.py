@@ -46,7 +46,7 @@ from autok.config import (
     load_config,
     read_yaml,
 )
-from autok.controllers import RAN_BEFORE, read_drop, reads
+from autok.controllers import RAN_BEFORE, read_drop, reads, revision_problem
 from autok.procs import start_logged
 from autok.resources import experiments_dir
 from autok.runlock import LOCK_NAME, RunInUse, RunLock, acquire, release
@@ -660,7 +660,7 @@ def check_run_dirs(runs: list[Run], out: Path) -> None:
                 )
             if was is not None and (why := started_elsewhere(run_dir, run)):
                 raise ConfigError(why)
-            if why := made_elsewhere(run_dir, finished):
+            if why := made_elsewhere(run_dir, finished) or ruled_elsewhere(run_dir, run):
                 raise ConfigError(why)
             continue
         if why := unproven(run_dir, run.dir, secret):
@@ -727,6 +727,33 @@ def made_elsewhere(run_dir: Path, finished: bool) -> str | None:
     return (
         f"--out: {run_dir} holds a run made with {why}; a run's numbers depend on them, so "
         "choose a new --out (a run there is kept, never redone)"
+    )
+
+
+def ruled_elsewhere(run_dir: Path, run: Run) -> str | None:
+    """Why a kept run does not stand for one made here (one line naming --out), or None: its
+    config.json records another revision of its K policy's rule, or none where the policy's has
+    moved since runs began to record it (docs/design.md §6, "the rule's revision"): the same
+    settings and seed may give another K path."""
+    try:
+        policy = validated(run.settings, run.mean_k_of).policy
+    except (ConfigError, ValueError, TypeError):
+        return None  # the run.yaml check and the settings' own refusal stand alone
+    try:
+        recorded = json.loads(_read_small(run_dir / "config.json")).get("policy_revision")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        if revision_problem(policy, None) is None:
+            return None  # whatever it recorded, this policy's rule has not moved
+        return (
+            f"--out: {run_dir} holds a run whose config.json cannot be read, so which revision "
+            f"of {policy}'s rule made it is unknown; choose a new --out (a run there is kept, "
+            "never redone)"
+        )
+    if (why := revision_problem(policy, recorded)) is None:
+        return None
+    return (
+        f"--out: {run_dir} holds a run made by {why}; the same settings may take another K "
+        "path now, so choose a new --out (a run there is kept, never redone)"
     )
 
 

@@ -847,10 +847,19 @@ def _seeds_note(groups: dict[str, list[RunResult]], what: str) -> str:
 
 # Settings that differ between runs without being what the grid compares: where a run lives
 # and which seed it drew (seeds are averaged, never an axis).
-# environment: not a setting a grid varies; runs of several installations are said apart
-# (installations)
+# environment, policy_revision: not settings a grid varies; runs of several installations, or of
+# several revisions of one policy's rule, are said apart (installations, rules)
 NOT_AN_AXIS = frozenset(
-    {"seed", "out", "data_dir", "resume", "metrics_port", "run_name", "environment"}
+    {
+        "seed",
+        "out",
+        "data_dir",
+        "resume",
+        "metrics_port",
+        "run_name",
+        "environment",
+        "policy_revision",
+    }
 )
 AXIS_NAMES = {"sync_period": "K", "strategy": "method", "lr": "LR"}
 
@@ -1268,12 +1277,38 @@ def installations(runs: list[RunResult]) -> str | None:
     )
 
 
+def rules(runs: list[RunResult]) -> str | None:
+    """One line where the runs of one K policy record more than one revision of its rule
+    (config.json's `policy_revision`, none counting as 0: docs/design.md §6, "the rule's
+    revision"): the same settings and seed may take other K paths under each. None where every
+    policy's runs record one."""
+    seen: dict[str, set[str]] = {}
+    for r in runs:
+        policy = str(r.config.get("policy", "fixed"))
+        was = r.config.get("policy_revision")
+        shown = "0" if was is None else str(was) if type(was) is int else repr(was)[:40]
+        seen.setdefault(policy, set()).add(shown)
+    mixed = next(((p, sorted(v)) for p, v in seen.items() if len(v) > 1), None)
+    if mixed is None:
+        return None
+    policy, revisions = mixed
+    return (
+        f"**Not comparable as they stand:** these runs of {policy} were made by "
+        f"{len(revisions)} revisions of its rule (config.json's `policy_revision`: "
+        f"{', '.join(revisions)}; none recorded counts as 0); the same settings and "
+        "seed may take another K path under each. Compare the runs of one revision (a new "
+        "`--out` reruns them here)."
+    )
+
+
 def say_installations(text: str, runs: list[RunResult]) -> str:
-    """The report's text with the `installations` line under its title, where there is one."""
-    if (mixed := installations(runs)) is None:
+    """The report's text with the `installations` and `rules` lines under its title, where
+    there are any."""
+    said = [line for line in (installations(runs), rules(runs)) if line is not None]
+    if not said:
         return text
     title, _, rest = text.partition("\n\n")
-    return f"{title}\n\n{mixed}\n\n{rest}"
+    return "\n\n".join([title, *said, rest])
 
 
 def report(root: Path) -> str:

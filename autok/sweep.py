@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import yaml
 
 from autok.config import SEED_MAX, ConfigError, TrainConfig, first_difference, flag, load_config
-from autok.controllers import reads
+from autok.controllers import POLICIES, reads, revision_problem
 from autok.pareto import pareto_front, plot_front
 from autok.space import (
     CONDITIONAL,
@@ -499,6 +499,31 @@ def link_drop_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[
     )
 
 
+# {policy: the revision of its rule} when the study was made (docs/design.md §6, "the rule's
+# revision"); a study made before it was recorded ran every policy's revision 0
+REVISIONS_ATTR = "policy_revisions"
+
+
+def revision_attr() -> dict[str, int]:
+    """What a new study records: every registered policy's rule revision."""
+    return {name: p.revision for name, p in POLICIES.items()}
+
+
+def rule_problem(attrs: dict[str, Any], fixed: dict[str, Any], space: list[Dim]) -> str | None:
+    """Why a study cannot be resumed by this version (the rest of one line), or None: a policy
+    its new trials could run has another rule revision than the study recorded for it (none
+    recorded: 0), so new trials could take other K paths beside old ones with the same
+    parameters."""
+    was = attrs.get(REVISIONS_ATTR)
+    was = was if isinstance(was, dict) else {}
+    drawn = {d.name: d.choices for d in space}
+    policies = drawn.get("policy") or (fixed.get("policy", "fixed"),)
+    for policy in policies:
+        if (why := revision_problem(policy, was.get(policy))) is not None:
+            return f"ran its trials by {why}: choose a new --out"
+    return None
+
+
 def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop) -> list[dict]:
     import optuna
 
@@ -548,7 +573,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
     # A resumed study keeps its fixed part: trials under another would sit in one table, front
     # and best.yaml as if comparable. Only what does not touch a trial's result may change.
     given = {k: _plain(v) for k, v in fixed.items()}
-    for problem in (k_start_problem, k_floor_problem, link_drop_problem):
+    for problem in (k_start_problem, k_floor_problem, link_drop_problem, rule_problem):
         if opts.resume and (why := problem(study.user_attrs, fixed, space)):
             raise ConfigError(f"--resume: the study {opts.study_name!r} {why}")
     here = environment()  # a trial's numbers depend on it (trainer/loop/environment.py)
@@ -562,6 +587,7 @@ def _optimize(opts: SweepOptions, fixed: dict[str, Any], space: list[Dim], stop)
         study.set_user_attr(K_START_ATTR, EXPOSED_SYNC_START)
         study.set_user_attr(FLOOR_ATTR, True)
         study.set_user_attr(DROP_ATTR, True)
+        study.set_user_attr(REVISIONS_ATTR, revision_attr())
         study.set_user_attr(ENVIRONMENT_ATTR, here)
     elif isinstance(was_fixed := study.user_attrs.get("fixed"), dict):
         was_fixed, notes = _as_ran(was_fixed, space)

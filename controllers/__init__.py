@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from autok.controllers.adacomm import AdaCommController
 from autok.controllers.base import BoundaryStats, Controller, SyncDecision
 from autok.controllers.composite import CompositeController
-from autok.controllers.exposed_sync import ExposedSyncController
+from autok.controllers.exposed_sync import RULE_REVISION, ExposedSyncController
 from autok.controllers.fixed import FixedController
 from autok.controllers.guard import Guard
 from autok.controllers.inverse_lr import InverseLRController
@@ -66,6 +66,9 @@ class Policy:
     build: Callable[[int, PolicyOptions], Controller]
     reads: frozenset[str] = frozenset()
     note: str | None = None
+    # moved whenever the same settings may give another K path (exposed_sync.RULE_REVISION); a
+    # run records it, and none recorded counts as 0: the rule every policy had then
+    revision: int = 0
 
     def __post_init__(self) -> None:
         if unknown := sorted(self.reads - set(POLICY_OPTIONS)):
@@ -108,7 +111,7 @@ _CAPPED = frozenset({"max_sync_period"})  # reads only the cap on K
 
 POLICIES: dict[str, Policy] = {
     "fixed": Policy(lambda k, o: FixedController(k)),
-    "exposed-sync": Policy(_share, _SHARE_READS),
+    "exposed-sync": Policy(_share, _SHARE_READS, revision=RULE_REVISION),
     "qsr": Policy(_qsr, _QSR_READS),
     # AdaComm's τ_0 is a large start that shrinks (controllers/adacomm.py): the cap, not K
     "adacomm": Policy(
@@ -120,6 +123,7 @@ POLICIES: dict[str, Policy] = {
     "composite": Policy(
         lambda k, o: CompositeController(share=_share(k, o), qsr=_qsr(k, o)),
         _SHARE_READS | _QSR_READS,
+        revision=RULE_REVISION,  # it steers with exposed-sync's rule
     ),
     "post-local": Policy(
         lambda k, o: PostLocalController(local_period=k, max_sync_period=o.max_sync_period),
@@ -160,6 +164,25 @@ RAN_BEFORE: dict[str, float] = {"k_floor": 1, "link_drop": 0.0}
 def reads(policy: object, option: str) -> bool:
     """Whether `policy` (a name; anything else reads nothing) reads the K-policy `option`."""
     return isinstance(policy, str) and option in READS.get(policy, frozenset())
+
+
+def revision(policy: object) -> int:
+    """The revision of `policy`'s rule (a name; anything else, or a name no longer registered:
+    0), as a run records it in config.json's `policy_revision`."""
+    found = POLICIES.get(policy) if isinstance(policy, str) else None
+    return found.revision if found is not None else 0
+
+
+def revision_problem(policy: object, recorded: object) -> str | None:
+    """Why a run of `policy` that recorded `recorded` (config.json's `policy_revision`; None
+    where it recorded none, which counts as 0) was not made by this version's rule, in words
+    ("exposed-sync's rule revision 0, this autok runs 1"), or None where it was."""
+    now = revision(policy)
+    was = 0 if recorded is None else recorded
+    if was == now and type(was) is int:
+        return None
+    shown = "0 (none recorded)" if recorded is None else repr(recorded)[:40]
+    return f"{policy}'s rule revision {shown}, this autok runs {now}"
 
 
 def ran_before(policy: object, saved: dict) -> dict[str, float]:
@@ -212,5 +235,7 @@ __all__ = [
     "ran_before",
     "read_drop",
     "reads",
+    "revision",
+    "revision_problem",
     "build_controller",
 ]

@@ -285,6 +285,11 @@ GRADE_WINDOWS = 3
 # the grade's one scale (`skew_grade_gamma`): the drift ratio as a window at K = 4 would read it
 GRADE_K = 4
 STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
+# The rule's revision: moved whenever the same settings and seed may give another K path, so that
+# runs of two revisions are not compared or continued as one (docs/design.md §6, "the rule's
+# revision"). A run records it (config.json's `policy_revision`); 1 is the rule as it stood when
+# runs began to record it, a back-off held on skewed data; one recording none counts as 0.
+RULE_REVISION = 1
 
 
 @dataclass

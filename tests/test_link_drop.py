@@ -112,17 +112,20 @@ def test_a_config_json_without_it_resumes_as_it_ran(tmp_path):
     0; one saved since keeps its own; a fixed run is untouched (it reads none)."""
     from autok.cli import build_parser, resume_config
     from autok.config import load_config
+    from autok.controllers import revision
 
     run = tmp_path / "run"
     run.mkdir()
     saved = load_config({}, {"policy": "exposed-sync", "out": str(run)}).model_dump(mode="json")
     saved = {k: v for k, v in saved.items() if k != "link_drop"}
+    saved["policy_revision"] = revision("exposed-sync")  # so that the resume reads the check
     (run / "config.json").write_text(json.dumps(saved))
     args = build_parser().parse_args(["train", "--resume", str(run)])
     assert resume_config(args).link_drop == 0
     (run / "config.json").write_text(json.dumps(saved | {"link_drop": 3.0}))
     assert resume_config(args).link_drop == 3.0
-    fixed = {k: v for k, v in saved.items() if k not in ("k_floor",)} | {"policy": "fixed"}
+    fixed = {k: v for k, v in saved.items() if k not in ("k_floor",)}
+    fixed |= {"policy": "fixed", "policy_revision": revision("fixed")}
     (run / "config.json").write_text(json.dumps(fixed))
     assert resume_config(args).link_drop == 3.0  # unread, so nothing to keep
 
@@ -132,6 +135,7 @@ def test_a_kept_experiment_run_made_without_it_does_not_stand_for_one_with_it(tm
     refused in one line naming --out, where the settings leave it to the default; kept where
     they give 0, or the run's config records the default's 3."""
     from autok.config import ConfigError
+    from autok.controllers import revision
     from autok.experiment import Run, check_run_dirs
     from autok.trainer.loop.environment import environment
 
@@ -141,7 +145,8 @@ def test_a_kept_experiment_run_made_without_it_does_not_stand_for_one_with_it(tm
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
     (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
-    config = {**settings, "sync_period": 1}
+    # made by this version's rule (the rule's revision: tests/test_rule_revision.py)
+    config = {**settings, "sync_period": 1, "policy_revision": revision("exposed-sync")}
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         ConfigError, match="holds a run that read a faster link at 0, these settings now at 3"

@@ -311,6 +311,7 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     import json
 
     from autok.config import ConfigError
+    from autok.controllers import revision
     from autok.experiment import Run, check_run_dirs
 
     settings = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2, "workers": 2}
@@ -319,7 +320,8 @@ def test_a_kept_run_that_started_at_another_default_k_does_not_stand_for_this_on
     run_dir.mkdir(parents=True)
     (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
     (run_dir / "run.yaml").write_text(yaml.safe_dump(settings))
-    now = {**settings, "link_drop": 3.0}  # what a config.json made now records
+    # what a config.json made now records (the rule's revision: tests/test_rule_revision.py)
+    now = {**settings, "link_drop": 3.0, "policy_revision": revision("exposed-sync")}
     (run_dir / "config.json").write_text(json.dumps({**now, "sync_period": 1}))
     check_run_dirs([run], tmp_path)  # started where these settings start
     (run_dir / "config.json").write_text(json.dumps({**now, "sync_period": 4}))
@@ -337,6 +339,7 @@ def test_a_kept_run_with_another_default_floor_does_not_stand_for_this_one(tmp_p
     import json
 
     from autok.config import ConfigError
+    from autok.controllers import revision
     from autok.experiment import Run, check_run_dirs
 
     settings = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2, "workers": 2}
@@ -346,7 +349,8 @@ def test_a_kept_run_with_another_default_floor_does_not_stand_for_this_one(tmp_p
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text(json.dumps({"environment": environment()}))
         (run_dir / "run.yaml").write_text(yaml.safe_dump(run.settings))
-        config = {**run.settings, "sync_period": floor, "link_drop": 3.0}
+        now = {"link_drop": 3.0, "policy_revision": revision("exposed-sync")}
+        config = {**run.settings, "sync_period": floor, **now}
         (run_dir / "config.json").write_text(json.dumps(config))  # no floor recorded: 1
         if floor == 1:
             check_run_dirs([run], tmp_path / optimizer)

@@ -215,11 +215,14 @@ def test_a_run_saved_before_the_link_check_resumes_without_it(stopped_run, tmp_p
     """An exposed-sync run whose config.json has no link_shift (saved before the check of a
     changed link) resumes with it off, as it ran (its default); one that has it keeps it."""
     from autok.cli import build_parser, resume_config
+    from autok.controllers import revision
 
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
     config = json.loads((run / "config.json").read_text())
-    config = {k: v for k, v in config.items() if k != "link_shift"} | {"policy": "exposed-sync"}
+    # recorded by this version's rule, so that the resume reaches the check's reading
+    ours = {"policy": "exposed-sync", "policy_revision": revision("exposed-sync")}
+    config = {k: v for k, v in config.items() if k != "link_shift"} | ours
     (run / "config.json").write_text(json.dumps(config))
     assert resume_config(build_parser().parse_args(["train", "--resume", str(run)])).link_shift == 0
     (run / "config.json").write_text(json.dumps(config | {"link_shift": 4.0}))
@@ -233,12 +236,14 @@ def test_a_run_saved_before_the_optimizers_floor_resumes_with_the_floor_it_ran_w
     a setting) ran with none: it resumes at floor 1, not AdamW's 2; one saved since keeps its
     floor; a fixed run saved while the default was 1 resumes without it (it never read it)."""
     from autok.cli import build_parser, resume_config
+    from autok.controllers import revision
 
     run = tmp_path / "run"
     shutil.copytree(stopped_run, run)
     config = json.loads((run / "config.json").read_text())
     config = {k: v for k, v in config.items() if k not in ("k_floor", "momentum", "nesterov")}
     adamw = config | {"policy": "exposed-sync", "optimizer": "adamw", "sync_period": 4}
+    adamw["policy_revision"] = revision("exposed-sync")  # so that the resume reads the floor
     args = ["train", "--resume", str(run)]
     (run / "config.json").write_text(json.dumps(adamw))
     assert resume_config(build_parser().parse_args(args)).k_floor == 1
@@ -335,6 +340,41 @@ def test_a_run_started_in_another_installation_is_not_continued_here(stopped_run
     (run / "config.json").write_text(json.dumps(config))
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert json.loads((run / "config.json").read_text())["environment"]["torch"]
+
+
+def test_a_run_started_by_another_revision_of_its_rule_is_not_continued(
+    stopped_run, tmp_path, capsys
+):
+    """config.json records the revision of its K policy's rule (docs/design.md §6, "the rule's
+    revision"): continued by another, its K path would follow two rules, so the resume is refused
+    in one line before anything is written. One saved before it was recorded ran revision 0."""
+    from autok.config import ConfigError
+    from autok.controllers import revision
+
+    run = tmp_path / "run"
+    shutil.copytree(stopped_run, run)
+    config = json.loads((run / "config.json").read_text())
+    assert config["policy"] == "fixed" and config["policy_revision"] == revision("fixed") == 0
+    config["policy_revision"] = 7
+    (run / "config.json").write_text(json.dumps(config))
+    before = tree(run)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"autok: error: --resume: {run} was started by fixed's rule revision 7, this autok runs 0"
+    ), err
+    assert err.count("\n") == 1 and tree(run) == before
+    # one that recorded none ran revision 0: refused where its policy's rule has moved since,
+    # resumed where it has not (fixed K)
+    from autok.cli import build_parser, resume_config
+
+    del config["policy_revision"]
+    (run / "config.json").write_text(json.dumps(config | {"policy": "exposed-sync"}))
+    with pytest.raises(ConfigError, match=r"started by exposed-sync's rule revision 0 \(none"):
+        resume_config(build_parser().parse_args(["train", "--resume", str(run)]))
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    assert json.loads((run / "config.json").read_text())["policy_revision"] == 0
 
 
 def test_a_manifest_that_is_not_a_regular_file_is_refused_without_opening_it(

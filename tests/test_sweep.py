@@ -210,6 +210,9 @@ def test_optuna_sweep_on_sqlite_resume_and_outputs(tmp_path, small_space):
     import optuna
 
     study = optuna.load_study(study_name="autok", storage=f"sqlite:///{out / 'study.db'}")
+    from autok.sweep import REVISIONS_ATTR, revision_attr
+
+    assert study.user_attrs[REVISIONS_ATTR] == revision_attr()  # recorded when it was made
     study.set_user_attr("environment", study.user_attrs["environment"] | {"numpy": "1.0.0"})
     res = autok("sweep", *more, *FIXED)
     assert res.returncode == 2 and res.stderr.startswith(

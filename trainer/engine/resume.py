@@ -10,7 +10,7 @@ import math
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from autok.controllers import RAN_BEFORE, reads
+from autok.controllers import RAN_BEFORE, reads, revision
 from autok.trainer.engine.boundary_form import BOUNDARY_FORMS, boundary_form, restore_boundary_form
 from autok.trainer.engine.in_flight import InFlight
 from autok.trainer.engine.loss_sum import LossSum
@@ -134,6 +134,9 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         # the faster-link check, moved from off to 3 (docs/design.md §6, "a faster link"); a
         # policy that does not read it records it off, as every state saved before it did
         "link_drop": sync.options.link_drop if reads(sync.options.policy, "link_drop") else 0.0,
+        # the revision of the policy's rule (docs/design.md §6, "the rule's revision"); a state
+        # saved before it was recorded ran 0 (KIND_BEFORE)
+        "policy_revision": revision(sync.options.policy),
     }
 
 
@@ -175,8 +178,14 @@ def foreign(sync: Sync, state: Any) -> str | None:
             saved = kind.get(k, KIND_BEFORE.get(k, v))
             if k in RAN_BEFORE and not _ratio(saved):
                 return f"saved with {k} {saved!r}, not a number >= 0: not a state autok saved"
-            if saved != v:
+            # a revision is a count: True or 1.0 is not one (controllers.revision_problem)
+            if saved != v or (k == "policy_revision" and type(saved) is not int):
                 hint = f" (pass {k}={saved} to continue it)" if k in RAN_BEFORE else ""
+                if k == "policy_revision":  # no option gives the old rule back
+                    hint = (
+                        " (another revision of its K policy's rule: continue it with the autok "
+                        "that saved it)"
+                    )
                 return f"saved with {k} {saved!r}; this Sync has {v!r}{hint}"
     return None
 
@@ -187,4 +196,5 @@ def _ratio(x: object) -> bool:
 
 
 # What a state saved before a key of `engine_kind` existed had: the only value there was then.
-KIND_BEFORE = {"fragment_by": "element", **RAN_BEFORE}
+# A state saved before the rule's revision was recorded ran revision 0 (docs/design.md §6).
+KIND_BEFORE = {"fragment_by": "element", "policy_revision": 0, **RAN_BEFORE}
