@@ -195,8 +195,13 @@ def build_regimes(runs: list[RunResult], plan: dict | None = None) -> list[Regim
     for r in sorted(runs, key=lambda r: (r.order if r.order is not None else 0, r.seed)):
         stages = by_regime.setdefault(r.variant, {"main": {}, "pilot": {}})
         stages[r.stage].setdefault(r.method, []).append(r)
+    # in the plan's order, which is the experiment's (each regime's pilot writes its entry in
+    # turn): runs kept from another directory carry that experiment's order (docs/experiments.md)
+    listed = list(plan or {})
+    variants = sorted(by_regime, key=lambda v: listed.index(v) if v in listed else len(listed))
     out = []
-    for variant, stages in by_regime.items():
+    for variant in variants:
+        stages = by_regime[variant]
         groups = stages["main"]
         if not groups:
             continue

@@ -838,3 +838,27 @@ def test_where_the_default_missed_within_5_the_line_says_whether_k_set_in_hindsi
     assert summary["regimes"]["r"]["sched-2-8"]["ci_high"] is None
     text = panel.render_why(panel.goals(summary, regimes), regimes, summary)
     assert "at best sched-2-8, 1.200× (—), reached the target in every seed where" in text
+
+
+def test_regimes_follow_the_plans_order_whatever_order_kept_runs_carry():
+    """Runs kept from another experiment's directory carry that experiment's grid order: the
+    report still lists the regimes as the plan (the experiment's pilots, in turn) does; regimes
+    the plan does not name follow, in the runs' order."""
+    from dataclasses import replace
+
+    from autok import panel
+
+    def regime(name, order):
+        return [
+            replace(_run(m, s, [0.6, 0.88, 0.9], 1.0, regime=name), order=order)
+            for m in ("k8", "k16")
+            for s in (1, 2)
+        ]
+
+    runs = regime("b", 0) + regime("c", 1) + regime("a", 2)
+    assert [g.name for g in panel.build_regimes(runs)] == ["b", "c", "a"]
+    plan = {
+        f"regime={n}": {"target": 0.85, "best_fixed": "k8", "arms": {"k8": {"sync_period": 4}}}
+        for n in ("a", "b")
+    }
+    assert [g.name for g in panel.build_regimes(runs, plan)] == ["a", "b", "c"]
