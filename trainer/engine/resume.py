@@ -10,7 +10,7 @@ import math
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from autok.controllers import RAN_BEFORE, reads, revision
+from autok.controllers import RAN_BEFORE, reads, revision, revision_problem
 from autok.trainer.engine.boundary_form import BOUNDARY_FORMS, boundary_form, restore_boundary_form
 from autok.trainer.engine.in_flight import InFlight
 from autok.trainer.engine.loss_sum import LossSum
@@ -178,14 +178,14 @@ def foreign(sync: Sync, state: Any) -> str | None:
             saved = kind.get(k, KIND_BEFORE.get(k, v))
             if k in RAN_BEFORE and not _ratio(saved):
                 return f"saved with {k} {saved!r}, not a number >= 0: not a state autok saved"
-            # a revision is a count: True or 1.0 is not one (controllers.revision_problem)
-            if saved != v or (k == "policy_revision" and type(saved) is not int):
-                hint = f" (pass {k}={saved} to continue it)" if k in RAN_BEFORE else ""
-                if k == "policy_revision":  # no option gives the old rule back
-                    hint = (
-                        " (another revision of its K policy's rule: continue it with the autok "
-                        "that saved it)"
+            if k == "policy_revision":  # judged as every recorded revision is: a count
+                if saved is None or revision_problem(sync.options.policy, saved) is not None:
+                    return (
+                        f"saved with {k} {saved!r}; this Sync has {v!r} (another revision of "
+                        "its K policy's rule: continue it with the autok that saved it)"
                     )
+            elif saved != v:
+                hint = f" (pass {k}={saved} to continue it)" if k in RAN_BEFORE else ""
                 return f"saved with {k} {saved!r}; this Sync has {v!r}{hint}"
     return None
 
