@@ -45,6 +45,7 @@ def _share(k: int, o: PolicyOptions) -> ExposedSyncController:
         skew_grade_gamma=o.skew_grade_gamma,
         link_shift=o.link_shift,
         link_drop=o.link_drop,
+        epoch_rounds=o.epoch_rounds,
         k_floor=o.k_floor or 1,  # None: not resolved (no optimizer named): no floor
     )
 
@@ -94,6 +95,7 @@ _SHARE_READS = frozenset(
         "skew_grade_gamma",
         "link_shift",
         "link_drop",
+        "epoch_rounds",
         "k_floor",
     }
 )

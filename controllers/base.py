@@ -88,3 +88,11 @@ class Controller(Protocol):
         """Training rolled back after divergence with K halved to `sync_period`; continue from
         it and do not climb straight back."""
         ...
+
+
+@runtime_checkable
+class KnowsCuts(Protocol):
+    """A controller that reads where the engine cuts rounds short (every epoch's end, in the
+    built-in loop): `Sync.period_cap` tells it, and again whenever it changes."""
+
+    def set_cut(self, steps: int | None) -> None: ...

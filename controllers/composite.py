@@ -52,6 +52,9 @@ class CompositeController:
         source = "qsr" if q.next_sync_period > s.next_sync_period else "share"
         return SyncDecision(k, f"composite ({source}): {s.reason}; qsr K={q.next_sync_period}")
 
+    def set_cut(self, steps: int | None) -> None:
+        self.share.set_cut(steps)
+
     def rollback(self, sync_period: int) -> None:
         self.share.rollback(sync_period)
         self.qsr.rollback(sync_period)

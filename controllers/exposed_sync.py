@@ -198,13 +198,51 @@ def link_k(steps: float, share: float, target: float) -> float:
     return steps * (share / (1.0 - share)) / (target / (1.0 - target))
 
 
-def soft_cap(scale: int, link_k: float, power: float = 0.5) -> int:
-    """⌊scale^(1 − power) · K*^power⌋: at 0.5 ⌊√(scale · K*)⌋, the committed rule's to the bit."""
+def soft_cap(scale: int, link_k: float, power: float = 0.5, cut: int | None = None) -> int:
+    """⌊scale^(1 − power) · K*^power⌋: at 0.5 ⌊√(scale · K*)⌋, the committed rule's to the bit;
+    with `cut` (epoch rounds) the K whose mean round is nearest that period (`epoch_k`)."""
+    if cut is not None:
+        return epoch_k(scale ** (1.0 - power) * link_k**power, cut)
     # K* is a ratio of measured sums: 16 may read 15.999999999999993, whose root is not 8 when
     # floored
     if power == 0.5:
         return math.floor(math.sqrt(scale * link_k) + 1e-9)
     return math.floor(scale ** (1.0 - power) * link_k**power + 1e-9)
+
+
+def rounds_of(k: int, cut: int) -> float:
+    """The mean round of K where a boundary cuts every `cut` steps (an epoch's end): cut/⌈cut/K⌉,
+    below K where K does not divide the cut (rounds of 15, 15 and 2 at K = 15 of 32: 10.7)."""
+    return cut / math.ceil(cut / k)
+
+
+def epoch_k(value: float, cut: int) -> int:
+    """The K whose mean round (`rounds_of`) is nearest `value` in ratio, the smallest K of that
+    mean (its rounds balanced), where a boundary cuts every `cut` steps: the rule's K* or cap is
+    a period, steps a sync, and an epoch holds only whole syncs (the module's docstring, "epoch
+    rounds"). 15.8 of 32 gives 16 (two syncs an epoch), 6.36 gives 7 (five: a mean of 6.4)."""
+    if not math.isfinite(value) or value >= cut:
+        return cut
+    if value <= 1.0:
+        return 1
+    syncs = cut / value  # an epoch's syncs at that period, not a whole number
+    best: tuple[float, int] | None = None
+    for n in range(max(1, math.floor(syncs) - 1), min(cut, math.ceil(syncs) + 1) + 1):
+        k = math.ceil(cut / n)
+        off = abs(math.log(rounds_of(k, cut) / value))
+        # nearer in ratio; of two as near, the more syncs (the smaller K): the side of the rule
+        if best is None or off < best[0] - 1e-12 or (abs(off - best[0]) <= 1e-12 and k < best[1]):
+            best = (off, k)
+    assert best is not None  # the range holds n = ⌈syncs⌉ at least
+    return best[1]
+
+
+def syncs_of(k: int, cut: int | None) -> str:
+    """What a decision's reason adds under epoch rounds: the syncs an epoch K gives."""
+    if cut is None:
+        return ""
+    n = math.ceil(cut / k)
+    return f" (K {k}: {n} sync{'s' if n > 1 else ''} per {cut} steps)"
 
 
 def next_sync_period(
@@ -250,25 +288,38 @@ def direct_sync_period(
     floor: int = 1,
     growth: int = 2,
     steps: float | None = None,
+    cut: int | None = None,
 ) -> tuple[int, str]:
     """The direct rule, as a pure function: K* = K̄·r/r_t (K̄ = `steps`, the window's mean steps
     a round; K where None), applied when it is > margin away from K; lowering stops at `floor`.
-    The guard backs off by `growth`, as under the doubling rule."""
+    The guard backs off by `growth`, as under the doubling rule. With `cut` (epoch rounds: a
+    boundary every `cut` steps) K* is met by the K whose mean round is nearest it (`epoch_k`),
+    else K* rounded up to raise and down to lower."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
     want = link_k(steps or k, share, target)
     if want > k * (1.0 + margin):
-        new = min(top, math.ceil(want) if math.isfinite(want) else top)
+        up = epoch_k(want, cut) if cut is not None else math.ceil(want)
+        new = min(top, up if math.isfinite(want) else top)
         if new > k:
-            return new, f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
+            return new, (
+                f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
+                f"{syncs_of(new, cut)}"
+            )
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if want < k * (1.0 - margin):
         low = max(1, min(floor, top))
         if k <= low:
             return min(k, top), f"hold: sync share {share:.0%} < target {target:.0%} at K={k}"
-        new = max(low, min(top, math.floor(want) if want >= 1 else 1))
-        return new, f"lower: sync share {share:.0%} < target {target:.0%}: K* {want:.3g}"
+        down = epoch_k(want, cut) if cut is not None else math.floor(want)
+        if down >= k:  # a period near K's own mean round (K cut short by the epoch's end)
+            return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
+        new = max(low, min(top, down if want >= 1 else 1))
+        return new, (
+            f"lower: sync share {share:.0%} < target {target:.0%}: K* {want:.3g}"
+            f"{syncs_of(new, cut)}"
+        )
     return min(k, top), f"hold: sync share {share:.0%}, K* {want:.3g} near K"
 
 
@@ -337,6 +388,11 @@ class ExposedSyncController:
     # a faster link: rounds under the level divided by this close the window early (0: off,
     # or `link_shift` reads both ways)
     link_drop: float = 0.0
+    # epoch rounds: K* and the soft cap are periods, met by the K whose mean round is nearest
+    # them where a boundary cuts every `cut` steps (an epoch's end); the engine tells `cut`
+    # (set_cut: `Sync.period_cap`). Under the direct rule only; off: K* and the cap rounded.
+    epoch_rounds: bool = False
+    cut: int | None = None
     _win: Window = field(default_factory=Window)
     _round: Window = field(default_factory=Window)  # the round being closed (fragments)
     _link: LinkCheck = field(init=False)  # the rounds off the window's level, and that level
@@ -351,6 +407,15 @@ class ExposedSyncController:
         self.floor = max(self.floor, self.k_floor)
         if self.skew_drift <= 0:
             self.skewed = False  # off: never judged, never capped
+
+    def set_cut(self, steps: int | None) -> None:
+        """The steps between the boundaries the engine forces (an epoch's; None: none)."""
+        self.cut = steps
+
+    def cut_every(self) -> int | None:
+        """The cut K* and the cap are met on (`epoch_k`), or None: epoch rounds off, or under the
+        doubling rule, or no cut told."""
+        return self.cut if self.epoch_rounds and self.rule == "direct" else None
 
     def _judge_guard(self) -> str | None:
         """The guard's verdict on its own window, once it spans `window` rounds and
@@ -444,7 +509,7 @@ class ExposedSyncController:
         elif not math.isfinite(self.link_k):
             cap = self.max_sync_period  # the share was all sync: no K* to scale
         else:
-            cap = max(scale, soft_cap(scale, self.link_k, self.skew_power))
+            cap = max(scale, soft_cap(scale, self.link_k, self.skew_power, self.cut_every()))
         # unjudged, it only stops a rise: a K the user started above it is theirs until judged
         return cap if self.skewed else max(cap, self.sync_period)
 
@@ -553,6 +618,7 @@ class ExposedSyncController:
                 floor=self.floor or 1,
                 growth=self.growth,
                 steps=steps,
+                cut=self.cut_every(),
             )
             if reason is not None:
                 self.ceiling, self.since_fire = k, 0

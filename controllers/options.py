@@ -159,6 +159,17 @@ class PolicySettings(BaseModel):
         "unless --link-shift (0: off, or --link-shift's ratio where that is given)",
         json_schema_extra=about(too_high="a ratio of sync times; 0 turns it off"),
     )
+    # K* and the soft cap are periods; an epoch holds whole syncs (controllers/exposed_sync.py,
+    # "epoch rounds"); off by default
+    epoch_rounds: bool = Field(
+        False,
+        description="exposed-sync/composite, under --k-rule direct: meet the link's K* and the "
+        "soft skew cap with the K whose mean round, E/ceil(E/K) steps where every E steps end "
+        "with a boundary (an epoch), is nearest them, rather than with K* or the cap rounded, "
+        "whose epoch may end on a short round that pays a whole sync (15 of 32: rounds of 15, "
+        "15 and 2; with it 16). The library's own loop must set Sync.period_cap",
+        json_schema_extra=about(),
+    )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")
     k_floor: int | None = Field(
         None,
@@ -241,7 +252,7 @@ class PolicySettings(BaseModel):
     def _checked_where_it_acts(self) -> PolicySettings:
         """A changed link closes a window early: one of SHIFT_ROUNDS rounds or fewer closes no
         later, so a --link-shift (or a --link-drop other than its default) given with it would
-        change nothing."""
+        change nothing; --epoch-rounds meets K*, which the doubling rule does not read."""
         default_drop = type(self).model_fields["link_drop"].default
         for name, given in (
             ("link_shift", self.link_shift > 0),
@@ -253,6 +264,11 @@ class PolicySettings(BaseModel):
                     f"{opt}: a window of --sync-window {self.sync_window} rounds closes no later "
                     f"than the check ({SHIFT_ROUNDS} rounds); drop {opt} or widen the window"
                 )
+        if self.epoch_rounds and self.k_rule != "direct":  # the doubling rule reads no K*
+            raise ValueError(
+                f"--epoch-rounds: meets the direct rule's K*, and --k-rule is {self.k_rule}; "
+                "drop --epoch-rounds or give --k-rule direct"
+            )
         return self
 
     @field_validator("k_schedule")

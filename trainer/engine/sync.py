@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autok.controllers.base import BoundaryStats, SyncDecision
+from autok.controllers.base import BoundaryStats, KnowsCuts, SyncDecision
 from autok.trainer.engine.averaging import IntervalTotals, ParameterAverager
 from autok.trainer.engine.build import build_parts, check_arguments
 from autok.trainer.engine.ddp_path import close_ddp_lazily, ddp_boundary, read_kept
@@ -177,6 +177,8 @@ class Sync:
         self._period_cap = steps
         if steps is not None:
             self.sync_period = min(self.sync_period, steps)
+        if isinstance(self.controller, KnowsCuts):  # --epoch-rounds: where rounds are cut short
+            self.controller.set_cut(steps)
 
     def step(self, boundary: bool = False, micro_batches: int | None = None) -> Step:
         """One optimizer step of the loop, as `with sync.step() as s:`. `boundary=True` makes
@@ -410,6 +412,12 @@ class Sync:
                 "--on-divergence rollback with --checkpoint-every"
             )
         add_to_path(self.k_path, k, stats.compute_seconds + stats.exposed_sync_seconds, 1, steps)
+        if self.options.epoch_rounds and self._period_cap is None:  # every rank alike: no hang
+            raise OptionError(
+                "epoch_rounds: meets K* with whole syncs per period_cap steps, and period_cap "
+                "is None; set sync.period_cap to the steps between your loop's forced "
+                "boundaries (an epoch's), or drop epoch_rounds"
+            )
         decision = self.controller.observe(stats)
         cap = self._period_cap
         if cap is not None and decision.next_sync_period > cap:
