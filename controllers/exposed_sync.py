@@ -225,16 +225,16 @@ def epoch_k(value: float, cut: int) -> int:
         return cut
     if value <= 1.0:
         return 1
-    syncs = cut / value  # an epoch's syncs at that period, not a whole number
-    best: tuple[float, int] | None = None
-    for n in range(max(1, math.floor(syncs) - 1), min(cut, math.ceil(syncs) + 1) + 1):
-        k = math.ceil(cut / n)
-        off = abs(math.log(rounds_of(k, cut) / value))
-        # nearer in ratio; of two as near, the more syncs (the smaller K): the side of the rule
-        if best is None or off < best[0] - 1e-12 or (abs(off - best[0]) <= 1e-12 and k < best[1]):
-            best = (off, k)
-    assert best is not None  # the range holds n = ⌈syncs⌉ at least
-    return best[1]
+    # the mean round never falls as K grows: the smallest K whose mean reaches the period, and
+    # the K below it, hold the nearest mean on either side
+    lo, hi = 1, cut
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if rounds_of(mid, cut) >= value else (mid + 1, hi)
+    k = lo
+    if k > 1 and math.log(value / rounds_of(k - 1, cut)) <= math.log(rounds_of(k, cut) / value):
+        k -= 1  # as near or nearer: the more syncs, the side of the rule
+    return math.ceil(cut / math.ceil(cut / k))  # the smallest K of that mean: rounds balanced
 
 
 def syncs_of(k: int, cut: int | None) -> str:
@@ -307,6 +307,8 @@ def direct_sync_period(
                 f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
                 f"{syncs_of(new, cut)}"
             )
+        if up <= k:  # the mean round nearest K* is K's own (epoch rounds)
+            return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if want < k * (1.0 - margin):
         low = max(1, min(floor, top))

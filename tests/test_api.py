@@ -413,6 +413,8 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"policy": "exposed-sync", "skew_cap": 8, "skew_drift": 0.0}, "--skew-cap"),
         ({"policy": "exposed-sync", "k_floor": 2, "sync_period": 1}, "--k-floor"),
         ({"policy": "exposed-sync", "link_shift": 0.5}, "--link-shift"),
+        ({"policy": "exposed-sync", "k_rule": "double", "epoch_rounds": True}, "--epoch-rounds"),
+        ({"policy": "qsr", "epoch_rounds": True}, "--epoch-rounds"),  # unread by the policy
         ({"strategy": "ddp", "sync_optimizer_state": True}, "--sync-optimizer-state"),  # unread
         ({"strategy": "localsgd", "boundary": "two-phase"}, "--boundary"),  # by the strategy
         ({"strategy": "localsgd", "slowmo_lr_aware": True}, "--slowmo-lr-aware"),  # at β 0

@@ -197,6 +197,12 @@ class Sync:
             if self._in_step is CLOSED:
                 raise RuntimeError("sync.step() after sync.close(): make a new autok.Sync")
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
+        if self.options.epoch_rounds and self._period_cap is None:  # every rank alike: no hang
+            raise OptionError(
+                "epoch_rounds: meets K* with whole syncs per period_cap steps, and period_cap "
+                "is None; set sync.period_cap to the steps between your loop's forced "
+                "boundaries (an epoch's), or drop epoch_rounds"
+            )
         if self._fragments == 1:  # K in force and the whole model, spelled out (per step)
             gap, fragment = 1 if self.warmup else self.sync_period, WHOLE
         else:
@@ -412,12 +418,6 @@ class Sync:
                 "--on-divergence rollback with --checkpoint-every"
             )
         add_to_path(self.k_path, k, stats.compute_seconds + stats.exposed_sync_seconds, 1, steps)
-        if self.options.epoch_rounds and self._period_cap is None:  # every rank alike: no hang
-            raise OptionError(
-                "epoch_rounds: meets K* with whole syncs per period_cap steps, and period_cap "
-                "is None; set sync.period_cap to the steps between your loop's forced "
-                "boundaries (an epoch's), or drop epoch_rounds"
-            )
         decision = self.controller.observe(stats)
         cap = self._period_cap
         if cap is not None and decision.next_sync_period > cap:
