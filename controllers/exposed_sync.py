@@ -128,6 +128,18 @@ its rounds, an epoch's short last round included; the scale of the mean, not of 
 ratio by its own K), as a window at K = 4 would read it, so that one threshold may serve several
 caps (checked at K 8 and 11 on the seeds it was set on; not adopted: docs/design.md §6).
 
+Epoch rounds (`epoch_rounds`, off by default; under the direct rule): K* and the soft cap are
+periods, steps a sync, and where a boundary cuts every E steps (an epoch's end: `Sync.period_cap`,
+which the engine tells the controller) a K that does not divide E leaves a short round that pays a
+whole sync, so K's mean round is E/⌈E/K⌉, not K. Rounded as a K, the WAN's soft cap √(4 · 10.1) =
+6.36 is 6, rounds of 6, 6, 6, 6, 6 and 2 (six syncs an epoch of 32), and the slow WAN's √(4 · 62.5)
+= 15.8 is 15 (15, 15 and 2: three); with epoch rounds each is met by the K whose mean round is
+nearest it in ratio, the smallest K of that mean (its rounds balanced): 7 (five syncs, a mean of
+6.4) and 16 (two). Scheduled at those levels on the controller panel's flip-wan, 6/15/6 read 1.139×
+the best fixed K, 6/16/6 1.057× and 8/16/8 0.976× (docs/design.md §6, "epoch rounds"). The mean
+round may exceed the period by up to √2 (22.7 of 32 is met by 32): the cap bounds steps a sync on
+average, as AdaComm's τ is, not the longest round.
+
 A changed link (`link_shift`, `link_drop`): a window is closed SHIFT_ROUNDS rounds after the link
 changes rather than a window later, by a check of its own (controllers/link_check.py).
 

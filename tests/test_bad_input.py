@@ -498,6 +498,18 @@ TRAIN = [
         id="link-drop-with-a-short-window",
     ),  # fmt: skip
     R(["train", "--policy", "composite", "--link-drop", "-1", "--out", "{out}"], "--link-drop"),
+    # epoch rounds meet the direct rule's K*: the doubling rule reads none
+    R(
+        ["train", "--policy", "exposed-sync", "--k-rule", "double", "--epoch-rounds", "--out",
+         "{out}"],
+        ("--epoch-rounds: meets the direct rule's K*, and --k-rule is double",),
+        id="epoch-rounds-under-the-doubling-rule",
+    ),  # fmt: skip
+    R(
+        ["train", "--epoch-rounds", "--out", "{out}"],
+        ("--epoch-rounds", "--policy fixed does not read it"),
+        id="epoch-rounds-unread-by-fixed",
+    ),
     R(
         ["train", "--link-drop", "2", "--out", "{out}"],
         ("--link-drop", "--policy fixed does not read it"),
