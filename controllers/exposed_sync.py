@@ -137,8 +137,9 @@ whole sync, so K's mean round is E/⌈E/K⌉, not K. Rounded as a K, the WAN's s
 nearest it in ratio, the smallest K of that mean (its rounds balanced): 7 (five syncs, a mean of
 6.4) and 16 (two). Scheduled at those levels on the controller panel's flip-wan, 6/15/6 read 1.139×
 the best fixed K, 6/16/6 1.057× and 8/16/8 0.976× (docs/design.md §6, "epoch rounds"). The mean
-round may exceed the period by up to √2 (22.7 of 32 is met by 32): the cap bounds steps a sync on
-average, as AdaComm's τ is, not the longest round.
+round may exceed the period by up to √2 on a 32-step epoch (22.7 is met by 32): the cap bounds
+steps a sync on average, as AdaComm's τ is, not the longest round. Only K* and the cap are met so:
+a back-off halves K, and the margin reads K, not its mean round.
 
 A changed link (`link_shift`, `link_drop`): a window is closed SHIFT_ROUNDS rounds after the link
 changes rather than a window later, by a check of its own (controllers/link_check.py).
@@ -306,20 +307,25 @@ def direct_sync_period(
     a round; K where None), applied when it is > margin away from K; lowering stops at `floor`.
     The guard backs off by `growth`, as under the doubling rule. With `cut` (epoch rounds: a
     boundary every `cut` steps) K* is met by the K whose mean round is nearest it (`epoch_k`),
-    else K* rounded up to raise and down to lower."""
+    else K* rounded up to raise and down to lower. The margin and a back-off read K, not its
+    mean round: a K the rule did not meet so (a start, a back-off) stays until K* moves by the
+    margin (docs/design.md §6, "epoch rounds")."""
     top = min(max_k, ceiling) if ceiling is not None else max_k
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
     want = link_k(steps or k, share, target)
     if want > k * (1.0 + margin):
-        up = epoch_k(want, cut) if cut is not None else math.ceil(want)
-        new = min(top, up if math.isfinite(want) else top)
+        if not math.isfinite(want):  # the share was all sync: no K* to meet, the cap
+            up = top
+        else:
+            up = epoch_k(want, cut) if cut is not None else math.ceil(want)
+        new = min(top, up)
         if new > k:
             return new, (
                 f"raise: sync share {share:.0%} > target {target:.0%}: K* {want:.3g}"
                 f"{syncs_of(new, cut)}"
             )
-        if up <= k:  # the mean round nearest K* is K's own (epoch rounds)
+        if up <= k <= top:  # the mean round nearest K* is K's own (epoch rounds)
             return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if want < k * (1.0 - margin):
@@ -327,7 +333,9 @@ def direct_sync_period(
         if k <= low:
             return min(k, top), f"hold: sync share {share:.0%} < target {target:.0%} at K={k}"
         down = epoch_k(want, cut) if cut is not None else math.floor(want)
-        if down >= k:  # a period near K's own mean round (K cut short by the epoch's end)
+        # a period nearest K's own mean round (K cut short by the epoch's end): as many syncs
+        same = down >= k or (cut is not None and rounds_of(down, cut) == rounds_of(k, cut))
+        if same and k <= top:
             return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
         new = max(low, min(top, down if want >= 1 else 1))
         return new, (

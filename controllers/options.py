@@ -167,7 +167,8 @@ class PolicySettings(BaseModel):
         "soft skew cap with the K whose mean round, E/ceil(E/K) steps where every E steps end "
         "with a boundary (an epoch), is nearest them, rather than with K* or the cap rounded, "
         "whose epoch may end on a short round that pays a whole sync (15 of 32: rounds of 15, "
-        "15 and 2; with it 16). The library's own loop must set Sync.period_cap",
+        "15 and 2; with it 16). A loop of your own over autok.Sync must set its period_cap, on "
+        "every rank",
         json_schema_extra=about(),
     )
     # Adam's second moment after K = 1 (controllers/exposed_sync.py, "Adam's family")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import autok
-from autok.controllers import POLICIES, PolicyOptions
+from autok.controllers import POLICIES, BoundaryStats, PolicyOptions
 from autok.controllers.exposed_sync import (
     ExposedSyncController,
     direct_sync_period,
@@ -57,26 +57,50 @@ def test_no_other_k_has_a_mean_round_nearer_the_period_and_none_smaller_as_near(
         assert k == 1 or rounds_of(k - 1, cut) != rounds_of(k, cut), (period, cut, k)
 
 
+def _share(k_star: float, k_bar: float) -> float:
+    """The share a window of mean round `k_bar` measured where the link's K* is `k_star`."""
+    r = 0.25 * k_star / k_bar  # r_t = 0.2 / 0.8
+    return r / (1.0 + r)
+
+
 def test_the_direct_rule_meets_k_star_as_whole_syncs_and_says_so():
-    # a window at K = 1 whose share puts K* at 10.1: rounded up it is 11 either way; capped at
-    # the WAN's soft cap it is 6 without epoch rounds and 7 with them (the cap's own rounding)
-    share = 0.2 * 10.1 / (0.8 + 0.2 * 10.1)  # r = K*·r_t/K at K = 1
-    plain, _ = direct_sync_period(1, share, target=0.2, max_k=32)
-    rounds, why = direct_sync_period(1, share, target=0.2, max_k=32, cut=32)
-    assert (plain, rounds) == (11, 11)
+    # K* 12.6 from a window at K = 1: rounded up it is 13 (rounds of 13, 13, 6: three syncs an
+    # epoch of 32, a mean of 10.7), met as whole syncs 11 (11, 11, 10: the same three, balanced)
+    plain, _ = direct_sync_period(1, _share(12.6, 1), target=0.2, max_k=32)
+    rounds, why = direct_sync_period(1, _share(12.6, 1), target=0.2, max_k=32, cut=32)
+    assert (plain, rounds) == (13, 11)
     assert "(K 11: 3 syncs per 32 steps)" in why, why
     # lowering from 32 to a K* of 20: 20 rounded down, or the K of two syncs an epoch
-    low = 0.2 * 20 / 32 / (0.8 + 0.2 * 20 / 32)
+    low = _share(20, 32)
     assert direct_sync_period(32, low, target=0.2, max_k=32)[0] in (19, 20)
     assert direct_sync_period(32, low, target=0.2, max_k=32, cut=32)[0] == 16
 
 
 def test_a_lowering_to_the_mean_round_k_already_gives_holds():
-    # K = 31 of 32 runs rounds of 31 and 1 (a mean of 16); a K* of 23 is met by 32, not a
-    # "lower" that raises
-    share = 0.2 * 23 / 31 / (0.8 + 0.2 * 23 / 31)
-    k, why = direct_sync_period(31, share, target=0.2, max_k=32, cut=32)
-    assert k == 31 and why.startswith("hold"), (k, why)
+    # K = 31 of 32 runs rounds of 31 and 1 (its window's mean round 16); a K* of 23 is under the
+    # margin below 31, and 32 is nearest it: no lower K to go to, K holds (the margin reads K,
+    # not its mean round: docs/design.md §6, "epoch rounds")
+    k, why = direct_sync_period(31, _share(23, 16), target=0.2, max_k=32, cut=32, steps=16)
+    assert k == 31 and why.startswith("hold") and "as at K=31" in why, (k, why)
+    # a K* of 11 is three syncs an epoch: lowered to 11
+    k, why = direct_sync_period(31, _share(11, 16), target=0.2, max_k=32, cut=32, steps=16)
+    assert k == 11 and why.startswith("lower"), (k, why)
+
+
+def test_a_hold_stays_within_the_ceiling_and_an_infinite_k_star_goes_to_it():
+    # K above a ceiling that fell (a soft cap from a new K*): held at the ceiling, as without
+    for cut in (None, 32):
+        k, why = direct_sync_period(32, 0.99, target=0.2, max_k=64, ceiling=16, cut=cut)
+        assert k == 16 and "at its cap 16" in why, (cut, k, why)
+    # a window all sync (K* infinite) raises to the top, with epoch rounds or without
+    for cut in (None, 32):
+        assert direct_sync_period(4, 1.0, target=0.2, max_k=32, cut=cut)[0] == 32
+
+
+def test_a_back_off_halves_k_not_its_mean_round():
+    # documented: only K* and the soft cap are met as whole syncs (docs/design.md §6)
+    k, why = direct_sync_period(11, 0.5, target=0.2, max_k=32, guard_reason="loss", cut=32)
+    assert k == 5 and why.startswith("back off"), (k, why)
 
 
 def _controller(epoch_rounds: bool) -> ExposedSyncController:
@@ -104,6 +128,33 @@ def test_the_policy_factory_passes_the_option():
     composite = POLICIES["composite"].build(4, options)
     composite.set_cut(12)  # type: ignore[attr-defined]
     assert composite.share.cut == 12  # type: ignore[attr-defined]
+
+
+def _first_decision(epoch_rounds: bool) -> tuple[int, str]:
+    """composite's decision at its first measured boundary: K = 1, the link's K* 10.1."""
+    options = PolicyOptions(epoch_rounds=epoch_rounds, k_floor=1)
+    composite = POLICIES["composite"].build(1, options)
+    composite.set_cut(32)  # type: ignore[attr-defined]
+    decision = None
+    for b in range(2):
+        decision = composite.observe(
+            BoundaryStats(
+                boundary=b, global_step=b + 1, epoch=0, sync_period=1, interval_steps=1,
+                compute_seconds=0.02, exposed_sync_seconds=0.02 * _share(10.1, 1) /
+                (1 - _share(10.1, 1)), drift_norm=0.0, update_norm=1.0, drift_ratio=0.0,
+                train_loss=1.0, bytes_communicated=0, lr=0.1, warmup=False,
+            )
+        )  # fmt: skip
+    assert decision is not None
+    return decision.next_sync_period, decision.reason
+
+
+def test_composite_meets_the_share_rules_cap_as_whole_syncs():
+    # the soft cap until skew is judged, sqrt(4 x 10.1) = 6.36: 6 rounded, 7 as whole syncs
+    # (five an epoch of 32); QSR's K at the peak LR is its base, 1
+    assert _first_decision(False)[0] == 6
+    k, why = _first_decision(True)
+    assert k == 7 and "composite (share)" in why, why
 
 
 def _epoch_loop_worker(rank, world, epoch_rounds, cap):
@@ -164,7 +215,7 @@ def test_a_users_loop_with_forced_boundaries_gets_k_as_whole_syncs_of_its_period
 
 
 @pytest.mark.dist
-def test_epoch_rounds_without_a_period_cap_is_refused_on_every_rank_at_the_first_boundary():
+def test_epoch_rounds_without_a_period_cap_is_refused_on_every_rank_at_the_first_step():
     said = run_dist(_epoch_loop_worker, 2, True, False)
     assert said[0] == said[1] and isinstance(said[0], str), said
     assert said[0].startswith("epoch_rounds:") and "period_cap" in said[0], said[0]
