@@ -197,7 +197,8 @@ class Sync:
             if self._in_step is CLOSED:
                 raise RuntimeError("sync.step() after sync.close(): make a new autok.Sync")
             raise RuntimeError("sync.step() is already open: one optimizer step at a time")
-        if self.options.epoch_rounds and self._period_cap is None:  # every rank alike: no hang
+        # every rank that lacks it stops here (set it on all: docs/design.md §6, "epoch rounds")
+        if self.options.epoch_rounds and self._period_cap is None:
             raise OptionError(
                 "epoch_rounds: meets K* with whole syncs per period_cap steps, and period_cap "
                 "is None; set sync.period_cap to the steps between your loop's forced "
