@@ -314,6 +314,8 @@ def direct_sync_period(
     if guard_reason is not None:  # within any ceiling, the skew cap's included
         return max(1, min(top, k // growth)), f"back off: {guard_reason}"
     want = link_k(steps or k, share, target)
+    # the hold where the mean round nearest K* is K's own (epoch rounds), either way
+    held = f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
     if want > k * (1.0 + margin):
         if not math.isfinite(want):  # the share was all sync: no K* to meet, the cap
             up = top
@@ -326,7 +328,7 @@ def direct_sync_period(
                 f"{syncs_of(new, cut)}"
             )
         if up <= k <= top:  # the mean round nearest K* is K's own (epoch rounds)
-            return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
+            return k, held
         return min(k, top), f"hold: sync share {share:.0%} > target, K at its cap {top}"
     if want < k * (1.0 - margin):
         low = max(1, min(floor, top))
@@ -336,7 +338,7 @@ def direct_sync_period(
         # a period nearest K's own mean round (K cut short by the epoch's end): as many syncs
         same = down >= k or (cut is not None and rounds_of(down, cut) == rounds_of(k, cut))
         if same and k <= top:
-            return k, f"hold: sync share {share:.0%}, K* {want:.3g}: as at K={k}{syncs_of(k, cut)}"
+            return k, held
         new = max(low, min(top, down if want >= 1 else 1))
         return new, (
             f"lower: sync share {share:.0%} < target {target:.0%}: K* {want:.3g}"
