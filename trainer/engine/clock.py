@@ -80,6 +80,15 @@ class VirtualClock:
         """This rank's virtual time (seconds since the run started)."""
         return self._t[self.rank]
 
+    def advance(self, seconds: float) -> None:
+        """Move the whole time line `seconds` on: after a divergence rollback restored the clock
+        with the rest of a checkpoint, the time the discarded attempt took has still passed
+        (docs/design.md §7, "a rollback's time"). The link's draws are not touched."""
+        self._t = [x + seconds for x in self._t]
+        self._link_free += seconds
+        self.booked += seconds
+        self._issued += seconds
+
     def move_to(self, step: int, epoch: int) -> LinkProfile:
         """The profile of the collectives booked from now on (as LinkClock.move_to)."""
         self.profile = self.schedule.at(step, epoch)

@@ -164,6 +164,10 @@ class Trainer:
             self.sync, self.model, self.task, self.test_loader, rank, world_size, self.device
         )
         self.rollbacks = 0
+        # the time of attempts a rollback discarded: booked to the epoch trained again after it
+        # (`_roll_back`), in total in summary.json's rolled_back_seconds
+        self.rolled_back_seconds = 0.0
+        self.unbooked_seconds = 0.0
         self.start_epoch = 0
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
         # Checkpoints are collectives: every rank must take them, so every rank needs the run
@@ -257,6 +261,7 @@ class Trainer:
         summary["startup_seconds"] = startup
         if self.virtual is not None:  # the modelled training time (docs/design.md §4)
             summary["virtual_seconds"] = self.virtual.now()
+        summary["rolled_back_seconds"] = self.rolled_back_seconds
         summary["total_seconds"] = time.time() - self.started
         summary["environment"] = environment()  # what the numbers depend on besides settings
         emit(self.observers, "on_end", summary)
@@ -305,7 +310,9 @@ class Trainer:
         if not sums.on_host:  # the epoch's one device sync: its end, and its sums
             step_end = self.now()
         times = sums.read()
-        times.epoch_seconds = step_end - epoch_start
+        # a rolled-back attempt's time is this epoch's too: the run reached its end that much later
+        times.epoch_seconds = step_end - epoch_start + self.unbooked_seconds
+        self.unbooked_seconds = 0.0
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self.records.end_epoch(epoch, times, counts0, self.k_in_force(epoch), lr)
@@ -329,6 +336,7 @@ class Trainer:
                 "history": self.records.history,
                 "wall_seconds": self.wall_before + time.perf_counter() - self.wall0,
                 "rollbacks": self.rollbacks,
+                "rolled_back_seconds": self.rolled_back_seconds,
             },
         }
 
@@ -344,6 +352,8 @@ class Trainer:
         records.history = list(t["history"])
         self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
         self.rollbacks = t["rollbacks"]
+        # a checkpoint saved before rollbacks' time was kept: none known
+        self.rolled_back_seconds = float(t.get("rolled_back_seconds", 0.0))
         self.start_epoch = state["epoch"] + 1
 
     def save_checkpoint(self, epoch: int) -> bool:
@@ -416,6 +426,9 @@ class Trainer:
                 f"({self.rollbacks} of --max-rollbacks {self.cfg.max_rollbacks})"
             )
         rollbacks = self.rollbacks + 1
+        at = time.perf_counter()  # the clocks as the attempt left them
+        wall = self.wall_before + at - self.wall0
+        virtual = None if self.virtual is None else self.virtual.now()
         epoch = self.restore_latest()
         if epoch < 0:
             raise Diverged(
@@ -423,6 +436,7 @@ class Trainer:
                 "(set --checkpoint-every)"
             )
         self.rollbacks = rollbacks
+        self._keep_time(wall, at, virtual)
         self.sync.controller.rollback(max(1, rb.sync_period // 2))  # (the Controller protocol)
         # the policy's K after it: the halved K, or a floor it keeps (exposed-sync's --k-floor)
         self.sync.sync_period = self.sync.controller.sync_period
@@ -433,6 +447,22 @@ class Trainer:
             f"{self.cfg.max_rollbacks})"
         )
         return epoch + 1
+
+    def _keep_time(self, wall: float, at: float, virtual: float | None) -> None:
+        """After a rollback restored the checkpoint's clocks: the discarded attempt's time has
+        passed, on the wall (`wall` seconds of training at perf_counter `at`) and on the virtual
+        clock (`virtual`, under --clock virtual), so both run on from there. The attempt's time on
+        the clock the records read is booked to the epoch trained next, so a time to a target
+        crossed after it counts it; without it a rollback would make a run look faster than it
+        was (docs/design.md §7, "a rollback's time")."""
+        lost = wall - self.wall_before  # wall_before: the checkpoint's wall time
+        self.wall_before, self.wall0 = wall, at
+        if self.virtual is not None and virtual is not None:
+            lost = virtual - self.virtual.now()  # now(): the clock as the checkpoint saved it
+            self.virtual.advance(lost)
+        lost = max(0.0, lost)
+        self.unbooked_seconds += lost
+        self.rolled_back_seconds += lost
 
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:

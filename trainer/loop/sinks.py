@@ -387,6 +387,16 @@ def _quality_row(summary: dict[str, Any]) -> tuple[str, str]:
     return f"best / final test {name}", f"{peak:.4g} / {final:.4g}"
 
 
+def _rolled_back(summary: dict[str, Any], clock: str) -> list[tuple[str, str]]:
+    """The attempts divergence rollbacks discarded, where there were any: their time is in the
+    run's (docs/design.md §7, "a rollback's time"); compute, sync and counts are the kept
+    epochs'."""
+    lost = summary.get("rolled_back_seconds") or 0.0
+    if lost <= 0:
+        return []
+    return [("rolled back", f"{lost:.1f} s of {clock} time discarded, counted in the run's")]
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     # under --clock virtual the records' times are modelled: shares are of the modelled time
     virtual = summary.get("virtual_seconds")
@@ -400,6 +410,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         _quality_row(summary),
         ("wall-clock", _wall_clock(summary)),
         *([] if virtual is None else [("virtual clock", f"{virtual:.1f} s modelled")]),
+        *_rolled_back(summary, clock),
         ("compute (mean rank)", f"{summary['compute_seconds']:.1f} s"),
         (
             "exposed sync (mean rank)",
