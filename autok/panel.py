@@ -21,6 +21,7 @@ the default adaptive policy are checked per regime from it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -389,8 +390,11 @@ def render_regime(g: Regime, entries: Mapping[str, dict] | None = None) -> str:
     for m in g.methods:
         reached = f"{len(m.reached)}/{len(m.ttt)}"
         # summary.json counts a seed whose run did not finish as not reached
-        if n_stopped := (entries or {}).get(m.name, {}).get("did_not_finish", 0):
-            reached += f" (+{n_stopped} did not finish)"
+        entry = (entries or {}).get(m.name, {})
+        if n_stopped := entry.get("did_not_finish", 0):
+            after = entry.get("reached_then_stopped", 0)
+            then = f", {after} after crossing the target" if after else ""
+            reached += f" (+{n_stopped} did not finish{then})"
         ttt = (
             _cell(mean_std(m.reached), ".1f", m.ttt_mean() == best_ttt)
             if m.all_reached
@@ -461,6 +465,7 @@ class Goal:
     faster: list[str]  # the policies shown_faster: upper bound at most GOAL_FASTER, all reached
     seeds_for_within: int | None  # seeds to bring the upper bound to GOAL_WITHIN (a plan)
     did_not_finish: int = 0  # the default policy's main-seed runs that stopped before the end
+    reached_then_stopped: int = 0  # of those, the ones that had crossed the target first
 
     @property
     def within(self) -> bool:
@@ -518,6 +523,7 @@ def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) ->
                 faster,
                 e.get("seeds_for_within"),
                 e.get("did_not_finish", 0),
+                e.get("reached_then_stopped", 0),
             )
         )
     return out
@@ -621,11 +627,8 @@ def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | Non
                 "path (a back-off's or the cap's moves) rather than the level",
                 "near": "the path rather than the level: the same mean K, fixed, reached it",
             }[level]
-        stopped = (
-            f" ({goal.did_not_finish} of them stopped before the end)"
-            if goal.did_not_finish
-            else ""
-        )
+        missed_stopped = goal.did_not_finish - goal.reached_then_stopped
+        stopped = f" ({missed_stopped} of them stopped before the end)" if missed_stopped else ""
         return (
             f"**quality**: the target missed in {1 - goal.reached:.0%} of the seeds{stopped}"
             f"{'' if goal.baseline_reached else ', and by the best fixed K in some'}; "
@@ -919,7 +922,9 @@ def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()
     text = say_installations(f"# autok report: {root}\n\n" + render(regimes, summary), runs)
     if stopped:
         text += "\n## Runs that did not finish\n\n" + "".join(
-            f"- {s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}\n" for s in stopped
+            f"- {s.label} seed {s.seed}: {s.epochs_done} epoch(s); {s.why}"
+            f"{crossed_before(s, regimes)}\n"
+            for s in stopped
         )
     images = [
         (plot_quality(regimes, root / "panel_quality_vs_time.png"), "quality against time"),
@@ -941,14 +946,43 @@ def outcome(r: RunResult, judge: Judge, target: float) -> panel_stats.Outcome:
     return panel_stats.Outcome(time_to_target(r, judge, target), end)
 
 
+def stopped_outcome(s: StoppedRun, judge: Judge, target: float) -> panel_stats.Outcome:
+    """A main seed's run that did not finish (diverged, failed). Its time to target is the first
+    crossing, whatever came after, so where the epochs it finished crossed the target that is
+    its time, on the clock of those epochs' seconds (no summary gives the rest: evaluation and
+    checkpoints, which the virtual clock does not model). Else it is a seed that did not reach
+    the target, with no end time to bound it (panel_stats.DID_NOT_FINISH): dropped, it would make
+    the method that diverged look as if it always reached; counted as not reached after it had,
+    the method that reached first and diverged later would look as if it never had."""
+    try:
+        secs = [float(e["epoch_seconds"]) for e in s.epochs]
+        values = [judge.value(e) for e in s.epochs]
+    except (KeyError, TypeError, ValueError):  # a row cut short or not autok's: not read
+        return panel_stats.DID_NOT_FINISH
+    clock = list(itertools.accumulate(secs))
+    if not clock or not all(math.isfinite(t) and t >= 0 for t in secs):
+        return panel_stats.DID_NOT_FINISH
+    t = panel_stats.crossing_time(clock, values, target, higher_is_better=judge.accuracy)
+    if t is None or not math.isfinite(t):
+        return panel_stats.DID_NOT_FINISH
+    return panel_stats.Outcome(t, clock[-1], finished=False)
+
+
+def crossed_before(s: StoppedRun, regimes: list[Regime]) -> str:
+    """What a stopped main-seed run's line adds where it had crossed its regime's target."""
+    g = next((g for g in regimes if s.label.partition(" ")[2] == f"regime={g.name}"), None)
+    if g is None or s.stage != "main":
+        return ""
+    o = stopped_outcome(s, g.judge, g.target)
+    return "" if o.time is None else f"; it had crossed the target at {o.time:.2f} s: its time"
+
+
 def summary_data(
     regimes: list[Regime], policy: str = DEFAULT_POLICY, stopped: Sequence[StoppedRun] = ()
 ) -> dict:
     """summary.json: each method's paired time-to-target ratio to its regime's best fixed K
     (docs/design.md §6, Judging a policy), crossings interpolated between evaluations. A main
-    seed's run that did not finish (diverged, failed) is a seed that did not reach the target,
-    with no end time to bound it (panel_stats.DID_NOT_FINISH): dropped, it would make the
-    method that diverged look as if it always reached."""
+    seed's run that did not finish (diverged, failed) counts by `stopped_outcome`."""
     data = {}
     for g in regimes:
         methods = {
@@ -957,7 +991,7 @@ def summary_data(
         for s in stopped:
             method, _, variant = s.label.partition(" ")
             if s.stage == "main" and variant == f"regime={g.name}":
-                methods.setdefault(method, {})[s.seed] = panel_stats.DID_NOT_FINISH
+                methods.setdefault(method, {})[s.seed] = stopped_outcome(s, g.judge, g.target)
         data[g.name] = (g.best_fixed.name, methods)
     return panel_stats.summary(policy, data)
 

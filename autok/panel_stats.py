@@ -21,8 +21,10 @@ paired across methods:
   time to target); its entry says which fraction of seeds reached it, and `censored` is true.
   A censored ratio is therefore optimistic for the censored arm: for a method, when the method
   is censored; pessimistic for it when the baseline is. A run that did not finish (diverged,
-  failed: DID_NOT_FINISH) did not reach the target and has no end time to bound it: it counts
-  in `reached` (and `did_not_finish`) but drops out of the ratio, whose seeds `n` counts.
+  failed) counts in `did_not_finish`. If the epochs it finished crossed the target, that first
+  crossing is its time to target, as any run's (`reached_then_stopped` counts them); else it
+  did not reach the target and has no end time to bound it (DID_NOT_FINISH): it counts in
+  `reached` but drops out of the ratio, whose seeds `n` counts.
 """
 
 from __future__ import annotations
@@ -148,14 +150,15 @@ class Outcome:
 
     time: float | None
     end: float
+    finished: bool = True  # False: the run stopped before its last epoch (diverged, failed)
 
     @property
     def censored_time(self) -> float:
         return self.end if self.time is None else self.time
 
 
-# A main seed's run that did not finish: no crossing, no end time
-DID_NOT_FINISH = Outcome(None, math.inf)
+# A main seed's run that did not finish and never crossed the target: no crossing, no end time
+DID_NOT_FINISH = Outcome(None, math.inf, finished=False)
 
 
 def _finite(x: float) -> float | None:
@@ -179,7 +182,10 @@ def compare(
         "n": len(timed),
         "resolvable_ratio": None,
         "seeds_for_within": None,
-        "did_not_finish": sum(not math.isfinite(method[s].end) for s in seeds),
+        "did_not_finish": sum(not method[s].finished for s in seeds),
+        "reached_then_stopped": sum(
+            not method[s].finished and method[s].time is not None for s in seeds
+        ),
     }
     if not timed:
         return entry

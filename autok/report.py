@@ -351,6 +351,9 @@ class StoppedRun:
     peak: float  # best test metric over the epochs it finished (nan if none)
     why: str
     stage: str = "main"  # a panel's: "pilot" or "main" (experiment.json)
+    # the rows of the epochs it finished, as read: a panel reads from them whether it crossed
+    # its target before it stopped (autok/panel.py, stopped_outcome)
+    epochs: tuple[dict[str, str], ...] = ()
 
 
 LOG_TAIL_BYTES = 64 * 1024  # a log grows without bound; why a run stopped is at its end
@@ -404,7 +407,9 @@ def collect_stopped(root: Path, quality: Quality = Quality()) -> list[StoppedRun
         values = [epoch_metric(e) for e in epochs]
         best = quality.better(values)
         stage = meta.get("stage", "main")
-        out.append(StoppedRun(meta["label"], meta["seed"], len(epochs), best, why, stage))
+        out.append(
+            StoppedRun(meta["label"], meta["seed"], len(epochs), best, why, stage, tuple(epochs))
+        )
     return out
 
 

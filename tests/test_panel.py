@@ -422,6 +422,47 @@ def test_a_run_that_did_not_finish_is_a_seed_that_did_not_reach_the_target():
     assert summary["qsr"]["did_not_finish"] == 1 and summary["qsr"]["seeds_for_within"] is None
 
 
+def test_a_run_that_crossed_the_target_before_it_stopped_reached_it_then():
+    """Time to target is the first crossing: a main-seed run that crossed the target and then
+    diverged reached it at that crossing (read from the epochs it finished), counted among the
+    runs that did not finish; one whose epochs never crossed it did not reach it."""
+    from autok import panel
+    from autok.report import StoppedRun
+
+    runs = [
+        *[_run("k8", s, [0.6, 0.88, 0.9], 1.0) for s in (1, 2, 3)],
+        *[_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.0, "exposed-sync") for s in (1, 2)],
+    ]
+    rows = tuple({"test_accuracy": a, "epoch_seconds": "1.0"} for a in ("0.6", "0.88"))
+    crossed = StoppedRun("exposed-sync regime=r", 3, 2, 0.88, "training diverged", epochs=rows)
+    regimes = panel.build_regimes(runs)
+    (g,) = regimes
+    o = panel.stopped_outcome(crossed, g.judge, g.target)
+    assert o.time == pytest.approx(1.0 + (g.target - 0.6) / (0.88 - 0.6)) and not o.finished
+    e = panel.summary_data(regimes, stopped=[crossed])["regimes"]["r"]["exposed-sync"]
+    assert e["reached"] == 1.0 and e["n"] == 3 and e["ratio"] == pytest.approx(1.0)
+    assert e["did_not_finish"] == 1 and e["reached_then_stopped"] == 1
+    summary = panel.summary_data(regimes, stopped=[crossed])
+    (goal,) = panel.goals(summary, regimes)
+    assert goal.within and goal.did_not_finish == goal.reached_then_stopped == 1
+    assert "(+1 did not finish, 1 after crossing the target)" in panel.render(regimes, summary)
+    assert "; it had crossed the target at 1.98 s" in panel.crossed_before(crossed, regimes)
+    # the goal's "why" counts apart only the stopped runs among the seeds that missed it
+    both = [crossed, StoppedRun("exposed-sync regime=r", 4, 1, 0.6, "x", epochs=rows[:1])]
+    regimes4 = panel.build_regimes([*runs, _run("k8", 4, [0.6, 0.88, 0.9], 1.0)])
+    summary = panel.summary_data(regimes4, stopped=both)
+    (goal,) = panel.goals(summary, regimes4)
+    why = panel.render_why([goal], regimes4, summary)
+    assert "missed in 25% of the seeds (1 of them stopped before the end)" in why
+    # epochs that never met it, or rows it cannot read: not reached, as before
+    short = StoppedRun("exposed-sync regime=r", 3, 1, 0.6, "x", epochs=rows[:1])
+    torn = StoppedRun("exposed-sync regime=r", 3, 1, 0.6, "x", epochs=({"test_accuracy": "0.9"},))
+    for s in (short, torn):
+        e = panel.summary_data(regimes, stopped=[s])["regimes"]["r"]["exposed-sync"]
+        assert e["reached"] == pytest.approx(2 / 3) and e["reached_then_stopped"] == 0
+        assert e["n"] == 2 and panel.crossed_before(s, regimes) == ""
+
+
 def test_a_policy_that_misses_the_target_in_one_seed_fails_and_says_so():
     from autok import panel
 
