@@ -53,25 +53,38 @@ class Rollback(Exception):
 # (g)'s run (cpdp K = 8, 128 epochs at a constant LR; its loss swings from 0.008 to 0.2 and back
 # to 0.003) at the boundary F = 4 did. Now F = 16 lets it through (`python -m
 # benchmarks.guard_swing`). Below F = 4 the bars are stricter than they were.
-FROM_START = 1 / 4  # the loss is back to a quarter of where it started
+# FROM_START was 1/4: a loss back to a quarter of where it started. On the controller panel's
+# runs it stopped nine; run on with the check loosened, six came back to the target (or had
+# crossed it before they were stopped) from spikes to 0.4-1.2x their start, and three never
+# reached it (two climbed to twice their start). At 1 four of the six go on and two of the three
+# still stop (`python -m benchmarks.guard_stops`; docs/design.md §4, "Divergence guard").
+FROM_START = 1.0  # the loss is back above where it started
 NEAR_ZERO = 1 / 16  # above this share of the start a climb far above the minimum counts
 
 
-def diverged(window_loss: float, best_window_loss: float, factor: float, first: float) -> bool:
-    """More than `factor` F × the running minimum, and either more than a quarter of the first
-    window's loss or more than F² × the minimum and 1/16 of the first window's. Every bar rises
-    with F (or does not move; a loss is not negative), so raising F only ever lets more
-    through. The middle clause keeps a loss near zero from tripping the guard: a run fitted to
-    a training loss of 0.0096 that wobbles to 0.04 has not diverged (found by `autok bench`
-    (g) over 64 epochs of mnist1d), nor one fitted to 0.004 that wobbles to 0.069, 3% of its
-    start of 2.24 (the same over 128 epochs). The last keeps the guard for a climb far above
-    the minimum that stays below a quarter of the start (0.0096 to 0.5 on a run that started
-    at 2.3; a regression fitted from 1e4 to 1 that climbs to 2000)."""
+def diverged(
+    window_loss: float,
+    best_window_loss: float,
+    factor: float,
+    first: float,
+    from_start: float = FROM_START,
+) -> bool:
+    """More than `factor` F × the running minimum, and either more than the first window's loss
+    (`from_start` of it) or more than F² × the minimum and 1/16 of the first window's. Every
+    bar rises with F (or does not move; a loss is not negative), so raising F only ever lets
+    more through. The first clause takes a spike that stays under where the run started for a
+    setback, not a divergence: on the controller panel such spikes (0.2 to 0.9, from a start of
+    2) came back to the target within two epochs. The middle clause keeps a loss near zero from
+    tripping the guard: a run fitted to a training loss of 0.0096 that wobbles to 0.04 has not
+    diverged (found by `autok bench` (g) over 64 epochs of mnist1d), nor one fitted to 0.004
+    that wobbles to 0.069, 3% of its start of 2.24 (the same over 128 epochs). The last keeps
+    the guard for a climb far above the minimum that stays below the start (0.0096 to 0.5 on a
+    run that started at 2.3; a regression fitted from 1e4 to 1 that climbs to 2000)."""
     return (
         math.isfinite(best_window_loss)
         and window_loss > factor * best_window_loss
         and (
-            window_loss > first * FROM_START
+            window_loss > first * from_start
             or window_loss > max(factor * factor * best_window_loss, first * NEAR_ZERO)
         )
     )
@@ -82,6 +95,7 @@ class DivergenceGuard:
     factor: float = 4.0  # window loss this many times its running minimum: diverged (with a
     # second bar, see `diverged`)
     window: int = 4
+    from_start: float = FROM_START  # the first clause's share of the start (`diverged`)
     # ddp's loss is rank-local (no averaging collective reduces it): judging it would trip the
     # guard on one rank a boundary before the others and pair the ranks' collectives wrongly.
     # There the caller passes the finiteness of the parameters, identical on every rank.
@@ -109,7 +123,7 @@ class DivergenceGuard:
         if len(self._recent) < self.window:
             return None
         mean = sum(self._recent) / len(self._recent)
-        if diverged(mean, self.best, self.factor, self.first):
+        if diverged(mean, self.best, self.factor, self.first, self.from_start):
             return (
                 f"loss {mean:.4g} over the last {self.window} boundaries is more than "
                 f"{self.factor:g}x its running minimum {self.best:.4g} (its first window: "

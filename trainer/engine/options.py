@@ -281,7 +281,7 @@ class SyncOptions(
         4.0,
         gt=1.0,
         description="F: diverged when the mean loss of 4 boundaries exceeds F x its running "
-        "minimum and either 1/4 of its first 4 boundaries' or F^2 x the minimum and 1/16 of those "
+        "minimum and either its first 4 boundaries' or F^2 x the minimum and 1/16 of those "
         "(a larger F never stops sooner)",
         json_schema_extra=about(_FAILURES),
     )

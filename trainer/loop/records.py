@@ -43,6 +43,16 @@ class RunRecords:
         self.total_compute = 0.0  # mean over ranks, summed over epochs
         self.total_exposed = 0.0
         self.history: list[float] = []  # the test metric per epoch
+        # the time of attempts divergence rollbacks discarded (docs/design.md §7, "a rollback's
+        # time"): in total, and what the next epoch's row has still to book
+        self.rolled_back = 0.0
+        self.unbooked = 0.0
+
+    def book_rollback(self, seconds: float) -> None:
+        """A rollback discarded an attempt of `seconds` on the records' clock: it is booked to
+        the epoch trained next, which the run reached that much later."""
+        self.rolled_back += max(0.0, seconds)
+        self.unbooked += max(0.0, seconds)
 
     def end_epoch(
         self,
@@ -55,6 +65,8 @@ class RunRecords:
         """The epoch's row of epochs.csv; `counts0`: grad syncs, param syncs and collectives
         at the epoch's start; `sync_period`: the K in force; `lr`: its last step's LR."""
         grad_syncs0, param_syncs0, collectives0 = counts0
+        times.epoch_seconds += self.unbooked  # (book_rollback)
+        self.unbooked = 0.0
         digest = param_digest(list(self.model.parameters()), 32)  # exact in float64
         evaluated = evaluate(self.model, self.test_loader, self.task, self.device)
         local = [digest, digest if self.rank == 0 else 0.0, *evaluated, *times.values()]
@@ -139,4 +151,5 @@ class RunRecords:
             "param_digest_per_rank": [int(v) for v in slots.tolist()],
             "link": cfg.link_name,
             "out_dir": str(out_dir) if out_dir else "",
+            "rolled_back_seconds": self.rolled_back,
         }

@@ -164,10 +164,6 @@ class Trainer:
             self.sync, self.model, self.task, self.test_loader, rank, world_size, self.device
         )
         self.rollbacks = 0
-        # the time of attempts a rollback discarded: booked to the epoch trained again after it
-        # (`_roll_back`), in total in summary.json's rolled_back_seconds
-        self.rolled_back_seconds = 0.0
-        self.unbooked_seconds = 0.0
         self.start_epoch = 0
         self.wall_before, self.wall0 = 0.0, time.perf_counter()
         # Checkpoints are collectives: every rank must take them, so every rank needs the run
@@ -261,7 +257,6 @@ class Trainer:
         summary["startup_seconds"] = startup
         if self.virtual is not None:  # the modelled training time (docs/design.md §4)
             summary["virtual_seconds"] = self.virtual.now()
-        summary["rolled_back_seconds"] = self.rolled_back_seconds
         summary["total_seconds"] = time.time() - self.started
         summary["environment"] = environment()  # what the numbers depend on besides settings
         emit(self.observers, "on_end", summary)
@@ -310,9 +305,7 @@ class Trainer:
         if not sums.on_host:  # the epoch's one device sync: its end, and its sums
             step_end = self.now()
         times = sums.read()
-        # a rolled-back attempt's time is this epoch's too: the run reached its end that much later
-        times.epoch_seconds = step_end - epoch_start + self.unbooked_seconds
-        self.unbooked_seconds = 0.0
+        times.epoch_seconds = step_end - epoch_start
         sync.sync_now()  # the last step was a boundary: ddp's buffers are reconciled here
         # `lr` is the LR of the epoch's last step
         row = self.records.end_epoch(epoch, times, counts0, self.k_in_force(epoch), lr)
@@ -336,7 +329,7 @@ class Trainer:
                 "history": self.records.history,
                 "wall_seconds": self.wall_before + time.perf_counter() - self.wall0,
                 "rollbacks": self.rollbacks,
-                "rolled_back_seconds": self.rolled_back_seconds,
+                "rolled_back_seconds": self.records.rolled_back,
             },
         }
 
@@ -352,8 +345,7 @@ class Trainer:
         records.history = list(t["history"])
         self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
         self.rollbacks = t["rollbacks"]
-        # a checkpoint saved before rollbacks' time was kept: none known
-        self.rolled_back_seconds = float(t.get("rolled_back_seconds", 0.0))
+        records.rolled_back = float(t.get("rolled_back_seconds", 0.0))  # (saved before: none)
         self.start_epoch = state["epoch"] + 1
 
     def save_checkpoint(self, epoch: int) -> bool:
@@ -450,19 +442,15 @@ class Trainer:
 
     def _keep_time(self, wall: float, at: float, virtual: float | None) -> None:
         """After a rollback restored the checkpoint's clocks: the discarded attempt's time has
-        passed, on the wall (`wall` seconds of training at perf_counter `at`) and on the virtual
-        clock (`virtual`, under --clock virtual), so both run on from there. The attempt's time on
-        the clock the records read is booked to the epoch trained next, so a time to a target
-        crossed after it counts it; without it a rollback would make a run look faster than it
-        was (docs/design.md §7, "a rollback's time")."""
+        passed, on the wall (`wall` s of training at perf_counter `at`) and on the virtual clock
+        (`virtual`), so both run on; its time on the records' clock is booked to the epoch
+        trained next (docs/design.md §7, "a rollback's time")."""
         lost = wall - self.wall_before  # wall_before: the checkpoint's wall time
         self.wall_before, self.wall0 = wall, at
         if self.virtual is not None and virtual is not None:
             lost = virtual - self.virtual.now()  # now(): the clock as the checkpoint saved it
             self.virtual.advance(lost)
-        lost = max(0.0, lost)
-        self.unbooked_seconds += lost
-        self.rolled_back_seconds += lost
+        self.records.book_rollback(lost)
 
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
