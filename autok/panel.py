@@ -950,15 +950,21 @@ def stopped_outcome(s: StoppedRun, judge: Judge, target: float) -> panel_stats.O
     """A main seed's run that did not finish (diverged, failed). Its time to target is the first
     crossing, whatever came after, so where the epochs it finished crossed the target that is
     its time, on the clock of those epochs' seconds (no summary gives the rest: evaluation and
-    checkpoints, which the virtual clock does not model). Else it is a seed that did not reach
-    the target, with no end time to bound it (panel_stats.DID_NOT_FINISH): dropped, it would make
-    the method that diverged look as if it always reached; counted as not reached after it had,
-    the method that reached first and diverged later would look as if it never had."""
-    try:
-        secs = [float(e["epoch_seconds"]) for e in s.epochs]
-        values = [judge.value(e) for e in s.epochs]
-    except (KeyError, TypeError, ValueError):  # a row cut short or not autok's: not read
-        return panel_stats.DID_NOT_FINISH
+    checkpoints, which the virtual clock does not model, so on the wall clock it reads a little
+    early, as `epoch_clock` would not). Else it is a seed that did not reach the target, with no
+    end time to bound it (panel_stats.DID_NOT_FINISH): dropped, it would make the method that
+    diverged look as if it always reached; counted as not reached after it had, the method that
+    reached first and diverged later would look as if it never had. Rows are read up to the
+    first that cannot be (a crashed run's last row may be cut short)."""
+    secs: list[float] = []
+    values: list[float] = []
+    for e in s.epochs:
+        try:
+            t, v = float(e["epoch_seconds"]), judge.value(e)
+        except (KeyError, TypeError, ValueError):
+            break
+        secs.append(t)
+        values.append(v)
     clock = list(itertools.accumulate(secs))
     if not clock or not all(math.isfinite(t) and t >= 0 for t in secs):
         return panel_stats.DID_NOT_FINISH

@@ -454,6 +454,9 @@ def test_a_run_that_crossed_the_target_before_it_stopped_reached_it_then():
     (goal,) = panel.goals(summary, regimes4)
     why = panel.render_why([goal], regimes4, summary)
     assert "missed in 25% of the seeds (1 of them stopped before the end)" in why
+    # a last row cut short (a crash) does not hide a crossing the rows before it made
+    cut = StoppedRun("exposed-sync regime=r", 3, 3, 0.88, "x", epochs=(*rows, {"test_acc": "0"}))
+    assert panel.stopped_outcome(cut, g.judge, g.target) == o
     # epochs that never met it, or rows it cannot read: not reached, as before
     short = StoppedRun("exposed-sync regime=r", 3, 1, 0.6, "x", epochs=rows[:1])
     torn = StoppedRun("exposed-sync regime=r", 3, 1, 0.6, "x", epochs=({"test_accuracy": "0.9"},))

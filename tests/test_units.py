@@ -471,7 +471,7 @@ def test_the_guard_takes_a_loss_rising_from_near_zero_for_noise_and_a_climb_for_
     assert "more than 4x its running minimum 0.0096 (its first window: 2.3; boundary 13)" in why
     # from a minimum of 0.1, a climb to 0.7 stays below 16x it (1.6) and below the start: a
     # setback, not a divergence (the controller panel's spikes from 0.2 to 0.9 came back to the
-    # target within two epochs); a climb above where it started is caught
+    # target before the run's end); a climb above where it started is caught
     assert _guard_on(start + [0.1] * 8 + [0.7] * 8) is None
     assert _guard_on(start + [0.1] * 8 + [0.7] * 8, DivergenceGuard(from_start=0.25))[0] == 15
     assert _guard_on(start + [0.3] * 8 + [2.5] * 8)[0] == 12 + 3  # 2.5 > 2.3, 8x its minimum

@@ -80,6 +80,11 @@ class VirtualClock:
         """This rank's virtual time (seconds since the run started)."""
         return self._t[self.rank]
 
+    def latest(self) -> float:
+        """The latest rank's time: the same on every rank, each keeping every rank's line,
+        where `now()` differs between ranks until they next wait for one another."""
+        return max(self._t)
+
     def advance(self, seconds: float) -> None:
         """Move the whole time line `seconds` on: after a divergence rollback restored the clock
         with the rest of a checkpoint, the time the discarded attempt took has still passed

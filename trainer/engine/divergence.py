@@ -74,7 +74,7 @@ def diverged(
     bar rises with F (or does not move; a loss is not negative), so raising F only ever lets
     more through. The first clause takes a spike that stays under where the run started for a
     setback, not a divergence: on the controller panel such spikes (0.2 to 0.9, from a start of
-    2) came back to the target within two epochs. The middle clause keeps a loss near zero from
+    2) came back to the target before the run's end. The middle clause keeps a loss near zero from
     tripping the guard: a run fitted to a training loss of 0.0096 that wobbles to 0.04 has not
     diverged (found by `autok bench` (g) over 64 epochs of mnist1d), nor one fitted to 0.004
     that wobbles to 0.069, 3% of its start of 2.24 (the same over 128 epochs). The last keeps

@@ -54,6 +54,12 @@ class RunRecords:
         self.rolled_back += max(0.0, seconds)
         self.unbooked += max(0.0, seconds)
 
+    def restore_rollbacks(self, total: float) -> None:
+        """A checkpoint's total of rolled-back time. Nothing is unbooked at a checkpoint, taken
+        after its epoch's row: an attempt booked since is dropped with it, and a second rollback
+        to the same checkpoint measures its time from there, the first attempt's included."""
+        self.rolled_back, self.unbooked = total, 0.0
+
     def end_epoch(
         self,
         epoch: int,

@@ -345,7 +345,7 @@ class Trainer:
         records.history = list(t["history"])
         self.wall_before, self.wall0 = t["wall_seconds"], time.perf_counter()
         self.rollbacks = t["rollbacks"]
-        records.rolled_back = float(t.get("rolled_back_seconds", 0.0))  # (saved before: none)
+        records.restore_rollbacks(float(t.get("rolled_back_seconds", 0.0)))  # (before: none)
         self.start_epoch = state["epoch"] + 1
 
     def save_checkpoint(self, epoch: int) -> bool:
@@ -420,7 +420,7 @@ class Trainer:
         rollbacks = self.rollbacks + 1
         at = time.perf_counter()  # the clocks as the attempt left them
         wall = self.wall_before + at - self.wall0
-        virtual = None if self.virtual is None else self.virtual.now()
+        virtual = None if self.virtual is None else self.virtual.latest()
         epoch = self.restore_latest()
         if epoch < 0:
             raise Diverged(
@@ -441,16 +441,15 @@ class Trainer:
         return epoch + 1
 
     def _keep_time(self, wall: float, at: float, virtual: float | None) -> None:
-        """After a rollback restored the checkpoint's clocks: the discarded attempt's time has
-        passed, on the wall (`wall` s of training at perf_counter `at`) and on the virtual clock
-        (`virtual`), so both run on; its time on the records' clock is booked to the epoch
-        trained next (docs/design.md §7, "a rollback's time")."""
+        """After a rollback restored the checkpoint's clocks, the discarded attempt's time has
+        passed: on the wall (`wall` s at perf_counter `at`) and the virtual clock (`virtual`, its
+        latest rank's), which run on from there; it is booked to the epoch trained next."""
         lost = wall - self.wall_before  # wall_before: the checkpoint's wall time
         self.wall_before, self.wall0 = wall, at
-        if self.virtual is not None and virtual is not None:
-            lost = virtual - self.virtual.now()  # now(): the clock as the checkpoint saved it
+        if self.virtual is not None and virtual is not None:  # the clock the records read
+            lost = virtual - self.virtual.latest()  # latest(): alike on every rank
             self.virtual.advance(lost)
-        self.records.book_rollback(lost)
+        self.records.book_rollback(lost)  # (docs/design.md §7, "a rollback's time")
 
     def finish(self) -> None:
         if self.rank == 0 and self.out_dir is not None:
