@@ -960,13 +960,13 @@ def stopped_outcome(s: StoppedRun, judge: Judge, target: float) -> panel_stats.O
     values: list[float] = []
     for e in s.epochs:
         try:
-            t, v = float(e["epoch_seconds"]), judge.value(e)
+            secs.append(float(e["epoch_seconds"]))
+            values.append(judge.value(e))
         except (KeyError, TypeError, ValueError):
+            del secs[len(values) :]  # the row's seconds read, its value not
             break
-        secs.append(t)
-        values.append(v)
     clock = list(itertools.accumulate(secs))
-    if not clock or not all(math.isfinite(t) and t >= 0 for t in secs):
+    if not clock or not all(math.isfinite(x) and x >= 0 for x in secs):
         return panel_stats.DID_NOT_FINISH
     t = panel_stats.crossing_time(clock, values, target, higher_is_better=judge.accuracy)
     if t is None or not math.isfinite(t):
