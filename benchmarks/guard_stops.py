@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from autok.controllers.base import BoundaryStats
+from autok.pilot import read_plan
 from autok.trainer.engine.divergence import DivergenceGuard
 
 OUT = Path(__file__).parent / "results" / "guard_stops.md"
@@ -43,8 +44,10 @@ FLIP_WAN = dict(
 FLIP_LINK = dict(
     link_schedule="lan,wan@epoch=5,lan@epoch=11", partition="dirichlet", partition_alpha=1.0
 )
-TARGET = 0.8441562499999999  # skew-wan's pilot target; the other two regimes' is below
-TARGET_ALPHA1 = 0.8376874999999999
+# the regimes' targets, the committed panel's pilot's (the same for its checks' runs below)
+_PLAN = read_plan(Path(__file__).parent.parent / "docs" / "controller-panel")
+TARGET = _PLAN["regime=skew-wan"]["target"]
+TARGET_ALPHA1 = _PLAN["regime=flip-wan"]["target"]  # flip-link's is the same
 
 
 @dataclasses.dataclass(frozen=True)
