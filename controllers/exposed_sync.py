@@ -90,16 +90,6 @@ the LAN phase ran at K = 1 and left skew unjudged) dropped test accuracy from 0.
 0.43–0.62 within an epoch in three of five seeds, while on iid data the provisional cap costs a
 window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 12).
 
-The provisional cap lifted: the judgement closes on its own count (`window` rounds and 32 steps
-at K >= 2), which seldom falls where a decision's window closes. Judged iid there, K goes at once
-to the last window's K* where the direct rule would raise to it (by more than `margin`), and a
-new window starts: the mirror of the cut to the cap on data judged skewed. Before (the rule's
-revision 1) K waited for the window to close: on the controller panel's seeds 293-302 (an AVX2
-install) every iid-wan run was judged at boundary 7 and raised at 9, every gpt-wan run judged at
-6 and raised at 9, three rounds at K = 9 where K* read 24.8 (capped at the epoch's 15 steps).
-The K* is the last window's: a link that changed since, unread by the link check, is met when
-the new window closes, as it would have been.
-
 The soft cap: with the link's K* (K̄·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
 the time to a target is least at a K proportional to √(sync time / compute time) rather than to
@@ -373,10 +363,10 @@ STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
 # The rule's revision: moved whenever the same settings and seed may give another K path, so that
 # runs of two revisions are not compared or continued as one (docs/design.md §6, "the rule's
 # revision"). A run records it (config.json's `policy_revision`); 1 is the rule as it stood when
-# runs began to record it, a back-off held on skewed data; 2, K raised to the link's K* at once
-# where a window judges the data iid mid-window ("the provisional cap lifted"); one recording
-# none counts as 0.
-RULE_REVISION = 2
+# runs began to record it, a back-off held on skewed data; one recording none counts as 0. 2 is
+# spent: runs of a rule tried and dropped recorded it (docs/controller-panel/iid-lift-check/), so
+# the next change of the rule moves this to 3.
+RULE_REVISION = 1
 
 
 @dataclass
@@ -622,10 +612,6 @@ class ExposedSyncController:
                 else f"skewed data: drift ratio {judged:.3g} > {self.skew_drift:g}"
             )
             return SyncDecision(cap, f"{why}: K capped at {cap} (soft cap {scale}{link})")
-        if self.skewed is False and was_skewed is None and reason is None and shift is None:
-            lifted = self._lift_now(judged)
-            if lifted is not None:
-                return lifted
         off_level = self._link.held.rounds
         held = self._win.rounds + off_level
         waits = off_level and self._win.rounds < needed
@@ -680,33 +666,6 @@ class ExposedSyncController:
             self.ceiling, self.since_fire = k, 0
         self.set_sync_period(k)
         return SyncDecision(k, why if shift is None else f"{shift}; {why}")
-
-    def _lift_now(self, judged: float) -> SyncDecision | None:
-        """Judged iid just now, mid-window: the provisional cap is gone, so K goes at once to the
-        link's K* of the last window where the rule would raise to it (direct rule only: the
-        doubling rule reads no K*), the mirror of the cut on skewed data (the module's
-        docstring, "the provisional cap lifted")."""
-        want = self.link_k
-        k = self.sync_period
-        if self.rule != "direct" or want is None or want <= k * (1.0 + self.margin):
-            return None
-        ceiling = self.k_ceiling()
-        top = min(self.max_sync_period, ceiling) if ceiling is not None else self.max_sync_period
-        cut = self.cut_every()
-        if not math.isfinite(want):
-            up = top
-        else:
-            up = epoch_k(want, cut) if cut is not None else math.ceil(want)
-        new = min(top, up)
-        if new <= k:
-            return None
-        self._new_window()
-        self.set_sync_period(new)
-        return SyncDecision(
-            new,
-            f"raise: iid data (drift ratio {judged:.3g} <= {self.skew_drift:g}): K* "
-            f"{want:.3g}, the provisional cap lifted{syncs_of(new, cut)}",
-        )
 
     def _new_window(self) -> None:
         """A decision's window starts afresh, with no rounds pending as off its level."""

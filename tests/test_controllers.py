@@ -141,9 +141,8 @@ def test_skewed_data_caps_k_at_once_and_for_the_rest_of_the_run():
     assert skewed.skewed is True and iid.skewed is False
     assert skewed.link_k == pytest.approx(80.0) and skewed.skew_ceiling() == 17
     assert set(ks_skewed) == {17} and set(ks_iid[-10:]) == {64}
-    # iid: the provisional cap until the first 4 rounds and 32 steps at K >= 2 judge it (the
-    # fourth boundary, mid-window: the window at 17 opened at the first), then K* at once
-    assert ks_iid[:5] == [17, 17, 17, 64, 64] and iid.skew_ceiling() is None
+    # iid: the provisional cap until the guard's first window (4 rounds, 32 steps) judges it
+    assert ks_iid[:4] == [17, 17, 17, 17] and iid.skew_ceiling() is None
     # a K already above the cap when skew is judged (a starting K of 32 under the doubling
     # rule, whose first window has not closed) falls to it there and then
     d = ExposedSyncController(sync_period=32, target=0.2, max_sync_period=64, window=4)
@@ -301,45 +300,6 @@ def test_the_soft_cap_s_exponent_and_the_grade_on_one_scale():
     assert (built.skew_power, built.skew_grade_gamma) == (0.75, 0.3)
     comp = build_controller("composite", 4, PolicyOptions(skew_power=0.75, qsr_base=4))
     assert comp.share.skew_power == 0.75
-
-
-def test_judged_iid_mid_window_k_goes_to_the_link_k_at_once_and_only_then():
-    """The judgement and the decision's window close on their own counts: where the judgement
-    reads iid mid-window, the provisional cap lifts and K goes to the last window's K* there,
-    with a new window; judged skewed, or where K* is not over K by the margin, or under the
-    doubling rule, nothing moves before the window closes."""
-    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True)
-    # sync 0.1 s, 5 ms a step from K = 2: K* 80 after the first boundary, the cap ⌊√320⌋ = 17;
-    # the judging count (K >= 2) is then 2 + 17 + 17 = 36 steps at the third boundary, a round short
-    c = ExposedSyncController(sync_period=2, **kw)
-    out = [c.observe(stats(c.sync_period, drift_ratio=0.8, i=i)) for i in range(1, 6)]
-    assert [d.next_sync_period for d in out] == [17, 17, 17, 64, 64]
-    assert out[3].reason == (
-        "raise: iid data (drift ratio 0.8 <= 1.4): K* 80, the provisional cap lifted"
-    )
-    assert c.skewed is False and c._win.rounds == 1  # a new window from the raise
-    # judged skewed on the same stream: the cap holds, no raise before the window closes
-    s = ExposedSyncController(sync_period=2, **kw)
-    assert [
-        s.observe(stats(s.sync_period, drift_ratio=2.0, i=i)).next_sync_period for i in range(1, 6)
-    ] == [17, 17, 17, 17, 17]
-    # judged iid where K* is within the margin of K: nothing to lift
-    f = ExposedSyncController(sync_period=8, **kw)
-    f.link_k = 9.0
-    assert f._lift_now(0.8) is None and f.sync_period == 8
-    # under epoch rounds K* is met by the K whose mean round is nearest it: 80 of 32 steps is 32
-    e = ExposedSyncController(sync_period=2, epoch_rounds=True, **kw)
-    e.set_cut(32)
-    ed = [e.observe(stats(e.sync_period, drift_ratio=0.8, i=i)) for i in range(1, 5)]
-    assert [d.next_sync_period for d in ed] == [16, 16, 16, 32]
-    assert ed[3].reason.endswith("the provisional cap lifted (K 32: 1 sync per 32 steps)")
-    # the doubling rule reads no K*: judged iid at the ninth boundary, mid-window, K stays at 8
-    # until that window closes
-    d = ExposedSyncController(sync_period=2, target=0.2, max_sync_period=64, window=4)
-    dks = [
-        d.observe(stats(d.sync_period, drift_ratio=0.8, i=i)).next_sync_period for i in range(1, 12)
-    ]
-    assert d.skewed is False and dks == [2, 2, 2, 4, 4, 4, 4, 8, 8, 8, 8]
 
 
 def test_a_window_at_k_1_leaves_skew_unjudged_and_the_soft_cap_holds_on_a_new_link():
