@@ -65,6 +65,8 @@ class Run:
     mean_k_of: str | None = None  # the label of the run whose mean K sets random_mean
     stage: str = "main"  # "pilot": a run on the pilot's seeds (autok/pilot.py)
     from_pilot: bool = False  # `sync_period: pilot`: settings from the regime's pilot choice
+    # with `from_pilot`: the settings the run's own entry gives, kept over the pilot choice's
+    given: tuple[str, ...] = ()
 
     @property
     def dir(self) -> str:
@@ -273,6 +275,10 @@ def expand(
                     bundled[k] = v
             own = {k: v for k, v in run.items() if k not in ("name", "only")}
             from_pilot = own.get("sync_period") == pilot.FROM_PILOT
+            # what the entry itself gives, over the pilot's choice (a random_mean of another run
+            # is resolved apart)
+            skip = ("sync_period", "random_mean")
+            given = tuple(k for k in own if k not in skip) if from_pilot else ()
             if from_pilot:  # known once the pilot ran; a fixed K stands in for checking
                 own |= {"sync_period": 1, "strategy": own.get("strategy", "cpdp")}
             on_pilot = plan is not None and run["name"] in plan.runs
@@ -317,6 +323,7 @@ def expand(
                     mean_of + suffix if mean_of else None,
                     "pilot" if on_pilot else "main",
                     from_pilot,
+                    given,
                 )
                 if run_.dir in dirs:  # two runs would write (and clear) one directory
                     raise ConfigError(
@@ -944,10 +951,13 @@ def make_plan(
 
 
 def with_pilot_choice(run: Run, group: list[Run], best: str) -> Run:
-    """`run` (sync_period: pilot) with the settings of the regime's best pilot run."""
+    """`run` (sync_period: pilot) with the settings of the regime's best pilot run, and over
+    them the settings the run's own entry gives (a pilot run giving one otherwise is refused
+    up front: `pilot.problem`), so that none of them is dropped unsaid."""
     suffix = run.label.partition(" ")[2]
     label = f"{best} {suffix}" if suffix else best
     source = next((r for r in group if r.stage == "pilot" and r.label == label), None)
     if source is None:  # plan.json names a run this experiment's pilot does not have
         raise ValueError(f"{pilot.PLAN} names {label!r}, which is not a run of this pilot")
-    return Run(run.label, run.seed, {**source.settings, "seed": run.seed}, run.order)
+    own = {k: run.settings[k] for k in run.given}
+    return Run(run.label, run.seed, {**source.settings, **own, "seed": run.seed}, run.order)

@@ -92,7 +92,30 @@ def problem(exp: dict[str, Any]) -> str | None:
         return "pilot.target: needs {of: a pilot run, at: a fraction of its evaluations in (0, 1]}"
     if not wants:
         return "pilot: no run takes its choice (add {name: best-fixed, sync_period: pilot})"
+    if why := _choice_problem(exp["runs"], runs):
+        return why
     return _predictions_problem(exp.get("predictions", {}))
+
+
+def _choice_problem(entries: list[dict[str, Any]], pilot_runs: list[str]) -> str | None:
+    """A run taking the pilot's choice keeps the settings its own entry gives over the chosen
+    run's (`experiment.with_pilot_choice`); where a pilot run gives one of them otherwise, the
+    run would not be the pilot's choice, so it is refused rather than either side dropped."""
+    arms = [r for r in entries if r["name"] in pilot_runs]
+    for r in entries:
+        if r.get("sync_period") != FROM_PILOT:
+            continue
+        for key, value in r.items():
+            if key in ("name", "only", "sync_period"):
+                continue
+            for arm in arms:
+                if key in arm and arm[key] != value:
+                    return (
+                        f"runs: {r['name']!r} takes sync_period: pilot and sets {key}: {value!r}, "
+                        f"which pilot run {arm['name']!r} sets to {arm[key]!r}; make them agree "
+                        f"or drop {key} from {r['name']!r}"
+                    )
+    return None
 
 
 def _predictions_problem(preds: Any) -> str | None:

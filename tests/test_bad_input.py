@@ -1470,6 +1470,12 @@ EXPERIMENT = [
     ),  # fmt: skip
     R(
         EXP,
+        ("runs: 'best' takes sync_period: pilot and sets strategy: 'ddp'", "pilot run 'k1'"),
+        experiment(PILOT_EXP.replace("best, strategy: cpdp", "best, strategy: ddp")),
+        id="exp-pilot-choice-set-otherwise",
+    ),  # fmt: skip
+    R(
+        EXP,
         ("--out", "plan.json", "not a plan"),
         both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
         id="exp-plan-json-not-a-plan",

@@ -124,6 +124,35 @@ def test_a_pilot_run_takes_the_pilot_seeds_and_best_fixed_the_main_ones():
     assert count_runs(exp, "quick") == len(runs)
 
 
+def test_a_run_taking_the_pilots_choice_keeps_the_settings_it_gives_itself():
+    """`sync_period: pilot` takes the chosen run's settings, and over them what the run's own
+    entry gives (an LR here): before, the chosen run's settings replaced the run's, and the LR
+    was dropped unsaid. A setting a pilot run gives otherwise is refused up front."""
+    from autok.experiment import expand, experiment_problem, with_pilot_choice
+
+    runs = [
+        {"name": "k1", "sync_period": 1, "strategy": "cpdp"},
+        {"name": "k4", "sync_period": 4, "strategy": "cpdp"},
+        {"name": "best-fixed", "sync_period": "pilot", "strategy": "cpdp"},
+        {"name": "nudged", "sync_period": "pilot", "lr": 0.1000001},
+    ]
+    exp = {**BASE, "quick": {"base": {"epochs": 2, "lr": 0.1}}, "runs": runs}
+    assert experiment_problem(exp) is None
+    group = expand(exp, "quick")
+    k4 = next(r for r in group if r.label == "k4")
+    chosen = {
+        r.label: with_pilot_choice(r, group, "k4") for r in group if r.from_pilot and r.seed == 1
+    }
+    assert chosen["best-fixed"].settings == {**k4.settings, "seed": 1}  # as it always ran
+    assert chosen["nudged"].settings == {**k4.settings, "seed": 1, "lr": 0.1000001}
+    clash = [*runs[:3], {"name": "ddp-best", "sync_period": "pilot", "strategy": "ddp"}]
+    said = experiment_problem({**exp, "runs": clash}) or ""
+    assert said == (
+        "runs: 'ddp-best' takes sync_period: pilot and sets strategy: 'ddp', which pilot run "
+        "'k1' sets to 'cpdp'; make them agree or drop strategy from 'ddp-best'"
+    )
+
+
 def test_only_restricts_a_run_to_the_regimes_it_names():
     from autok.experiment import count_runs, expand
 
