@@ -275,10 +275,8 @@ def expand(
                     bundled[k] = v
             own = {k: v for k, v in run.items() if k not in ("name", "only")}
             from_pilot = own.get("sync_period") == pilot.FROM_PILOT
-            # what the entry itself gives, over the pilot's choice (a random_mean of another run
-            # is resolved apart)
-            skip = ("sync_period", "random_mean")
-            given = tuple(k for k in own if k not in skip) if from_pilot else ()
+            # what the entry itself gives, over the pilot's choice
+            given = tuple(k for k in own if k != "sync_period") if from_pilot else ()
             if from_pilot:  # known once the pilot ran; a fixed K stands in for checking
                 own |= {"sync_period": 1, "strategy": own.get("strategy", "cpdp")}
             on_pilot = plan is not None and run["name"] in plan.runs
@@ -332,7 +330,32 @@ def expand(
                     )
                 dirs[run_.dir] = label
                 out.append(run_)
+    _check_pilot_choices(exp["name"], out)
     return out
+
+
+def _check_pilot_choices(name: str, runs: list[Run]) -> None:
+    """A run taking the pilot's choice runs the chosen pilot run's settings with its own over
+    them (`with_pilot_choice`): checked now, against every pilot run of its regime that the
+    pilot could choose, so that a pairing that cannot train is refused before anything runs."""
+    seen: set[str] = set()
+    for run in runs:
+        if not run.from_pilot or run.label in seen:
+            continue
+        seen.add(run.label)
+        suffix = run.label.partition(" ")[2]
+        own = {k: run.settings[k] for k in run.given}
+        arms = {
+            r.label: r for r in runs if r.stage == "pilot" and r.label.partition(" ")[2] == suffix
+        }
+        for label, arm in arms.items():
+            try:
+                validated({**arm.settings, **own, "seed": run.seed}, None)
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"experiment {name}, run {run.label!r} with the settings of pilot run "
+                    f"{label.partition(' ')[0]!r}: {exc}"
+                ) from None
 
 
 def mean_k_used(run_dir: Path) -> float:

@@ -101,19 +101,25 @@ def _choice_problem(entries: list[dict[str, Any]], pilot_runs: list[str]) -> str
     """A run taking the pilot's choice keeps the settings its own entry gives over the chosen
     run's (`experiment.with_pilot_choice`); where a pilot run gives one of them otherwise, the
     run would not be the pilot's choice, so it is refused rather than either side dropped."""
-    arms = [r for r in entries if r["name"] in pilot_runs]
+    # every pilot run is a fixed K (`problem` checks it): its policy is fixed, given or not
+    arms = [{"policy": "fixed", **r} for r in entries if r["name"] in pilot_runs]
     for r in entries:
         if r.get("sync_period") != FROM_PILOT:
             continue
         for key, value in r.items():
             if key in ("name", "only", "sync_period"):
                 continue
+            if key == "random_mean" and isinstance(value, dict):  # a random K, not a fixed one
+                return (
+                    f"runs: {r['name']!r} takes sync_period: pilot, a fixed K, and random_mean of "
+                    f"another run; drop one of them"
+                )
             for arm in arms:
                 if key in arm and arm[key] != value:
                     return (
-                        f"runs: {r['name']!r} takes sync_period: pilot and sets {key}: {value!r}, "
-                        f"which pilot run {arm['name']!r} sets to {arm[key]!r}; make them agree "
-                        f"or drop {key} from {r['name']!r}"
+                        f"runs: {r['name']!r} takes sync_period: pilot and sets {key}: "
+                        f"{repr(value)[:80]}, which pilot run {arm['name']!r} sets to "
+                        f"{repr(arm[key])[:80]}; make them agree or drop {key} from {r['name']!r}"
                     )
     return None
 

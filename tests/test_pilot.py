@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from autok import panel, pilot
+from autok.config import ConfigError
 from autok.report import RunResult
 
 
@@ -151,6 +152,20 @@ def test_a_run_taking_the_pilots_choice_keeps_the_settings_it_gives_itself():
         "runs: 'ddp-best' takes sync_period: pilot and sets strategy: 'ddp', which pilot run "
         "'k1' sets to 'cpdp'; make them agree or drop strategy from 'ddp-best'"
     )
+    # a pilot run is a fixed K whether or not its entry says so: a policy is not its choice
+    policy = [*runs[:3], {"name": "es-best", "sync_period": "pilot", "policy": "exposed-sync"}]
+    said = experiment_problem({**exp, "runs": policy}) or ""
+    assert "sets policy: 'exposed-sync', which pilot run 'k1' sets to 'fixed'" in said
+    mean_of = {"name": "r", "sync_period": "pilot", "random_mean": {"mean_k_of": "k4"}}
+    said = experiment_problem({**exp, "runs": [*runs[:3], mean_of]}) or ""
+    assert said == (
+        "runs: 'r' takes sync_period: pilot, a fixed K, and random_mean of another run; drop one "
+        "of them"
+    )
+    # settings that cannot train with some run the pilot could choose: refused before any run
+    capped = [*runs[:3], {"name": "capped", "sync_period": "pilot", "max_sync_period": 2}]
+    with pytest.raises(ConfigError, match=r"run 'capped' with the settings of pilot run 'k4': "):
+        expand({**exp, "runs": capped}, "quick")
 
 
 def test_only_restricts_a_run_to_the_regimes_it_names():
