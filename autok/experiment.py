@@ -344,17 +344,14 @@ def _check_pilot_choices(name: str, runs: list[Run]) -> None:
             continue
         seen.add(run.label)
         suffix = run.label.partition(" ")[2]
-        own = {k: run.settings[k] for k in run.given}
-        arms = {
-            r.label: r for r in runs if r.stage == "pilot" and r.label.partition(" ")[2] == suffix
-        }
-        for label, arm in arms.items():
+        pilots = (r.label.partition(" ") for r in runs if r.stage == "pilot")
+        for arm in dict.fromkeys(head for head, _, rest in pilots if rest == suffix):
             try:
-                validated({**arm.settings, **own, "seed": run.seed}, None)
+                validated(with_pilot_choice(run, runs, arm).settings, None)
             except ConfigError as exc:
                 raise ConfigError(
                     f"experiment {name}, run {run.label!r} with the settings of pilot run "
-                    f"{label.partition(' ')[0]!r}: {exc}"
+                    f"{arm!r}: {exc}"
                 ) from None
 
 
