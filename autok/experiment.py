@@ -27,12 +27,13 @@ import secrets
 import shutil
 import stat
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -849,6 +850,29 @@ class Tally:
     failed: int = 0
 
 
+class Progress:
+    """The `[i/N] LABEL seed S: ...` line of each run as it ends. Runs end on the pool's threads
+    (`--jobs`), so a run's number is taken and its line written under one lock, in one write:
+    two runs ending together never show one number, and never share a line (print writes the
+    text and its newline apart)."""
+
+    def __init__(self, total: int, tally: Tally, stream: TextIO | None = None) -> None:
+        self.total, self.tally, self.done = total, tally, 0
+        self._stream = stream  # None: sys.stdout as it is when a line is written
+        self._lock = threading.Lock()
+
+    def ended(self, run: Run, how: str, more: str = "") -> None:
+        """`how`: what happened ("done", "diverged ...", "FAILED: why"); `more`, what follows."""
+        with self._lock:
+            self.done += 1
+            self.tally.failed += how.startswith("FAILED")
+            self.tally.diverged += how.startswith("diverged")
+            self.tally.finished += not how.startswith(("FAILED", "diverged"))
+            stream = self._stream or sys.stdout
+            stream.write(f"[{self.done}/{self.total}] {run.label} seed {run.seed}: {how}{more}\n")
+            stream.flush()
+
+
 def run_experiment(
     runs: list[Run],
     out: Path,
@@ -860,16 +884,11 @@ def run_experiment(
     predictions = predictions or {}
     out.mkdir(parents=True, exist_ok=True)
     secret = ensure_secret(out)  # before any run: it signs the markers of the dirs autok makes
-    total, done = len(runs), 0
     tally = Tally()
+    progress = Progress(len(runs), tally)
 
     def one(run: Run) -> None:
-        nonlocal done
         how, seconds = _train(run, out, secret)
-        done += 1
-        tally.failed += how.startswith("FAILED")
-        tally.diverged += how.startswith("diverged")
-        tally.finished += not how.startswith(("FAILED", "diverged"))
         extra = ""
         summary = out / run.dir / "summary.json"
         if summary.exists():
@@ -878,24 +897,17 @@ def run_experiment(
             best = data.get("peak_test_metric", data.get("peak_test_accuracy"))
             best = math.nan if best is None else best  # null: no value (strict JSON)
             extra = f", best {name} {best:.4f}"
-        print(
-            f"[{done}/{total}] {run.label} seed {run.seed}: {how} ({seconds:.0f} s{extra})",
-            flush=True,
-        )
+        progress.ended(run, how, f" ({seconds:.0f} s{extra})")
 
     def follower(run: Run) -> None:
-        nonlocal done
         try:
             run = with_matched_mean(run, out)
         except (OSError, ValueError) as exc:
-            done += 1
-            tally.failed += 1
-            print(f"[{done}/{total}] {run.label} seed {run.seed}: FAILED: {exc}", flush=True)
+            progress.ended(run, f"FAILED: {exc}")
             return
         one(run)
 
     def main_run(run: Run, group: list[Run], entry: dict[str, Any] | str) -> None:
-        nonlocal done
         if not run.from_pilot:
             one(run)
             return
@@ -904,9 +916,7 @@ def run_experiment(
                 raise ValueError(entry)
             chosen = with_pilot_choice(run, group, entry["best_fixed"])
         except ValueError as exc:
-            done += 1
-            tally.failed += 1
-            print(f"[{done}/{total}] {run.label} seed {run.seed}: FAILED: {exc}", flush=True)
+            progress.ended(run, f"FAILED: {exc}")
             return
         one(chosen)
 
