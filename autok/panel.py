@@ -52,13 +52,15 @@ RANDOM = "random"
 ACC_TARGET, LOSS_TARGET = 0.97, 1.03
 
 
-def is_panel(runs: list[RunResult]) -> bool:
-    """A panel: its varied setting is `regime`, and fixed and adaptive policies ran in it."""
+def is_panel(runs: list[RunResult], planned: bool = False) -> bool:
+    """A panel: its varied setting is `regime`, fixed policies ran in it, and adaptive ones too
+    or a pilot's plan chose its targets and best fixed K (`planned`: an arm against the best
+    fixed K is judged on the panel's statistics whatever its policy, fixed K's own included)."""
     return (
         bool(runs)
         and all(r.variant.startswith("regime=") for r in runs)
         and any(_fixed(r) for r in runs)
-        and any(not _fixed(r) for r in runs)
+        and (planned or any(not _fixed(r) for r in runs))
     )
 
 
@@ -325,19 +327,20 @@ def resolve(g: Regime, entries: dict[str, dict]) -> tuple[str, str]:
 
 
 def render_resolution(g: Regime, entries: dict[str, dict]) -> str:
+    """The paired table, and the verdict on the regime's prediction where the plan states one."""
     verdict, why = resolve(g, entries)
-    if not verdict:
-        return ""
     rows = [
         f"| {m} | {e['ratio']:.3f} | {_ci(e)} | {_num(e.get('p_holm'))} | {e['reached']:.0%} |"
         for m, e in entries.items()
         if e.get("ratio") is not None and m != g.best_fixed.name
     ]
-    return (
+    if not rows:
+        return ""
+    table = (
         "| method | time / best fixed K (paired) | 95% CI | p (Holm) | reached |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        f"**Result: {verdict}** the prediction: {why}.\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
+    return table + (f"\n**Result: {verdict}** the prediction: {why}.\n" if verdict else "")
 
 
 def _ci(e: dict) -> str:
@@ -829,7 +832,16 @@ def render_evidence(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> str:
 def render_summary(regimes: list[Regime]) -> str:
     """At a glance: each method's mean time to target over the best fixed K's, per regime (the
     best fixed K named in the header); 'n/r 2/3' when some seed never reached the target."""
-    names = list(dict.fromkeys(m.name for g in regimes for m in g.methods if not m.fixed))
+    # the policies, and where a pilot planned the regime, its main seeds' other fixed arms (the
+    # pilot's sweep ran on seeds of its own, so a fixed K here is an arm, e.g. a null arm)
+    names = list(
+        dict.fromkeys(
+            m.name
+            for g in regimes
+            for m in g.methods
+            if not m.fixed or (g.plan is not None and m is not g.best_fixed)
+        )
+    )
     head = " | ".join(f"{g.name} ({g.best_fixed.name})" for g in regimes)
     lines = [
         "Time to target over the best fixed K's (its name in brackets); below 1.00x is faster. "
@@ -865,8 +877,7 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
         # the regime's name comes first
         heading, _, table = render_regime(g, entries).partition("\n")
         parts += [heading + "\n", render_plan(g), table, render_resolution(g, entries)]
-    if summary is not None:
-        gs = goals(summary, regimes)
+    if summary is not None and (gs := goals(summary, regimes)):  # the default ran somewhere
         parts += ["## The goals", "", render_goals(gs)]
         parts += [render_evidence(regimes), render_why(gs, regimes, summary)]
     return "\n".join(parts)
@@ -926,10 +937,11 @@ def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()
             f"{crossed_before(s, regimes)}\n"
             for s in stopped
         )
-    images = [
-        (plot_quality(regimes, root / "panel_quality_vs_time.png"), "quality against time"),
-        (plot_k_paths(regimes, root / "panel_k_paths.png"), "K paths of the adaptive policies"),
-    ]
+    images = [(plot_quality(regimes, root / "panel_quality_vs_time.png"), "quality against time")]
+    if any(not m.fixed for g in regimes for m in g.methods):  # else nothing to draw
+        images.append(
+            (plot_k_paths(regimes, root / "panel_k_paths.png"), "K paths of the adaptive policies")
+        )
     write_text(
         root / "report.md",
         text + "\n" + "\n".join(f"![{alt}]({p.name})" for p, alt in images) + "\n",

@@ -1321,8 +1321,13 @@ def report(root: Path) -> str:
     if not runs:
         raise FileNotFoundError(f"no finished runs (experiment.json + summary.json) under {root}")
     from autok import panel
+    from autok.pilot import read_plan
 
-    if panel.is_panel(runs):  # regimes judged apart (their metrics differ): its own report
+    try:
+        plan = read_plan(root)
+    except ValueError as exc:  # a plan.json that is not autok's plan: named, in one line
+        raise ReportError(str(exc)) from None
+    if panel.is_panel(runs, planned=bool(plan)):  # regimes judged apart: its own report
         text = panel.report(root, runs, collect_stopped(root))
         write_csv(runs, root / "report.csv")
         return text

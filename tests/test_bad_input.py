@@ -1560,6 +1560,17 @@ REPORT = [
                 write("boundaries.jsonl", DEEP + "\n"),
             ),
             ("meta-seed", ("experiment.json", "seed"), edit_json("experiment.json", seed="x")),
+            # the experiment's plan.json (autok/pilot.py), two levels above the run
+            (
+                "plan-not-a-plan",
+                ("plan.json", "not a plan"),
+                lambda d: (d.parent.parent / "plan.json").write_text('{"regime=r": {"target": 1}}'),
+            ),
+            (
+                "plan-not-json",
+                ("plan.json", "not readable JSON"),
+                lambda d: (d.parent.parent / "plan.json").write_text("{"),
+            ),
             ("config-json", ("config.json",), write("config.json", "")),
             (
                 "config-k",

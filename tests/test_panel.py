@@ -906,3 +906,45 @@ def test_regimes_follow_the_plans_order_whatever_order_kept_runs_carry():
         for n in ("a", "b")
     }
     assert [g.name for g in panel.build_regimes(runs, plan)] == ["a", "b", "c"]
+
+
+def test_a_panel_of_fixed_arms_alone_is_read_as_a_panel_where_a_pilot_planned_it(tmp_path):
+    """A grid of regimes whose arms are all fixed K (a null arm beside the best fixed K, a K
+    sweep) is judged on the panel's paired statistics when the pilot wrote its plan.json, and
+    read as a plain grid without one; no K-path plot is drawn where no adaptive policy ran."""
+    from autok import panel, pilot
+    from autok.report import collect, report
+    from tests.test_report import fake_run
+
+    for s in (1, 2, 3):
+        fake_run(tmp_path, "best-fixed regime=r", s, 0.9, 3.0, k=8)
+        fake_run(tmp_path, "nudged regime=r", s, 0.9, 3.0, k=8)
+    report(tmp_path)
+    plain = (tmp_path / "report.md").read_text()
+    assert "time / best fixed K (paired)" not in plain and not (tmp_path / "summary.json").exists()
+    arm = {"sync_period": 8, "times": [2.0], "reached": 1, "geo_mean_time": 2.0, "sd_log": None}
+    entry = {  # as pilot.choose writes it
+        "target": 0.5,
+        "metric": "accuracy",
+        "target_of": "k8",
+        "target_at": 0.5,
+        "target_evaluation": 1,
+        "rising": True,
+        "best_fixed": "k8",
+        "best_reached_every_seed": True,
+        "pilot_seeds": [101],
+        "arms": {"k8": arm | {"final": 0.89}},
+    }
+    pilot.write_entry(tmp_path, "regime=r", entry)
+    runs = collect(tmp_path)
+    assert not panel.is_panel(runs) and panel.is_panel(runs, planned=True)
+    report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "time / best fixed K (paired)" in text
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert data["baseline"] == {"r": "best-fixed"} and set(data["regimes"]["r"]) == {
+        "best-fixed",
+        "nudged",
+    }
+    assert data["regimes"]["r"]["nudged"]["ratio"] == pytest.approx(1.0)  # the same crossings
+    assert not (tmp_path / "panel_k_paths.png").exists() and "panel_k_paths" not in text
