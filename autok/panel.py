@@ -31,6 +31,7 @@ from pathlib import Path
 
 from autok import panel_stats
 from autok.report import (
+    ReportError,
     RunResult,
     StoppedRun,
     epoch_clock,
@@ -334,13 +335,13 @@ def render_resolution(g: Regime, entries: dict[str, dict]) -> str:
         for m, e in entries.items()
         if e.get("ratio") is not None and m != g.best_fixed.name
     ]
-    if not rows:
-        return ""
     table = (
         "| method | time / best fixed K (paired) | 95% CI | p (Holm) | reached |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
-    )
-    return table + (f"\n**Result: {verdict}** the prediction: {why}.\n" if verdict else "")
+        "|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        if rows
+        else ""
+    )  # a verdict on the pilot's choice alone (largest-fixed, interior-fixed) needs no rows
+    return table + (f"**Result: {verdict}** the prediction: {why}.\n" if verdict else "")
 
 
 def _ci(e: dict) -> str:
@@ -771,9 +772,7 @@ def render_why(
         if why is not None and g is not None:
             lines.append(f"- {goal.regime}: {why}{hindsight_within(summary, g, goal)}")
     if len(lines) == 4:
-        lines.append(
-            f"- {policy} met it in every regime." if gs else f"- {policy} ran in no regime."
-        )
+        lines.append(f"- {policy} met it in every regime.")
     head = (
         f"10% faster (upper bound ≤ {GOAL_FASTER:.2f}, the target reached in every seed): where "
         "no policy was, the nearest:"
@@ -832,16 +831,13 @@ def render_evidence(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> str:
 def render_summary(regimes: list[Regime]) -> str:
     """At a glance: each method's mean time to target over the best fixed K's, per regime (the
     best fixed K named in the header); 'n/r 2/3' when some seed never reached the target."""
+
     # the policies, and where a pilot planned the regime, its main seeds' other fixed arms (the
     # pilot's sweep ran on seeds of its own, so a fixed K here is an arm, e.g. a null arm)
-    names = list(
-        dict.fromkeys(
-            m.name
-            for g in regimes
-            for m in g.methods
-            if not m.fixed or (g.plan is not None and m is not g.best_fixed)
-        )
-    )
+    def arm(g: Regime, m: Method) -> bool:
+        return not m.fixed or (g.plan is not None and m is not g.best_fixed)
+
+    names = list(dict.fromkeys(m.name for g in regimes for m in g.methods if arm(g, m)))
     head = " | ".join(f"{g.name} ({g.best_fixed.name})" for g in regimes)
     lines = [
         "Time to target over the best fixed K's (its name in brackets); below 1.00x is faster. "
@@ -854,7 +850,7 @@ def render_summary(regimes: list[Regime]) -> str:
         cells = []
         for g in regimes:
             m = g.method(name)
-            if m is None:
+            if m is None or not arm(g, m):
                 cells.append("")
             elif not m.all_reached:
                 cells.append(f"n/r {len(m.reached)}/{len(m.ttt)}")
@@ -929,6 +925,11 @@ def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()
     from autok.pilot import read_plan
 
     regimes = build_regimes(runs, read_plan(root))
+    if not regimes:  # nothing to judge against: refused, not an empty report
+        raise ReportError(
+            f"{root}: no regime has a fixed K on its main seeds (the best fixed K) to judge its "
+            "policies against"
+        )
     summary = summary_data(regimes, stopped=stopped)
     text = say_installations(f"# autok report: {root}\n\n" + render(regimes, summary), runs)
     if stopped:

@@ -208,18 +208,44 @@ def read_plan(out: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise ValueError(f"{path}: not readable JSON ({type(exc).__name__})") from None
-    ok = isinstance(data, dict) and all(
-        isinstance(e, dict)
-        and isinstance(e.get("best_fixed"), str)
-        and isinstance(e.get("target"), (int, float))
-        and isinstance(e.get("arms"), dict)
-        and e["best_fixed"] in e["arms"]
-        and all(isinstance(a, dict) for a in e["arms"].values())
-        for e in data.values()
-    )
-    if not ok:
-        raise ValueError(f"{path}: not a plan (regime -> target, best_fixed, arms)")
+    if not (isinstance(data, dict) and all(_is_entry(e) for e in data.values())):
+        raise ValueError(f"{path}: not a plan (regime -> what `choose` writes: target, arms, ...)")
     return data
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_arm(a: Any) -> bool:
+    return (
+        isinstance(a, dict)
+        and _number(a.get("sync_period"))
+        and isinstance(a.get("times"), list)
+        and isinstance(a.get("reached"), int)
+        and _number(a.get("geo_mean_time"))
+        and _number(a.get("final"))
+    )
+
+
+def _is_entry(e: Any) -> bool:
+    """Every field of a regime's plan that the experiment and `autok report` read, with its
+    type: a copied or hand-edited file fails here, in one line, not as a crash in the report."""
+    return (
+        isinstance(e, dict)
+        and _number(e.get("target"))
+        and isinstance(e.get("metric"), str)
+        and isinstance(e.get("target_of"), str)
+        and isinstance(e.get("target_evaluation"), int)
+        and isinstance(e.get("rising"), bool)
+        and isinstance(e.get("best_reached_every_seed"), bool)
+        and isinstance(e.get("pilot_seeds"), list)
+        and isinstance(e.get("arms"), dict)
+        and all(_is_arm(a) for a in e["arms"].values())
+        and isinstance(e.get("best_fixed"), str)
+        and e["best_fixed"] in e["arms"]
+        and ("prediction" not in e or _predictions_problem({"r": e["prediction"]}) is None)
+    )
 
 
 def write_entry(out: Path, regime: str, entry: dict[str, Any]) -> None:

@@ -1327,7 +1327,10 @@ def report(root: Path) -> str:
         plan = read_plan(root)
     except ValueError as exc:  # a plan.json that is not autok's plan: named, in one line
         raise ReportError(str(exc)) from None
-    if panel.is_panel(runs, planned=bool(plan)):  # regimes judged apart: its own report
+    # a regime grid is judged apart (its metrics differ): where a policy ran, or the pilot
+    # planned a regime whose main seeds ran (a pilot alone is a plain grid of fixed K)
+    planned = any(r.stage == "main" and r.variant in plan for r in runs)
+    if panel.is_panel(runs, planned):
         text = panel.report(root, runs, collect_stopped(root))
         write_csv(runs, root / "report.csv")
         return text

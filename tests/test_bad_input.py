@@ -1566,6 +1566,13 @@ REPORT = [
                 ("plan.json", "not a plan"),
                 lambda d: (d.parent.parent / "plan.json").write_text('{"regime=r": {"target": 1}}'),
             ),
+            (  # passes a look at its top fields, but an arm lacks what the report reads
+                "plan-arm-field",
+                ("plan.json", "not a plan"),
+                lambda d: (d.parent.parent / "plan.json").write_text(
+                    '{"regime=r": {"target": 1, "best_fixed": "k8", "arms": {"k8": {}}}}'
+                ),
+            ),
             (
                 "plan-not-json",
                 ("plan.json", "not readable JSON"),

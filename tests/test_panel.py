@@ -908,22 +908,17 @@ def test_regimes_follow_the_plans_order_whatever_order_kept_runs_carry():
     assert [g.name for g in panel.build_regimes(runs, plan)] == ["a", "b", "c"]
 
 
-def test_a_panel_of_fixed_arms_alone_is_read_as_a_panel_where_a_pilot_planned_it(tmp_path):
-    """A grid of regimes whose arms are all fixed K (a null arm beside the best fixed K, a K
-    sweep) is judged on the panel's paired statistics when the pilot wrote its plan.json, and
-    read as a plain grid without one; no K-path plot is drawn where no adaptive policy ran."""
-    from autok import panel, pilot
-    from autok.report import collect, report
+def _planned_grid(root: Path, arms: dict[str, int], prediction: dict | None = None) -> None:
+    """A regime grid on disk, main seeds 1-3 of each arm (name -> fixed K), and the plan.json
+    its pilot would have written (pilot.choose's fields)."""
+    from autok import pilot
     from tests.test_report import fake_run
 
-    for s in (1, 2, 3):
-        fake_run(tmp_path, "best-fixed regime=r", s, 0.9, 3.0, k=8)
-        fake_run(tmp_path, "nudged regime=r", s, 0.9, 3.0, k=8)
-    report(tmp_path)
-    plain = (tmp_path / "report.md").read_text()
-    assert "time / best fixed K (paired)" not in plain and not (tmp_path / "summary.json").exists()
+    for name, k in arms.items():
+        for s in (1, 2, 3):
+            fake_run(root, f"{name} regime=r", s, 0.9, 3.0, k=k)
     arm = {"sync_period": 8, "times": [2.0], "reached": 1, "geo_mean_time": 2.0, "sd_log": None}
-    entry = {  # as pilot.choose writes it
+    entry = {
         "target": 0.5,
         "metric": "accuracy",
         "target_of": "k8",
@@ -933,18 +928,57 @@ def test_a_panel_of_fixed_arms_alone_is_read_as_a_panel_where_a_pilot_planned_it
         "best_fixed": "k8",
         "best_reached_every_seed": True,
         "pilot_seeds": [101],
-        "arms": {"k8": arm | {"final": 0.89}},
+        "arms": {"k4": arm | {"sync_period": 4, "final": 0.88}, "k8": arm | {"final": 0.89}},
     }
-    pilot.write_entry(tmp_path, "regime=r", entry)
+    pilot.write_entry(root, "regime=r", entry | ({"prediction": prediction} if prediction else {}))
+
+
+def test_a_panel_of_fixed_arms_alone_is_read_as_a_panel_where_a_pilot_planned_it(tmp_path):
+    """A grid of regimes whose arms are all fixed K (a null arm beside the best fixed K) is
+    judged on the panel's paired statistics when the pilot planned it, and read as a plain grid
+    without a plan; no goals (the default ran nowhere) and no K-path plot (no policy moved K)."""
+    from autok import panel
+    from autok.report import collect, report
+
+    _planned_grid(tmp_path, {"best-fixed": 8, "nudged": 8})
+    plan = tmp_path / "plan.json"
+    saved = plan.read_text()
+    plan.unlink()
+    report(tmp_path)
+    plain = (tmp_path / "report.md").read_text()
+    assert "time / best fixed K (paired)" not in plain and not (tmp_path / "summary.json").exists()
+    plan.write_text(saved)
     runs = collect(tmp_path)
     assert not panel.is_panel(runs) and panel.is_panel(runs, planned=True)
     report(tmp_path)
     text = (tmp_path / "report.md").read_text()
-    assert "time / best fixed K (paired)" in text
+    assert "| method | r (best-fixed) |\n|---|---|\n| nudged | 1.00x |" in text  # the summary
+    assert "| nudged | 1.000 | 1.000–1.000 |" in text  # the paired table, with no prediction
+    assert "## The goals" not in text and "Result:" not in text
     data = json.loads((tmp_path / "summary.json").read_text())
-    assert data["baseline"] == {"r": "best-fixed"} and set(data["regimes"]["r"]) == {
-        "best-fixed",
-        "nudged",
-    }
-    assert data["regimes"]["r"]["nudged"]["ratio"] == pytest.approx(1.0)  # the same crossings
+    assert data["baseline"] == {"r": "best-fixed"}
+    assert set(data["regimes"]["r"]) == {"best-fixed", "nudged"}
     assert not (tmp_path / "panel_k_paths.png").exists() and "panel_k_paths" not in text
+
+
+def test_a_pilot_alone_is_a_plain_grid_and_a_verdict_on_the_pilot_needs_no_main_arm(tmp_path):
+    """A directory where only the pilot ran (its plan written, no main seed yet) reports as a
+    grid of fixed K, not as an empty panel; a prediction judged on the pilot's choice alone
+    (interior-fixed) keeps its verdict where the best fixed K is the main seeds' only arm."""
+    from autok.report import report
+
+    _planned_grid(tmp_path, {"k4": 4, "k8": 8})
+    for meta in tmp_path.glob("*/seed-*/experiment.json"):
+        meta.write_text(json.dumps(json.loads(meta.read_text()) | {"stage": "pilot"}))
+    report(tmp_path)
+    assert not (tmp_path / "summary.json").exists()  # the plain grid's report, no crash
+
+    (tmp_path / "alone").mkdir()
+    _planned_grid(
+        tmp_path / "alone",
+        {"best-fixed": 8},
+        {"says": "the largest K", "expect": "largest-fixed"},
+    )
+    report(tmp_path / "alone")
+    text = (tmp_path / "alone" / "report.md").read_text()
+    assert "**Result: confirms** the prediction: the pilot's best fixed K is k8 of k4, k8" in text

@@ -60,11 +60,49 @@ def test_the_pilot_fixes_the_target_on_ddps_rising_curve_and_picks_the_fastest_f
     assert plan["arms"]["k4"]["sync_period"] == 4
 
 
+def _entry(target: float, best: str) -> dict:
+    """A regime's plan with every field `choose` writes."""
+    arm = {"times": [1.0], "reached": 1, "geo_mean_time": 1.0, "sd_log": None, "final": 0.8}
+    return {
+        "target": target,
+        "metric": "accuracy",
+        "target_of": "k1",
+        "target_at": 0.5,
+        "target_evaluation": 0,
+        "rising": True,
+        "best_fixed": best,
+        "best_reached_every_seed": True,
+        "pilot_seeds": [7],
+        "arms": {"k1": arm | {"sync_period": 1}, "k4": arm | {"sync_period": 4}},
+    }
+
+
 def test_a_plan_once_written_is_kept(tmp_path):
-    arms = {"k1": {"sync_period": 1}, "k4": {"sync_period": 4}}
-    pilot.write_entry(tmp_path, "regime=r", {"target": 0.7, "best_fixed": "k4", "arms": arms})
-    pilot.write_entry(tmp_path, "regime=r", {"target": 0.1, "best_fixed": "k1", "arms": arms})
+    pilot.write_entry(tmp_path, "regime=r", _entry(0.7, "k4"))
+    pilot.write_entry(tmp_path, "regime=r", _entry(0.1, "k1"))
     assert pilot.read_plan(tmp_path)["regime=r"]["best_fixed"] == "k4"
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda e: e.pop("pilot_seeds"),
+        lambda e: e.update(rising="yes"),
+        lambda e: e["arms"]["k4"].pop("sync_period"),
+        lambda e: e["arms"]["k1"].update(final=float("nan")),
+        lambda e: e.update(best_fixed="k9"),
+        lambda e: e.update(prediction={"says": "x"}),
+    ],
+)
+def test_a_plan_missing_a_field_the_report_reads_is_refused_naming_the_file(tmp_path, spoil):
+    entry = _entry(0.7, "k4")
+    spoil(entry)
+    (tmp_path / pilot.PLAN).write_text(json.dumps({"regime=r": entry}))
+    with pytest.raises(ValueError, match=r"plan\.json: not a plan"):
+        pilot.read_plan(tmp_path)
+    good = _entry(0.7, "k4") | {"prediction": {"says": "x", "expect": "none-faster"}}
+    (tmp_path / pilot.PLAN).write_text(json.dumps({"regime=r": good}))
+    assert pilot.read_plan(tmp_path)["regime=r"]["target"] == 0.7
 
 
 BASE = {

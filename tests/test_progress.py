@@ -52,11 +52,16 @@ def test_runs_ending_together_get_one_number_each_and_a_line_each():
     assert (tally.finished, tally.failed, tally.diverged) == (total // 3,) * 3
 
 
-def test_a_grid_run_two_at_a_time_numbers_its_lines_one_to_n(tmp_path, monkeypatch, capsys):
+def test_a_grid_run_two_at_a_time_numbers_its_lines_one_to_n(tmp_path, monkeypatch):
     """Through run_experiment with --jobs 2: the training itself stood in for by a function
-    that ends two runs at once (this test is about the lines, not about training)."""
+    that ends two runs at once (this test is about the lines, not about training), on a stdout
+    that hands the GIL over at every character."""
+    import sys
+
     import autok.experiment as experiment
 
+    stdout = SlowStream()
+    monkeypatch.setattr(sys, "stdout", stdout)
     together = threading.Barrier(2)
 
     def train(run: Run, out, secret) -> tuple[str, float]:
@@ -66,7 +71,7 @@ def test_a_grid_run_two_at_a_time_numbers_its_lines_one_to_n(tmp_path, monkeypat
     monkeypatch.setattr(experiment, "_train", train)
     runs = [Run("a", seed, {}) for seed in range(6)]
     tally = run_experiment(runs, tmp_path / "out", jobs=2)
-    lines = capsys.readouterr().out.splitlines()
+    lines = stdout.getvalue().splitlines()
     matches = [LINE.match(line) for line in lines]
     assert all(matches), lines
     assert [int(m[1]) for m in matches if m] == [1, 2, 3, 4, 5, 6]
