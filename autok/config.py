@@ -5,8 +5,9 @@ Every error names the flag to change: the CLI prints it on one line and exits wi
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -50,6 +51,12 @@ __all__ = [
 
 class ConfigError(OptionError):
     """A bad setting; the message starts with the flag to change."""
+
+
+def finite_number(v: Any) -> TypeGuard[float]:
+    """A number a file may give for a setting: int or float, finite, not a bool (YAML's and
+    JSON's true are ints to Python)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # The run's own bounds (the engine's are in trainer/engine/*_settings.py; the workers' and the

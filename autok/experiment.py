@@ -43,6 +43,7 @@ from autok.config import (
     ConfigError,
     TrainConfig,
     check_task,
+    finite_number,
     first_difference,
     load_config,
     read_yaml,
@@ -88,10 +89,6 @@ def load_experiment(name: str) -> dict[str, Any]:
     if why := experiment_problem(exp):
         raise ConfigError(f"experiment: {path}: {why}")
     return exp
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def experiment_problem(exp: Any) -> str | None:
@@ -147,7 +144,7 @@ def experiment_problem(exp: Any) -> str | None:
         scale = spec.get("scale_lr")
         if scale is not None and not (
             isinstance(scale, dict)
-            and _is_number(scale.get("base_lr"))
+            and finite_number(scale.get("base_lr"))
             and scale["base_lr"] > 0
             and type(scale.get("base_workers")) is int
             and scale["base_workers"] > 0
@@ -220,7 +217,7 @@ def measured_problem(measured: Any, forms: list[str]) -> str | None:
             and set(m) == {"runs", "minutes", "machine", "source"}
             and type(m["runs"]) is int
             and 0 < m["runs"] <= MAX_RUNS
-            and _is_number(m["minutes"])
+            and finite_number(m["minutes"])
             and m["minutes"] > 0
             and all(
                 isinstance(m[k], str) and 0 < len(m[k]) <= MEASURED_TEXT
@@ -868,7 +865,7 @@ class Progress:
             self.tally.failed += how.startswith("FAILED")
             self.tally.diverged += how.startswith("diverged")
             self.tally.finished += not how.startswith(("FAILED", "diverged"))
-            stream = self._stream or sys.stdout
+            stream = sys.stdout if self._stream is None else self._stream
             stream.write(f"[{self.done}/{self.total}] {run.label} seed {run.seed}: {how}{more}\n")
             stream.flush()
 

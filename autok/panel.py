@@ -919,12 +919,15 @@ def write_csv(regimes: list[Regime], path: Path) -> None:
                     )
 
 
-def report(root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = ()) -> str:
+def report(
+    root: Path, runs: list[RunResult], stopped: Sequence[StoppedRun] = (), plan: dict | None = None
+) -> str:
     """report.md (tables, goals, plots), panel.csv; returns the text. A main-seed run that did
-    not finish counts as not reaching the target (summary_data)."""
+    not finish counts as not reaching the target (summary_data). `plan`: root's plan.json as
+    the caller read it (read here where not given)."""
     from autok.pilot import read_plan
 
-    regimes = build_regimes(runs, read_plan(root))
+    regimes = build_regimes(runs, read_plan(root) if plan is None else plan)
     if not regimes:  # nothing to judge against: refused, not an empty report
         raise ReportError(
             f"{root}: no regime has a fixed K on its main seeds (the best fixed K) to judge its "

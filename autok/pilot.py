@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autok.config import finite_number
 from autok.panel import Judge, outcome
 from autok.report import RunResult
 from autok.trainer.loop.atomic_write import write_text  # never through a link (docs/design.md §7)
@@ -213,18 +214,14 @@ def read_plan(out: Path) -> dict[str, Any]:
     return data
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _is_arm(a: Any) -> bool:
     return (
         isinstance(a, dict)
-        and _number(a.get("sync_period"))
+        and finite_number(a.get("sync_period"))
         and isinstance(a.get("times"), list)
         and isinstance(a.get("reached"), int)
-        and _number(a.get("geo_mean_time"))
-        and _number(a.get("final"))
+        and finite_number(a.get("geo_mean_time"))
+        and finite_number(a.get("final"))
     )
 
 
@@ -233,7 +230,7 @@ def _is_entry(e: Any) -> bool:
     type: a copied or hand-edited file fails here, in one line, not as a crash in the report."""
     return (
         isinstance(e, dict)
-        and _number(e.get("target"))
+        and finite_number(e.get("target"))
         and isinstance(e.get("metric"), str)
         and isinstance(e.get("target_of"), str)
         and isinstance(e.get("target_evaluation"), int)

@@ -1331,7 +1331,7 @@ def report(root: Path) -> str:
     # planned a regime whose main seeds ran (a pilot alone is a plain grid of fixed K)
     planned = any(r.stage == "main" and r.variant in plan for r in runs)
     if panel.is_panel(runs, planned):
-        text = panel.report(root, runs, collect_stopped(root))
+        text = panel.report(root, runs, collect_stopped(root), plan)
         write_csv(runs, root / "report.csv")
         return text
     rows = table_rows(runs)

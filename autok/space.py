@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeGuard
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
@@ -15,6 +14,7 @@ from autok.config import (
     READ_ONLY_UNDER,
     ConfigError,
     TrainConfig,
+    finite_number,
     flag,
     load_config,
     read_yaml,
@@ -54,7 +54,7 @@ class Dim:
         if self.kind == "categorical":
             return None if value in self._choices() else f"{value!r:.40} is not one of the choices"
         low, high = self._range()
-        if not _finite_number(value) or not low <= value <= high:
+        if not finite_number(value) or not low <= value <= high:
             return f"{value!r:.40} is not a number in [{low:g}, {high:g}]"
         if self.kind == "int" and not float(value).is_integer():
             return f"{value!r:.40} is not an integer"
@@ -372,7 +372,7 @@ def load_space(path: Path | None) -> list[Dim]:
             dims.append(Dim(name, kind, choices=tuple(choices)))
             continue
         low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
-        if not (_finite_number(low) and _finite_number(high)) or low > high:
+        if not (finite_number(low) and finite_number(high)) or low > high:
             raise ConfigError(f"{where}: needs finite numbers low <= high")
         if not isinstance(log, bool):
             raise ConfigError(f"{where}: log must be true or false")
@@ -391,10 +391,6 @@ def load_space(path: Path | None) -> list[Dim]:
                 raise ConfigError(f"{where}: {bound} {v!r}: {why}")
         dims.append(Dim(name, kind, float(low), float(high), log))
     return dims
-
-
-def _finite_number(v: Any) -> TypeGuard[float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _is_int_field(name: str) -> bool:
