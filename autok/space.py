@@ -140,7 +140,7 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     ):
         out["slowmo_lr_aware"] = (True, "SlowMo's momentum is 0: no velocity to rescale")
     skew_off = _value("skew_drift", settings) == 0
-    for name in SKEW_CAP_OPTIONS if skew_off else ():
+    for name in (*SKEW_CAP_OPTIONS, "skew_clear") if skew_off else ():
         value = settings.get(name, fields[name].default)
         if name not in out and value != fields[name].default:
             out[name] = (value, "--skew-drift is 0 (off)")

@@ -621,6 +621,17 @@ TRAIN = [
         id="skew-power-with-skew-off",
     ),  # fmt: skip
     R(
+        ["train", "--policy", "exposed-sync", "--skew-clear", "0.7", "--skew-drift", "0",
+         "--out", "{out}"],
+        ("--skew-clear: judges skew early, and --skew-drift is 0 (off)",),
+        id="skew-clear-with-skew-off",
+    ),  # fmt: skip
+    R(
+        ["train", "--policy", "composite", "--skew-clear", "1.4", "--out", "{out}"],
+        ("--skew-clear: 1.4 is not under --skew-drift 1.4",),
+        id="skew-clear-at-skew-drift",
+    ),  # fmt: skip
+    R(
         ["train", "--policy", "exposed-sync", "--skew-cap", "8", "--skew-drift", "0",
          "--out", "{out}"],
         ("--skew-cap: shapes the soft skew cap, and --skew-drift is 0 (off)",),

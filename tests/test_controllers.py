@@ -15,6 +15,7 @@ from autok.controllers.adacomm import next_sync_period as adacomm_k
 from autok.controllers.base import BoundaryStats
 from autok.controllers.composite import CompositeController
 from autok.controllers.exposed_sync import (
+    CLEAR_ROUNDS,
     GUARD_MIN_STEPS,
     ExposedSyncController,
     share_at,
@@ -643,6 +644,46 @@ def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():
     d = g.observe(stats(32, drift_ratio=2.0, loss=math.nan, i=3))
     assert g.skewed is True and d.reason.startswith("back off") and d.next_sync_period == 16
     assert g.ceiling == 16 and all(x.next_sync_period == 32 for x in ds)
+
+
+def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold():
+    """With skew_clear set, the first CLEAR_ROUNDS rounds at K >= 2 reading at or under it judge
+    the data iid at once: a run starting at K = 2 (Adam's floor) meets its first decision judged,
+    and goes to the link's K* rather than the provisional cap. A higher reading, or rounds at
+    K = 1, leave the full window to judge, so the K path is the rule's without it."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, k_floor=2)
+
+    def first(ctrl, drift, n=12):
+        # boundary 0 (the run's first round, no averaging before it), then decisions; a slow
+        # link: the share at K = 2 is 10/11, the link's K* 80, the provisional cap 17
+        ds = [ctrl.observe(stats(ctrl.sync_period, drift_ratio=drift, sync=0.1, i=0))]
+        for i in range(1, n):
+            ds.append(ctrl.observe(stats(ctrl.sync_period, drift_ratio=drift, sync=0.1, i=i)))
+        return ds
+
+    clear = ExposedSyncController(sync_period=2, skew_clear=0.7, **kw)
+    off = ExposedSyncController(sync_period=2, **kw)
+    ds_clear, ds_off = first(clear, 0.4), first(off, 0.4)
+    assert [d.next_sync_period for d in ds_clear[:2]] == [2, 64]
+    assert ds_clear[1].reason.startswith(
+        f"skew cleared: drift ratio 0.4 <= 0.7 over {CLEAR_ROUNDS} rounds at K >= 2; raise"
+    )
+    assert clear.skewed is False and clear.cleared == pytest.approx(0.4)
+    assert not any(d.reason.startswith("skew cleared") for d in ds_clear[2:])
+    # without it: the provisional cap ⌊√(4 · 80)⌋ until the full window judges the data iid
+    assert [d.next_sync_period for d in ds_off[:2]] == [2, 17] and off.cleared is None
+    # over the threshold, or between it and skew_drift: judged by the full window as before
+    for drift in (0.71, 1.0, 2.0):
+        a = ExposedSyncController(sync_period=2, skew_clear=0.7, **kw)
+        b = ExposedSyncController(sync_period=2, **kw)
+        assert [d.next_sync_period for d in first(a, drift, 40)] == [
+            d.next_sync_period for d in first(b, drift, 40)
+        ]
+        assert a.skewed is b.skewed is (drift > 1.4) and a.cleared is None
+    # rounds at K = 1 do not clear: the replicas start every step together
+    one = ExposedSyncController(sync_period=1, skew_clear=0.7, **{**kw, "k_floor": 1})
+    drive(one, 12, drift_ratio=0.3, step_compute=0.005, sync=0.0001)  # a fast link: K = 1
+    assert one.sync_period == 1 and one.skewed is None and one.cleared is None
 
 
 def test_the_doubling_rule_follows_a_soft_cap_that_falls():

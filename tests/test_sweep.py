@@ -470,8 +470,9 @@ def test_a_fixed_or_enqueued_conditional_setting_is_judged_by_the_trials_that_re
 
 
 def test_a_space_that_turns_the_skew_rule_off_beside_a_fixed_skew_cap_is_refused_up_front():
-    """--skew-cap (and --skew-power) shape the soft skew cap, which --skew-drift 0 turns off, so
-    one of them fixed beside a drawn --skew-drift of 0 is refused by every trial that draws 0:
+    """--skew-cap (and --skew-power, --skew-clear) shape the soft skew cap, which --skew-drift 0
+    turns off, so one of them fixed beside a drawn --skew-drift of 0 is refused by every trial that
+    draws 0:
     check_space refuses that choice before any trial, naming both flags; a range that starts at
     0 has other values that run, and is accepted, as is the choice with the cap left unset."""
     from autok.space import Dim
@@ -479,7 +480,7 @@ def test_a_space_that_turns_the_skew_rule_off_beside_a_fixed_skew_cap_is_refused
 
     fixed = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2}
     choices = [Dim("skew_drift", "categorical", choices=(0, 1.4))]
-    for name, value in (("skew_cap", 8), ("skew_power", 0.6667)):
+    for name, value in (("skew_cap", 8), ("skew_power", 0.6667), ("skew_clear", 0.7)):
         with pytest.raises(ConfigError, match=r"choice 0 makes no valid run: --skew-") as err:
             check_space(fixed | {name: value}, choices)
         assert "--skew-drift" in str(err.value), err.value

@@ -399,14 +399,26 @@ class SyncOptions(
         return self
 
     def _check_skew_options(self) -> None:
-        """Refused where nothing reads them: --skew-power or --skew-cap (off their defaults) with
-        --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong that grades nothing."""
+        """Refused where nothing reads them: --skew-power or --skew-cap (off their defaults) or
+        --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong
+        that grades nothing; a --skew-clear not under --skew-drift."""
         for f in SKEW_CAP_OPTIONS:
             if getattr(self, f) != type(self).model_fields[f].default and self.skew_drift == 0:
                 raise ValueError(
                     f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
                     f"{flag(f)} or give --skew-drift"
                 )
+        if self.skew_clear > 0 and self.skew_drift == 0:
+            raise ValueError(
+                "--skew-clear: judges skew early, and --skew-drift is 0 (off); drop "
+                "--skew-clear or give --skew-drift"
+            )
+        if self.skew_clear >= self.skew_drift > 0:
+            raise ValueError(
+                f"--skew-clear: {self.skew_clear:g} is not under --skew-drift "
+                f"{self.skew_drift:g}: it would clear as iid what the full window calls skewed; "
+                "lower it (or 0: off)"
+            )
         if self.skew_strong == 0 and self.skew_grade_gamma > 0:
             raise ValueError(
                 "--skew-grade-gamma: scales the grade's drift ratio, and --skew-strong is 0 "
