@@ -333,7 +333,7 @@ class SyncOptions(
         if self.random_mean is not None and self.policy != "random":
             raise ValueError("--random-mean: only --policy random draws K; drop it or use random")
         self._check_policy_options()
-        self._check_skew_options()
+        check_skew_options(self)
         self._check_k_schedule()
         self._given_start = self.sync_period
         # K's floor, before K's start: the optimizer's (k_floor.py), autok.Sync's or the named
@@ -397,50 +397,6 @@ class SyncOptions(
                 f"{self.sync_period}"
             )
         return self
-
-    def _check_skew_options(self) -> None:
-        """Refused where nothing reads them: --skew-power or --skew-cap (off their defaults) or
-        --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong
-        that grades nothing; a --skew-clear not under --skew-drift."""
-        for f in SKEW_CAP_OPTIONS:
-            if getattr(self, f) != type(self).model_fields[f].default and self.skew_drift == 0:
-                raise ValueError(
-                    f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
-                    f"{flag(f)} or give --skew-drift"
-                )
-        if self.skew_clear > 0 and self.skew_drift == 0:
-            raise ValueError(
-                "--skew-clear: judges skew early, and --skew-drift is 0 (off); drop "
-                "--skew-clear or give --skew-drift"
-            )
-        if self.skew_clear >= self.skew_drift > 0:
-            raise ValueError(
-                f"--skew-clear: {self.skew_clear:g} is not under --skew-drift "
-                f"{self.skew_drift:g}: it would clear as iid what the full window calls skewed; "
-                "lower it (or 0: off)"
-            )
-        if self.skew_strong == 0 and self.skew_grade_gamma > 0:
-            raise ValueError(
-                "--skew-grade-gamma: scales the grade's drift ratio, and --skew-strong is 0 "
-                "(no grade); give --skew-strong or drop --skew-grade-gamma"
-            )
-        if self.skew_strong == 0:
-            return
-        if self.skew_drift == 0:
-            raise ValueError(
-                "--skew-strong: grades skew, and --skew-drift is 0 (off); drop --skew-strong "
-                "or give --skew-drift"
-            )
-        if self.skew_strong <= self.skew_drift:
-            raise ValueError(
-                f"--skew-strong: {self.skew_strong:g} is not above --skew-drift "
-                f"{self.skew_drift:g}: it would grade nothing apart; raise it (or 0: off)"
-            )
-        if self.skew_cap < 2:
-            raise ValueError(
-                f"--skew-strong: strong skew halves --skew-cap's scale, and --skew-cap "
-                f"{self.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
-            )
 
     def _check_k_schedule(self) -> None:
         """`scheduled` needs its schedule, whose first K is the run's K: a --sync-period that
@@ -652,6 +608,51 @@ class SyncOptions(
 
 # The engine's settings read only under some values of another (autok/config.py's READ_ONLY_UNDER
 # is the run's, a superset): derived from the fields, and its choosers checked, at import.
+def check_skew_options(o: SyncOptions) -> None:
+    """SyncOptions' skew options, refused where nothing reads them: --skew-power or --skew-cap (off their defaults) or
+    --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong
+    that grades nothing; a --skew-clear not under --skew-drift."""
+    for f in SKEW_CAP_OPTIONS:
+        if getattr(o, f) != type(o).model_fields[f].default and o.skew_drift == 0:
+            raise ValueError(
+                f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
+                f"{flag(f)} or give --skew-drift"
+            )
+    if o.skew_clear > 0 and o.skew_drift == 0:
+        raise ValueError(
+            "--skew-clear: judges skew early, and --skew-drift is 0 (off); drop "
+            "--skew-clear or give --skew-drift"
+        )
+    if o.skew_clear >= o.skew_drift > 0:
+        raise ValueError(
+            f"--skew-clear: {o.skew_clear:g} is not under --skew-drift "
+            f"{o.skew_drift:g}: it would clear as iid what the full window calls skewed; "
+            "lower it (or 0: off)"
+        )
+    if o.skew_strong == 0 and o.skew_grade_gamma > 0:
+        raise ValueError(
+            "--skew-grade-gamma: scales the grade's drift ratio, and --skew-strong is 0 "
+            "(no grade); give --skew-strong or drop --skew-grade-gamma"
+        )
+    if o.skew_strong == 0:
+        return
+    if o.skew_drift == 0:
+        raise ValueError(
+            "--skew-strong: grades skew, and --skew-drift is 0 (off); drop --skew-strong "
+            "or give --skew-drift"
+        )
+    if o.skew_strong <= o.skew_drift:
+        raise ValueError(
+            f"--skew-strong: {o.skew_strong:g} is not above --skew-drift "
+            f"{o.skew_drift:g}: it would grade nothing apart; raise it (or 0: off)"
+        )
+    if o.skew_cap < 2:
+        raise ValueError(
+            f"--skew-strong: strong skew halves --skew-cap's scale, and --skew-cap "
+            f"{o.skew_cap} has no smaller half; raise --skew-cap or drop --skew-strong"
+        )
+
+
 READ_ONLY_UNDER = read_only_under(SyncOptions)
 
 
