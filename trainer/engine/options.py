@@ -606,12 +606,10 @@ class SyncOptions(
         return PolicyOptions(peak_lr=peak_lr, **{n: getattr(self, n) for n in names})
 
 
-# The engine's settings read only under some values of another (autok/config.py's READ_ONLY_UNDER
-# is the run's, a superset): derived from the fields, and its choosers checked, at import.
 def check_skew_options(o: SyncOptions) -> None:
-    """SyncOptions' skew options, refused where nothing reads them: --skew-power or --skew-cap (off their defaults) or
-    --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade, a --skew-strong
-    that grades nothing; a --skew-clear not under --skew-drift."""
+    """SyncOptions' skew options, refused where nothing reads them: --skew-power or --skew-cap
+    (off their defaults) or --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade,
+    a --skew-strong that grades nothing; a --skew-clear not under --skew-drift."""
     for f in SKEW_CAP_OPTIONS:
         if getattr(o, f) != type(o).model_fields[f].default and o.skew_drift == 0:
             raise ValueError(
@@ -653,6 +651,8 @@ def check_skew_options(o: SyncOptions) -> None:
         )
 
 
+# The engine's settings read only under some values of another (autok/config.py's READ_ONLY_UNDER
+# is the run's, a superset): derived from the fields, and its choosers checked, at import.
 READ_ONLY_UNDER = read_only_under(SyncOptions)
 
 
