@@ -90,16 +90,21 @@ the LAN phase ran at K = 1 and left skew unjudged) dropped test accuracy from 0.
 0.43–0.62 within an epoch in three of five seeds, while on iid data the provisional cap costs a
 window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 12).
 
-Cleared early (`skew_clear`, off by default): where the first CLEAR_ROUNDS rounds at K >= 2 in a
-row read a mean drift ratio at or under `skew_clear` (set well under `skew_drift`), the data is
-judged iid there, without waiting for the full window's rounds and steps; a higher reading waits
-for it as before, so skewed data is judged as it was. A run whose first rounds already run at
-K >= 2 (the floor of 2 under Adam's family) then meets its first decision with the data judged,
-and goes to the link's K* there rather than through the provisional cap (the GPT workload on the
-WAN: K 2 → 9 for three epochs at two syncs each, then 15, where the best fixed K syncs once an
-epoch). On the controller panel's runs the first two rounds at K >= 2 read 0.42–0.54 on the GPT
-workload, 0.58–0.74 on iid mnist1d shards and 1.02 or more on every Dirichlet shard (270 runs,
-docs/design.md §6, "skew cleared early").
+Cleared early (`skew_clear`): a run whose first rounds already run at K >= 2 (the floor of 2
+under Adam's family, or a starting K of 2 or more) reads them at its first decision: where the
+first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under `skew_clear` (set
+well under `skew_drift`), the data is judged iid there, and K goes to the link's K* rather than
+through the provisional cap. Any other reading, and any run whose first decision comes sooner,
+waits for the full window as before, so skewed data is judged as it was. On the GPT workload on
+the WAN the default went K 2 → 9 for three epochs at two syncs each, then 15, where the best fixed
+K syncs once an epoch; cleared, 2 → 15 at the first decision, 0.935× the default's time to the
+target on seeds 293–302 (0.855–1.024), one seed more reaching it. It is read before the first
+decision only: on iid mnist1d shards, clearing the rounds after the first raise (at boundary 3 or
+4, K 6 → 11 at 5 rather than 9) read 1.011× (0.953–1.074), and raising at the full window's
+judgement 1.048× (0.999–1.100): an earlier raise there bought nothing. On the controller panel's
+runs the first two rounds at K >= 2 read 0.42–0.54 on the GPT workload, 0.58–0.74 on iid mnist1d
+shards and 1.02 or more on every Dirichlet shard (docs/design.md §6, "skew cleared early";
+docs/controller-panel/skew-clear-check/).
 
 The soft cap: with the link's K* (K̄·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
@@ -416,8 +421,9 @@ class ExposedSyncController:
     # the grade reads the drift ratio x (K/4)^gamma, K the grading window's steps a round: one
     # scale at any K (0: as measured; the module's docstring, "the grade on one scale")
     skew_grade_gamma: float = 0.0
-    # the drift ratio at or under which the first CLEAR_ROUNDS rounds at K >= 2 judge the data
-    # iid before the full window (0: off; the module's docstring, "cleared early")
+    # the drift ratio at or under which the first CLEAR_ROUNDS rounds at K >= 2, read at the
+    # first decision, judge the data iid before the full window (0: off; the module's
+    # docstring, "cleared early")
     skew_clear: float = 0.0
     skew_ratio: float | None = None  # the grading window's drift ratio, once read
     cleared: float | None = None  # the drift ratio that cleared the data early, once read
@@ -494,15 +500,21 @@ class ExposedSyncController:
 
     def _judge_skew(self) -> bool:
         """Once: the mean drift ratio over the first `window` rounds and GUARD_MIN_STEPS steps
-        at K >= 2 in a row; a non-finite ratio does not judge. Before that, iid where the first
-        CLEAR_ROUNDS rounds read at or under `skew_clear`. True when it cleared the data so."""
+        at K >= 2 in a row; a non-finite ratio does not judge. Before that, at the first decision,
+        iid where the first CLEAR_ROUNDS rounds read at or under `skew_clear`. True when it
+        cleared the data so."""
         w = self._skew_win
         if self.skewed is not None:
             return False
         if w.rounds < self.window or w.steps < GUARD_MIN_STEPS:
             early = w.drift_ratio / max(1, w.n)
-            if self.skew_clear <= 0 or w.rounds < CLEAR_ROUNDS or not early <= self.skew_clear:
-                return False  # not read yet, or not clearly iid: the full window judges
+            if (
+                self.skew_clear <= 0
+                or self.link_k is not None  # read before the first decision only (docstring)
+                or w.rounds < CLEAR_ROUNDS
+                or not early <= self.skew_clear
+            ):
+                return False  # not read, or not clearly iid: the full window judges
             self.skewed, self.cleared = False, early
             self._skew_win, self._grade_win = Window(), Window()
             return True

@@ -92,15 +92,16 @@ class PolicySettings(BaseModel):
         "the rest of the run (0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
-    # iid judged early where the first rounds read far under --skew-drift (controllers/
-    # exposed_sync.py, "cleared early")
+    # iid judged at the first decision where the rounds before it read far under --skew-drift
+    # (controllers/exposed_sync.py, "cleared early")
     skew_clear: float = Field(
         0.0,
         ge=0.0,
         le=1e6,
-        description="exposed-sync/composite: the mean drift ratio of the first 2 rounds at "
-        "K >= 2 at or under which the data counts as iid at once, before --skew-drift's full "
-        "window (a higher reading waits for that window; must be under --skew-drift; 0: off)",
+        description="exposed-sync/composite: where a run's first 2 rounds run at K >= 2 (a "
+        "floor of 2, or a starting K of 2 or more), the mean drift ratio at or under which its "
+        "first decision counts the data as iid, before --skew-drift's full window (any other "
+        "reading waits for that window; must be under --skew-drift; 0: off)",
         json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
     )
     skew_cap: int = Field(

@@ -647,10 +647,10 @@ def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():
 
 
 def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold():
-    """With skew_clear set, the first CLEAR_ROUNDS rounds at K >= 2 reading at or under it judge
-    the data iid at once: a run starting at K = 2 (Adam's floor) meets its first decision judged,
-    and goes to the link's K* rather than the provisional cap. A higher reading, or rounds at
-    K = 1, leave the full window to judge, so the K path is the rule's without it."""
+    """With skew_clear set, the first CLEAR_ROUNDS rounds at K >= 2 reading at or under it at the
+    first decision judge the data iid there: a run starting at K = 2 (Adam's floor) goes to the
+    link's K* rather than the provisional cap. A higher reading, rounds at K = 1, or rounds after
+    the first decision leave the full window to judge, so the K path is the rule's without it."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, k_floor=2)
 
     def first(ctrl, drift, n=12):
@@ -684,6 +684,14 @@ def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold(
     one = ExposedSyncController(sync_period=1, skew_clear=0.7, **{**kw, "k_floor": 1})
     drive(one, 12, drift_ratio=0.3, step_compute=0.005, sync=0.0001)  # a fast link: K = 1
     assert one.sync_period == 1 and one.skewed is None and one.cleared is None
+    # read at the first decision only: a run starting at K = 1 jumps under the provisional cap
+    # there, and its rounds at K = 17 after it wait for the full window, as without the option
+    late = ExposedSyncController(sync_period=1, skew_clear=0.7, **{**kw, "k_floor": 1})
+    base = ExposedSyncController(sync_period=1, **{**kw, "k_floor": 1})
+    ks_late, ks_base = first(late, 0.4), first(base, 0.4)
+    assert [d.next_sync_period for d in ks_late] == [d.next_sync_period for d in ks_base]
+    assert [d.next_sync_period for d in ks_late[:3]] == [1, 17, 17]
+    assert late.skewed is False and late.cleared is None
 
 
 def test_the_doubling_rule_follows_a_soft_cap_that_falls():
