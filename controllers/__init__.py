@@ -160,9 +160,10 @@ REGISTRY: dict[str, Callable[[int, PolicyOptions], Controller]] = {
 }
 READS: dict[str, frozenset[str]] = {name: policy.reads for name, policy in POLICIES.items()}
 # K-policy options whose default moved, and what a run saved before each was a setting ran with:
-# no floor (1), a faster link met after a whole window (0). Read where the run's policy reads the
-# option: a saved config.json resumed, a kept experiment run, a resumed sweep, an engine state.
-RAN_BEFORE: dict[str, float] = {"k_floor": 1, "link_drop": 0.0}
+# no floor (1), a faster link met after a whole window (0), skew judged by the full window only
+# (0). Read where the run's policy reads the option: a saved config.json resumed, a kept
+# experiment run, a resumed sweep, an engine state.
+RAN_BEFORE: dict[str, float] = {"k_floor": 1, "link_drop": 0.0, "skew_clear": 0.0}
 
 
 def reads(policy: object, option: str) -> bool:

@@ -92,8 +92,8 @@ window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 
 
 Cleared early (`skew_clear`): a run whose first rounds already run at K >= 2 (the floor of 2
 under Adam's family, or a starting K of 2 or more) reads them at its first decision: where the
-first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under `skew_clear` (set
-well under `skew_drift`), the data is judged iid there, and K goes to the link's K* rather than
+first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under `skew_clear`
+(0.5) of `skew_drift` (0.7 at 1.4), the data is judged iid there, and K goes to the link's K* rather than
 through the provisional cap. Any other reading, and any run whose first decision comes sooner,
 waits for the full window as before, so skewed data is judged as it was. On the GPT workload on
 the WAN the default went K 2 → 9 for three epochs at two syncs each, then 15, where the best fixed
@@ -384,9 +384,10 @@ STRONG_CUT = "strong skew"  # the reason of the boundary where the grade cut K
 # runs of two revisions are not compared or continued as one (docs/design.md §6, "the rule's
 # revision"). A run records it (config.json's `policy_revision`); 1 is the rule as it stood when
 # runs began to record it, a back-off held on skewed data; one recording none counts as 0. 2 is
-# spent: runs of a rule tried and dropped recorded it (docs/controller-panel/iid-lift-check/), so
-# the next change of the rule moves this to 3.
-RULE_REVISION = 1
+# spent: runs of a rule tried and dropped recorded it (docs/controller-panel/iid-lift-check/). 3
+# clears skew at the first decision where the rounds before it read far under the threshold
+# (`skew_clear`, the module's docstring, "cleared early").
+RULE_REVISION = 3
 
 
 @dataclass
@@ -421,10 +422,10 @@ class ExposedSyncController:
     # the grade reads the drift ratio x (K/4)^gamma, K the grading window's steps a round: one
     # scale at any K (0: as measured; the module's docstring, "the grade on one scale")
     skew_grade_gamma: float = 0.0
-    # the drift ratio at or under which the first CLEAR_ROUNDS rounds at K >= 2, read at the
-    # first decision, judge the data iid before the full window (0: off; the module's
-    # docstring, "cleared early")
-    skew_clear: float = 0.0
+    # the fraction of `skew_drift` at or under which the first CLEAR_ROUNDS rounds at K >= 2,
+    # read at the first decision, judge the data iid before the full window (0: off; the
+    # module's docstring, "cleared early")
+    skew_clear: float = 0.5
     skew_ratio: float | None = None  # the grading window's drift ratio, once read
     cleared: float | None = None  # the drift ratio that cleared the data early, once read
     # None until a window at K >= 2 judges it (held under the soft cap meanwhile); False with
@@ -512,7 +513,7 @@ class ExposedSyncController:
                 self.skew_clear <= 0
                 or self.link_k is not None  # read before the first decision only (docstring)
                 or w.rounds < CLEAR_ROUNDS
-                or not early <= self.skew_clear
+                or not early <= self.clear_below()
             ):
                 return False  # not read, or not clearly iid: the full window judges
             self.skewed, self.cleared = False, early
@@ -525,6 +526,10 @@ class ExposedSyncController:
             if not self.skewed:
                 self._grade_win = Window()  # iid: nothing to grade
         return False
+
+    def clear_below(self) -> float:
+        """The drift ratio at or under which the first decision's rounds clear the data."""
+        return self.skew_clear * self.skew_drift
 
     def _grade_skew(self) -> bool:
         """Once, on skewed data with `skew_strong` set: the mean drift ratio over the first
@@ -592,8 +597,9 @@ class ExposedSyncController:
         if not judged_before and self.cleared is not None:  # cleared just now: the record says so
             return SyncDecision(
                 d.next_sync_period,
-                f"skew cleared: drift ratio {self.cleared:.3g} <= {self.skew_clear:g} over "
-                f"{CLEAR_ROUNDS} rounds at K >= 2; {d.reason}",
+                f"skew cleared: drift ratio {self.cleared:.3g} <= {self.clear_below():.3g} "
+                f"({self.skew_clear:g} of {self.skew_drift:g}) over {CLEAR_ROUNDS} rounds at "
+                f"K >= 2; {d.reason}",
             )
         if self.skew_ratio is None or graded_before or d.reason.startswith(STRONG_CUT):
             return d

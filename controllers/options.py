@@ -95,14 +95,14 @@ class PolicySettings(BaseModel):
     # iid judged at the first decision where the rounds before it read far under --skew-drift
     # (controllers/exposed_sync.py, "cleared early")
     skew_clear: float = Field(
-        0.0,
+        0.5,
         ge=0.0,
-        le=1e6,
+        lt=1.0,
         description="exposed-sync/composite: where a run's first 2 rounds run at K >= 2 (a "
-        "floor of 2, or a starting K of 2 or more), the mean drift ratio at or under which its "
-        "first decision counts the data as iid, before --skew-drift's full window (any other "
-        "reading waits for that window; must be under --skew-drift; 0: off)",
-        json_schema_extra=about(too_high="a drift ratio is a ratio of norms; 0 turns it off"),
+        "floor of 2, or a starting K of 2 or more), the fraction of --skew-drift at or under "
+        "which their mean drift ratio counts the data as iid at its first decision, before "
+        "--skew-drift's full window (any other reading waits for that window; 0: off)",
+        json_schema_extra=about(too_high="at --skew-drift itself it would clear skewed data"),
     )
     skew_cap: int = Field(
         4,

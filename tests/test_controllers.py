@@ -647,10 +647,10 @@ def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():
 
 
 def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold():
-    """With skew_clear set, the first CLEAR_ROUNDS rounds at K >= 2 reading at or under it at the
-    first decision judge the data iid there: a run starting at K = 2 (Adam's floor) goes to the
+    """The first CLEAR_ROUNDS rounds at K >= 2 reading at or under skew_clear of skew_drift (0.5
+    of 1.4 by default) at the first decision judge the data iid there: a run starting at K = 2 (Adam's floor) goes to the
     link's K* rather than the provisional cap. A higher reading, rounds at K = 1, or rounds after
-    the first decision leave the full window to judge, so the K path is the rule's without it."""
+    the first decision leave the full window to judge, so the K path is the rule's without it (skew_clear 0)."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, k_floor=2)
 
     def first(ctrl, drift, n=12):
@@ -661,12 +661,13 @@ def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold(
             ds.append(ctrl.observe(stats(ctrl.sync_period, drift_ratio=drift, sync=0.1, i=i)))
         return ds
 
-    clear = ExposedSyncController(sync_period=2, skew_clear=0.7, **kw)
-    off = ExposedSyncController(sync_period=2, **kw)
+    clear = ExposedSyncController(sync_period=2, **kw)  # the default: 0.5 of skew_drift 1.4
+    off = ExposedSyncController(sync_period=2, skew_clear=0.0, **kw)
     ds_clear, ds_off = first(clear, 0.4), first(off, 0.4)
     assert [d.next_sync_period for d in ds_clear[:2]] == [2, 64]
     assert ds_clear[1].reason.startswith(
-        f"skew cleared: drift ratio 0.4 <= 0.7 over {CLEAR_ROUNDS} rounds at K >= 2; raise"
+        f"skew cleared: drift ratio 0.4 <= 0.7 (0.5 of 1.4) over {CLEAR_ROUNDS} rounds at "
+        "K >= 2; raise"
     )
     assert clear.skewed is False and clear.cleared == pytest.approx(0.4)
     assert not any(d.reason.startswith("skew cleared") for d in ds_clear[2:])
@@ -674,20 +675,20 @@ def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold(
     assert [d.next_sync_period for d in ds_off[:2]] == [2, 17] and off.cleared is None
     # over the threshold, or between it and skew_drift: judged by the full window as before
     for drift in (0.71, 1.0, 2.0):
-        a = ExposedSyncController(sync_period=2, skew_clear=0.7, **kw)
-        b = ExposedSyncController(sync_period=2, **kw)
+        a = ExposedSyncController(sync_period=2, **kw)
+        b = ExposedSyncController(sync_period=2, skew_clear=0.0, **kw)
         assert [d.next_sync_period for d in first(a, drift, 40)] == [
             d.next_sync_period for d in first(b, drift, 40)
         ]
         assert a.skewed is b.skewed is (drift > 1.4) and a.cleared is None
     # rounds at K = 1 do not clear: the replicas start every step together
-    one = ExposedSyncController(sync_period=1, skew_clear=0.7, **{**kw, "k_floor": 1})
+    one = ExposedSyncController(sync_period=1, **{**kw, "k_floor": 1})
     drive(one, 12, drift_ratio=0.3, step_compute=0.005, sync=0.0001)  # a fast link: K = 1
     assert one.sync_period == 1 and one.skewed is None and one.cleared is None
     # read at the first decision only: a run starting at K = 1 jumps under the provisional cap
     # there, and its rounds at K = 17 after it wait for the full window, as without the option
-    late = ExposedSyncController(sync_period=1, skew_clear=0.7, **{**kw, "k_floor": 1})
-    base = ExposedSyncController(sync_period=1, **{**kw, "k_floor": 1})
+    late = ExposedSyncController(sync_period=1, **{**kw, "k_floor": 1})
+    base = ExposedSyncController(sync_period=1, skew_clear=0.0, **{**kw, "k_floor": 1})
     ks_late, ks_base = first(late, 0.4), first(base, 0.4)
     assert [d.next_sync_period for d in ks_late] == [d.next_sync_period for d in ks_base]
     assert [d.next_sync_period for d in ks_late[:3]] == [1, 17, 17]
@@ -1147,3 +1148,25 @@ def test_controllers_do_not_import_torch_distributed():
             else:
                 continue
             assert not any(n.split(".")[0] == "torch" for n in names), (path, names)
+
+
+def test_a_config_json_saved_before_skew_clear_resumes_without_it(tmp_path):
+    """A run saved before --skew-clear was a setting judged skew by the full window only: it
+    resumes with 0 (RAN_BEFORE); one saved since keeps its own."""
+    import json
+
+    from autok.cli import build_parser, resume_config
+    from autok.config import load_config
+    from autok.controllers import revision
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = load_config({}, {"policy": "exposed-sync", "out": str(run)}).model_dump(mode="json")
+    assert saved["skew_clear"] == 0.5
+    saved = {k: v for k, v in saved.items() if k != "skew_clear"}
+    saved["policy_revision"] = revision("exposed-sync")
+    (run / "config.json").write_text(json.dumps(saved))
+    args = build_parser().parse_args(["train", "--resume", str(run)])
+    assert resume_config(args).skew_clear == 0
+    (run / "config.json").write_text(json.dumps(saved | {"skew_clear": 0.25}))
+    assert resume_config(args).skew_clear == 0.25

@@ -480,7 +480,7 @@ def test_a_space_that_turns_the_skew_rule_off_beside_a_fixed_skew_cap_is_refused
 
     fixed = {"strategy": "cpdp", "policy": "exposed-sync", "epochs": 2}
     choices = [Dim("skew_drift", "categorical", choices=(0, 1.4))]
-    for name, value in (("skew_cap", 8), ("skew_power", 0.6667), ("skew_clear", 0.7)):
+    for name, value in (("skew_cap", 8), ("skew_power", 0.6667), ("skew_clear", 0.4)):
         with pytest.raises(ConfigError, match=r"choice 0 makes no valid run: --skew-") as err:
             check_space(fixed | {name: value}, choices)
         assert "--skew-drift" in str(err.value), err.value

@@ -609,23 +609,17 @@ class SyncOptions(
 def check_skew_options(o: SyncOptions) -> None:
     """SyncOptions' skew options, refused where nothing reads them: --skew-power or --skew-cap
     (off their defaults) or --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade,
-    a --skew-strong that grades nothing; a --skew-clear not under --skew-drift."""
+    a --skew-strong that grades nothing."""
     for f in SKEW_CAP_OPTIONS:
         if getattr(o, f) != type(o).model_fields[f].default and o.skew_drift == 0:
             raise ValueError(
                 f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
                 f"{flag(f)} or give --skew-drift"
             )
-    if o.skew_clear > 0 and o.skew_drift == 0:
+    if o.skew_clear != type(o).model_fields["skew_clear"].default and o.skew_drift == 0:
         raise ValueError(
             "--skew-clear: judges skew early, and --skew-drift is 0 (off); drop "
             "--skew-clear or give --skew-drift"
-        )
-    if o.skew_clear >= o.skew_drift > 0:
-        raise ValueError(
-            f"--skew-clear: {o.skew_clear:g} is not under --skew-drift "
-            f"{o.skew_drift:g}: it would clear as iid what the full window calls skewed; "
-            "lower it (or 0: off)"
         )
     if o.skew_strong == 0 and o.skew_grade_gamma > 0:
         raise ValueError(
