@@ -93,18 +93,18 @@ window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 
 Cleared early (`skew_clear`): a run whose first rounds already run at K >= 2 (the floor of 2
 under Adam's family, or a starting K of 2 or more) reads them at its first decision: where the
 first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under `skew_clear`
-(0.5) of `skew_drift` (0.7 at 1.4), the data is judged iid there, and K goes to the link's K* rather than
-through the provisional cap. Any other reading, and any run whose first decision comes sooner,
-waits for the full window as before, so skewed data is judged as it was. On the GPT workload on
-the WAN the default went K 2 → 9 for three epochs at two syncs each, then 15, where the best fixed
-K syncs once an epoch; cleared, 2 → 15 at the first decision, 0.935× the default's time to the
-target on seeds 293–302 (0.855–1.024), one seed more reaching it. It is read before the first
-decision only: on iid mnist1d shards, clearing the rounds after the first raise (at boundary 3 or
-4, K 6 → 11 at 5 rather than 9) read 1.011× (0.953–1.074), and raising at the full window's
-judgement 1.048× (0.999–1.100): an earlier raise there bought nothing. On the controller panel's
-runs the first two rounds at K >= 2 read 0.42–0.54 on the GPT workload, 0.58–0.74 on iid mnist1d
-shards and 1.02 or more on every Dirichlet shard (docs/design.md §6, "skew cleared early";
-docs/controller-panel/skew-clear-check/).
+(0.5) of `skew_drift` (0.7 at 1.4), the data is judged iid there, and K goes to the link's K*
+rather than through the provisional cap. Any other reading, and any run whose first decision
+follows rounds at K = 1, waits for the full window as before, so skewed data is judged as it
+was. On the GPT workload on the WAN the rule before it went K 2 → 9 for three epochs at two syncs
+each, then 15, where the best fixed K syncs once an epoch; cleared, 2 → 15 at the first
+decision, 0.935× that rule's time to the target on seeds 293–302 (0.855–1.024), one seed more
+reaching it. It is read at the first decision only: on iid mnist1d shards, clearing the rounds
+after the first raise (at boundary 3 or 4, K 6 → 11 at 5 rather than 9) read 1.011×
+(0.953–1.074), and raising at the full window's judgement 1.048× (0.999–1.100): an earlier
+raise there bought nothing. On the controller panel's runs the first two rounds at K >= 2 read
+0.42–0.54 on the GPT workload, 0.58–0.74 on iid mnist1d shards and 1.02 or more on every
+Dirichlet shard (docs/design.md §6, "skew cleared early"; docs/controller-panel/skew-clear-check/).
 
 The soft cap: with the link's K* (K̄·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,

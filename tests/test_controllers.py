@@ -648,9 +648,10 @@ def test_skew_is_judged_on_rounds_at_k_2_or_more_and_only_on_a_finite_ratio():
 
 def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold():
     """The first CLEAR_ROUNDS rounds at K >= 2 reading at or under skew_clear of skew_drift (0.5
-    of 1.4 by default) at the first decision judge the data iid there: a run starting at K = 2 (Adam's floor) goes to the
-    link's K* rather than the provisional cap. A higher reading, rounds at K = 1, or rounds after
-    the first decision leave the full window to judge, so the K path is the rule's without it (skew_clear 0)."""
+    of 1.4 by default) at the first decision judge the data iid there: a run starting at K = 2
+    (Adam's floor) goes to the link's K* rather than the provisional cap. A higher reading,
+    rounds at K = 1, or rounds after the first decision leave the full window to judge, so the
+    K path is the rule's without it (skew_clear 0)."""
     kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, k_floor=2)
 
     def first(ctrl, drift, n=12):
