@@ -91,20 +91,22 @@ the LAN phase ran at K = 1 and left skew unjudged) dropped test accuracy from 0.
 window or two below K* (the panel's iid-wan: K = 6 for the first 46 steps, then 12).
 
 Cleared early (`skew_clear`): a run whose first rounds already run at K >= 2 (the floor of 2
-under Adam's family, or a starting K of 2 or more) reads them at its first decision: where the
-first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under `skew_clear`
-(0.5) of `skew_drift` (0.7 at 1.4), the data is judged iid there, and K goes to the link's K*
-rather than through the provisional cap. Any other reading, and any run whose first decision
-follows rounds at K = 1, waits for the full window as before, so skewed data is judged as it
-was. On the GPT workload on the WAN the rule before it went K 2 → 9 for three epochs at two syncs
-each, then 15, where the best fixed K syncs once an epoch; cleared, 2 → 15 at the first
-decision, 0.935× that rule's time to the target on seeds 293–302 (0.855–1.024), one seed more
-reaching it. It is read at the first decision only: on iid mnist1d shards, clearing the rounds
-after the first raise (at boundary 3 or 4, K 6 → 11 at 5 rather than 9) read 1.011×
-(0.953–1.074), and raising at the full window's judgement 1.048× (0.999–1.100): an earlier
-raise there bought nothing. On the controller panel's runs the first two rounds at K >= 2 read
-0.42–0.54 on the GPT workload, 0.58–0.74 on iid mnist1d shards and 1.02 or more on every
-Dirichlet shard (docs/design.md §6, "skew cleared early"; docs/controller-panel/skew-clear-check/).
+under Adam's family, or a starting K of 2 or more) reads them before its first decision: where
+the first CLEAR_ROUNDS rounds at K >= 2 in a row read a mean drift ratio at or under
+`skew_clear` (0.5) of `skew_drift` (0.7 at 1.4), the data is judged iid there, and K goes to the
+link's K* rather than through the provisional cap. The two rounds are read once, as the second
+closes. Any other reading, and any run whose first decision follows rounds at K = 1 or a warmup
+(its first decision is the first round after it: one round at K >= 2), waits for the full window
+as before, so skewed data is judged as it was. On the GPT workload on the WAN the rule before it
+went K 2 → 9 for three epochs at two syncs each, then 15, where the best fixed K syncs once an
+epoch; cleared, 2 → 15 at the first decision, 0.935× that rule's time to the target on seeds
+293–302 (0.855–1.024), 9 seeds reaching it against 8. It is read before the first decision only:
+on iid mnist1d shards, clearing the rounds after the first raise (at boundary 3 or 4, K 6 → 11
+at 5 rather than 9) read 1.011× (0.953–1.074), and raising at the full window's judgement 1.048×
+(0.999–1.100): an earlier raise there bought nothing. On the controller panel's runs the first
+two rounds at K >= 2 read 0.42–0.54 on the GPT workload, 0.58–0.74 on iid mnist1d shards and
+1.02 or more on every Dirichlet shard (docs/design.md §6, "skew cleared early";
+docs/controller-panel/skew-clear-check/).
 
 The soft cap: with the link's K* (K̄·r/r_t, from the last window) at or under `skew_cap`, K
 follows the link; above it, K ≤ ⌊√(skew_cap · K*)⌋. When drift costs steps in proportion to K,
@@ -499,33 +501,31 @@ class ExposedSyncController:
         if grading:
             self._grade_win.add(stats)
 
-    def _judge_skew(self) -> bool:
+    def _judge_skew(self) -> None:
         """Once: the mean drift ratio over the first `window` rounds and GUARD_MIN_STEPS steps
-        at K >= 2 in a row; a non-finite ratio does not judge. Before that, at the first decision,
-        iid where the first CLEAR_ROUNDS rounds read at or under `skew_clear`. True when it
-        cleared the data so."""
+        at K >= 2 in a row; a non-finite ratio does not judge. Before the first decision, iid
+        where the first CLEAR_ROUNDS rounds, read once they close, are at or under
+        `clear_below()` (the module's docstring, "cleared early")."""
         w = self._skew_win
         if self.skewed is not None:
-            return False
+            return
         if w.rounds < self.window or w.steps < GUARD_MIN_STEPS:
             early = w.drift_ratio / max(1, w.n)
             if (
-                self.skew_clear <= 0
-                or self.link_k is not None  # read before the first decision only (docstring)
-                or w.rounds < CLEAR_ROUNDS
-                or not early <= self.clear_below()
+                self.skew_clear > 0
+                and self.link_k is None  # before the first decision only (docstring)
+                and w.rounds == CLEAR_ROUNDS
+                and early <= self.clear_below()
             ):
-                return False  # not read, or not clearly iid: the full window judges
-            self.skewed, self.cleared = False, early
-            self._skew_win, self._grade_win = Window(), Window()
-            return True
+                self.skewed, self.cleared = False, early
+                self._skew_win, self._grade_win = Window(), Window()
+            return
         self._skew_win = Window()
         ratio = w.drift_ratio / w.n
         if math.isfinite(ratio):
             self.skewed = ratio > self.skew_drift
             if not self.skewed:
                 self._grade_win = Window()  # iid: nothing to grade
-        return False
 
     def clear_below(self) -> float:
         """The drift ratio at or under which the first decision's rounds clear the data."""
@@ -758,6 +758,7 @@ class ExposedSyncController:
             "estimated": self.estimated,
             "skewed": self.skewed,
             "skew_ratio": self.skew_ratio,
+            "skew_cleared": self.cleared,
             "link_k": self.link_k,
             "rebaseline": self.rebaseline,
             "skew_window": window_state(self._skew_win),
@@ -784,6 +785,7 @@ class ExposedSyncController:
             skewed = None  # saved before the soft cap, before its one window: not judged yet
         self.skewed = False if self.skew_drift <= 0 else skewed
         self.skew_ratio = saved_number(state, "skew_ratio")  # saved before it was kept: None
+        self.cleared = saved_number(state, "skew_cleared")  # saved before clearing: None
         # a state saved before the soft cap: unknown, the cap holds; inf: sync was all of it
         self.link_k = saved_number(state, "link_k", inf=True)
         self.rebaseline = saved_flag(state, "rebaseline")

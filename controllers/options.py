@@ -99,9 +99,9 @@ class PolicySettings(BaseModel):
         ge=0.0,
         lt=1.0,
         description="exposed-sync/composite: where a run's first 2 rounds run at K >= 2 (a "
-        "floor of 2, or a starting K of 2 or more), the fraction of --skew-drift at or under "
-        "which their mean drift ratio counts the data as iid at its first decision, before "
-        "--skew-drift's full window (any other reading waits for that window; 0: off)",
+        "floor of 2, or a starting K of 2 or more; no warmup), the fraction of --skew-drift "
+        "at or under which their mean drift ratio counts the data as iid at its first "
+        "decision, before --skew-drift's full window (any other reading waits for it; 0: off)",
         json_schema_extra=about(too_high="at --skew-drift itself it would clear skewed data"),
     )
     skew_cap: int = Field(

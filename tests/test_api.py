@@ -411,6 +411,9 @@ def test_a_hand_written_loop_over_the_api_equals_autok_train_bit_for_bit():
         ({"policy": "exposed-sync", "skew_grade_gamma": 0.28}, "--skew-grade-gamma"),  # no grade
         ({"policy": "exposed-sync", "skew_power": 0.6, "skew_drift": 0.0}, "--skew-power"),
         ({"policy": "exposed-sync", "skew_cap": 8, "skew_drift": 0.0}, "--skew-cap"),
+        ({"policy": "exposed-sync", "skew_clear": 0.25, "skew_drift": 0.0}, "--skew-clear"),
+        ({"policy": "composite", "skew_clear": 1.0}, "--skew-clear"),  # at --skew-drift itself
+        ({"policy": "exposed-sync", "skew_clear": -0.5}, "--skew-clear"),
         ({"policy": "exposed-sync", "k_floor": 2, "sync_period": 1}, "--k-floor"),
         ({"policy": "exposed-sync", "link_shift": 0.5}, "--link-shift"),
         ({"policy": "exposed-sync", "k_rule": "double", "epoch_rounds": True}, "--epoch-rounds"),

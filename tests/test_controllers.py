@@ -696,6 +696,53 @@ def test_skew_cleared_early_where_the_first_rounds_read_far_under_the_threshold(
     assert late.skewed is False and late.cleared is None
 
 
+def test_skew_cleared_at_its_scaled_threshold_under_either_rule_and_not_after_a_warmup():
+    """The threshold is skew_clear x skew_drift, inclusive; the two rounds are read once, as the
+    second closes (under the doubling rule, before its first window's decision); a warmup's
+    first decision follows one round at K >= 2, so nothing clears; `cleared` survives a resume."""
+    kw = dict(target=0.2, max_sync_period=64, window=4, rule="direct", lower=True, k_floor=2)
+
+    def run(ctrl, drift, n=3, warmup=0, sync=0.1):
+        out = []
+        for i in range(n + warmup):
+            k = 1 if i < warmup else ctrl.sync_period
+            s = stats(k, drift_ratio=drift, sync=sync, i=i, warmup=i < warmup)
+            out.append(ctrl.observe(s))
+        return out
+
+    at = ExposedSyncController(sync_period=2, **kw)
+    assert [d.next_sync_period for d in run(at, 0.7)][:2] == [2, 64] and at.cleared == 0.7
+    over = ExposedSyncController(sync_period=2, **kw)
+    run(over, 0.7000001)
+    assert over.cleared is None and over.skewed is None
+    # skew_drift 2: 0.9 clears (0.5 of 2 is 1.0), where at 1.4 it did not
+    scaled = ExposedSyncController(sync_period=2, skew_drift=2.0, **kw)
+    assert [d.next_sync_period for d in run(scaled, 0.9)][:2] == [2, 64]
+    assert scaled.cleared == pytest.approx(0.9)
+    # the doubling rule decides after a window of 4 rounds (20 steps at K = 4: too few for the
+    # full window's judgement): cleared as the second closes, so its first decision doubles K past
+    # the provisional cap (K* 10, ⌊√(4 · 10)⌋ = 6), which without clearing holds it
+    dbl = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=64, window=4)
+    ds = run(dbl, 0.4, n=5, sync=0.0125)
+    assert dbl.cleared == pytest.approx(0.4)
+    assert ds[1].reason.startswith("skew cleared") and not ds[2].reason.startswith("skew cleared")
+    assert [d.next_sync_period for d in ds] == [4, 4, 4, 4, 8]
+    held = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=64, window=4,
+                                 skew_clear=0.0)  # fmt: skip
+    assert [d.next_sync_period for d in run(held, 0.4, n=5, sync=0.0125)] == [4, 4, 4, 4, 6]
+    # a warmup at K = 1, then K = 2: the first decision reads one round at K >= 2, and waits
+    warm = ExposedSyncController(sync_period=2, **kw)
+    ds = run(warm, 0.4, n=3, warmup=3)
+    assert [d.next_sync_period for d in ds[3:]] == [17, 17, 17]  # the provisional cap
+    assert warm.cleared is None and warm.skewed is None and warm.link_k is not None
+    # the reading is saved and read back (a record of what cleared the data)
+    again = ExposedSyncController(sync_period=2, **kw)
+    again.load_state_dict(at.state_dict())
+    assert again.cleared == 0.7 and again.skewed is False
+    with pytest.raises(ValueError, match="skew_cleared must be a number"):
+        again.load_state_dict({**at.state_dict(), "skew_cleared": "0.7"})
+
+
 def test_the_doubling_rule_follows_a_soft_cap_that_falls():
     c = ExposedSyncController(sync_period=4, target=0.2, max_sync_period=64, window=4)
     drive(c, 40, drift_ratio=2.0, step_compute=0.005, sync=0.1)
@@ -1152,8 +1199,9 @@ def test_controllers_do_not_import_torch_distributed():
 
 
 def test_a_config_json_saved_before_skew_clear_resumes_without_it(tmp_path):
-    """A run saved before --skew-clear was a setting judged skew by the full window only: it
-    resumes with 0 (RAN_BEFORE); one saved since keeps its own."""
+    """A config.json without skew_clear (saved before it was a setting: the full window judged
+    skew) resumes with 0 (RAN_BEFORE; written here at this revision, since resume refuses a run
+    of another first, as the other RAN_BEFORE entries are tested); one with it keeps its own."""
     import json
 
     from autok.cli import build_parser, resume_config

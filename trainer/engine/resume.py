@@ -134,6 +134,9 @@ def engine_kind(sync: Sync) -> dict[str, Any]:
         # the faster-link check, moved from off to 3 (docs/design.md §6, "a faster link"); a
         # policy that does not read it records it off, as every state saved before it did
         "link_drop": sync.options.link_drop if reads(sync.options.policy, "link_drop") else 0.0,
+        # skew cleared at the first decision, moved from off to 0.5 (docs/design.md §6, "skew
+        # cleared early"); recorded as link_drop is
+        "skew_clear": sync.options.skew_clear if reads(sync.options.policy, "skew_clear") else 0.0,
         # the revision of the policy's rule (docs/design.md §6, "the rule's revision"); a state
         # saved before it was recorded ran 0 (KIND_BEFORE)
         "policy_revision": revision(sync.options.policy),
