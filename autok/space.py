@@ -21,7 +21,7 @@ from autok.config import (
 )
 from autok.controllers import CAPS, POLICY_OPTIONS, READS
 from autok.controllers import REGISTRY as POLICIES
-from autok.controllers.options import SKEW_CAP_OPTIONS
+from autok.controllers.options import SKEW_RULE_OPTIONS
 from autok.resources import default_space
 from autok.trainer.engine.link import PROFILES
 from autok.trainer.engine.options import default_slowmo_beta
@@ -120,7 +120,7 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     autok accepted before it refused them (a K-policy option its policy does not read, SGD's
     momentum under AdamW, --nesterov with --momentum 0, which SGD was built without): name ->
     (the value given, why it was never read). A resumed run or study drops them, with a note,
-    and runs as it ran. The soft skew cap's options with --skew-drift 0 are among them."""
+    and runs as it ran. The skew rule's options with --skew-drift 0 are among them."""
     out: dict[str, tuple[Any, str]] = {}
     fields = TrainConfig.model_fields
     for name, (chooser, _) in CONDITIONAL.items():
@@ -140,7 +140,7 @@ def never_read(settings: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     ):
         out["slowmo_lr_aware"] = (True, "SlowMo's momentum is 0: no velocity to rescale")
     skew_off = _value("skew_drift", settings) == 0
-    for name in (*SKEW_CAP_OPTIONS, "skew_clear") if skew_off else ():
+    for name in SKEW_RULE_OPTIONS if skew_off else ():
         value = settings.get(name, fields[name].default)
         if name not in out and value != fields[name].default:
             out[name] = (value, "--skew-drift is 0 (off)")

@@ -308,6 +308,11 @@ class PolicyOptions(PolicySettings):
 # The K-policy options, in their declaration order (each is also a setting of the same name).
 POLICY_OPTIONS = tuple(PolicySettings.model_fields)
 RUN_OPTIONS = frozenset(PolicyOptions.model_fields) - frozenset(POLICY_OPTIONS)
-# The soft skew cap's own options: unread with the skew rule off (--skew-drift 0), so refused
-# there (trainer/engine/options.py) and dropped from a run saved so (autok/space.py never_read)
-SKEW_CAP_OPTIONS = ("skew_cap", "skew_power")
+# The skew rule's own options, with what each does: unread with the rule off (--skew-drift 0), so
+# refused there (trainer/engine/options.py) and dropped from a run saved so (autok/space.py
+# never_read)
+SKEW_RULE_OPTIONS = {
+    "skew_cap": "shapes the soft skew cap",
+    "skew_power": "shapes the soft skew cap",
+    "skew_clear": "judges skew early",
+}

@@ -31,7 +31,7 @@ from autok.controllers import READS as POLICY_READS
 from autok.controllers import REGISTRY as POLICIES
 from autok.controllers.options import COUNT_MAX as COUNT_MAX
 from autok.controllers.options import K_MAX as K_MAX
-from autok.controllers.options import SKEW_CAP_OPTIONS
+from autok.controllers.options import SKEW_RULE_OPTIONS
 from autok.controllers.scheduled import parse_k_schedule
 from autok.trainer.engine.about import GROUPS as GROUPS
 from autok.trainer.engine.about import About as About
@@ -610,17 +610,12 @@ def check_skew_options(o: SyncOptions) -> None:
     """SyncOptions' skew options, refused where nothing reads them: --skew-power or --skew-cap
     (off their defaults) or --skew-clear with --skew-drift 0, --skew-grade-gamma without a grade,
     a --skew-strong that grades nothing."""
-    for f in SKEW_CAP_OPTIONS:
+    for f, what in SKEW_RULE_OPTIONS.items():
         if getattr(o, f) != type(o).model_fields[f].default and o.skew_drift == 0:
             raise ValueError(
-                f"{flag(f)}: shapes the soft skew cap, and --skew-drift is 0 (off); drop "
-                f"{flag(f)} or give --skew-drift"
+                f"{flag(f)}: {what}, and --skew-drift is 0 (off); drop {flag(f)} or give "
+                "--skew-drift"
             )
-    if o.skew_clear != type(o).model_fields["skew_clear"].default and o.skew_drift == 0:
-        raise ValueError(
-            "--skew-clear: judges skew early, and --skew-drift is 0 (off); drop "
-            "--skew-clear or give --skew-drift"
-        )
     if o.skew_strong == 0 and o.skew_grade_gamma > 0:
         raise ValueError(
             "--skew-grade-gamma: scales the grade's drift ratio, and --skew-strong is 0 "
