@@ -30,6 +30,7 @@ test-slow: $(STAMP)
 TYPECHECK := .typecheck/autok
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	rm -rf .typecheck && mkdir -p $(TYPECHECK)
 	ln -s $(CURDIR)/autok/*.py $(TYPECHECK)/
 	ln -s $(CURDIR)/trainer $(TYPECHECK)/trainer

@@ -479,7 +479,7 @@ TRAIN = [
         ],
         ("--link-shift: a window of --sync-window 2 rounds closes no later than the check",),
         id="link-shift-with-a-short-window",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--link-shift", "2", "--out", "{out}"],
         ("--link-shift", "--policy fixed does not read it"),
@@ -492,19 +492,36 @@ TRAIN = [
         id="link-drop-at-most-one",
     ),
     R(
-        ["train", "--policy", "exposed-sync", "--link-drop", "5", "--sync-window", "2", "--out",
-         "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--link-drop",
+            "5",
+            "--sync-window",
+            "2",
+            "--out",
+            "{out}",
+        ],
         ("--link-drop: a window of --sync-window 2 rounds closes no later than the check",),
         id="link-drop-with-a-short-window",
-    ),  # fmt: skip
+    ),
     R(["train", "--policy", "composite", "--link-drop", "-1", "--out", "{out}"], "--link-drop"),
     # epoch rounds meet the direct rule's K*: the doubling rule reads none
     R(
-        ["train", "--policy", "exposed-sync", "--k-rule", "double", "--epoch-rounds", "--out",
-         "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--k-rule",
+            "double",
+            "--epoch-rounds",
+            "--out",
+            "{out}",
+        ],
         ("--epoch-rounds: meets the direct rule's K*, and --k-rule is double",),
         id="epoch-rounds-under-the-doubling-rule",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--epoch-rounds", "--out", "{out}"],
         ("--epoch-rounds", "--policy fixed does not read it"),
@@ -530,7 +547,7 @@ TRAIN = [
         ],
         ("--k-floor: 2 is above --sync-period 1",),
         id="k-floor-above-start",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--policy", "composite", "--k-floor", "80", "--out", "{out}"],
         ("--k-floor: 80 is above --max-sync-period 64",),
@@ -550,7 +567,7 @@ TRAIN = [
         ],
         ("--policy: ddp keeps K=1",),
         id="k-floor-on-ddp-names-the-policy",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--k-floor", "2", "--out", "{out}"],
         ("--k-floor", "--policy fixed does not read it"),
@@ -581,7 +598,7 @@ TRAIN = [
         ],
         ("--skew-strong", "--skew-drift is 0 (off)"),
         id="skew-strong-with-skew-off",
-    ),  # fmt: skip
+    ),
     R(
         [
             "train",
@@ -596,7 +613,7 @@ TRAIN = [
         ],
         ("--skew-strong", "--skew-cap 1 has no smaller half"),
         id="skew-strong-with-cap-1",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--skew-strong", "2", "--out", "{out}"],
         ("--skew-strong", "--policy fixed does not read it"),
@@ -609,34 +626,70 @@ TRAIN = [
         id="skew-grade-gamma-without-a-grade",
     ),
     R(
-        ["train", "--policy", "exposed-sync", "--skew-strong", "2.5", "--skew-grade-gamma", "3",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-strong",
+            "2.5",
+            "--skew-grade-gamma",
+            "3",
+            "--out",
+            "{out}",
+        ],
         ("--skew-grade-gamma", "less than or equal to 2"),
         id="skew-grade-gamma-above-two",
-    ),  # fmt: skip
+    ),
     R(
-        ["train", "--policy", "exposed-sync", "--skew-power", "0.6", "--skew-drift", "0",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-power",
+            "0.6",
+            "--skew-drift",
+            "0",
+            "--out",
+            "{out}",
+        ],
         ("--skew-power: shapes the soft skew cap, and --skew-drift is 0 (off)",),
         id="skew-power-with-skew-off",
-    ),  # fmt: skip
+    ),
     R(
-        ["train", "--policy", "exposed-sync", "--skew-clear", "0.4", "--skew-drift", "0",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-clear",
+            "0.4",
+            "--skew-drift",
+            "0",
+            "--out",
+            "{out}",
+        ],
         ("--skew-clear: judges skew early, and --skew-drift is 0 (off)",),
         id="skew-clear-with-skew-off",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--policy", "composite", "--skew-clear", "1", "--out", "{out}"],
         ("--skew-clear", "less than 1"),
         id="skew-clear-at-skew-drift",
-    ),  # fmt: skip
+    ),
     R(
-        ["train", "--policy", "exposed-sync", "--skew-cap", "8", "--skew-drift", "0",
-         "--out", "{out}"],
+        [
+            "train",
+            "--policy",
+            "exposed-sync",
+            "--skew-cap",
+            "8",
+            "--skew-drift",
+            "0",
+            "--out",
+            "{out}",
+        ],
         ("--skew-cap: shapes the soft skew cap, and --skew-drift is 0 (off)",),
         id="skew-cap-with-skew-off",
-    ),  # fmt: skip
+    ),
     R(
         ["train", "--policy", "exposed-sync", "--skew-power", "0", "--out", "{out}"],
         ("--skew-power", "greater than 0"),
@@ -1063,7 +1116,7 @@ SWEEP = [
             "{out}",
         ],
         "--target: nan is not a finite",
-    ),  # fmt: skip
+    ),
     R(
         [
             "sweep",
@@ -1075,12 +1128,12 @@ SWEEP = [
             "{out}",
         ],
         "--target: the task's metric is mse; give the value to reach",
-    ),  # fmt: skip
+    ),
     R(["sweep", "--task", "tests.task_fixtures:raises", "--out", "{out}"], "--task: "),
     R(
         ["sweep", "--task", "tests.task_fixtures:regression", "--model", "mlp", "--out", "{out}"],
         "--model: the task builds",
-    ),  # fmt: skip
+    ),
     R(["train", "--task", "tests.task_fixtures:not_a_task", "--out", "{out}"], "--task: "),
     R(["train", "--task", "tests.no_such_module:x", "--out", "{out}"], "--task: cannot import"),
     R(["train", "--task", "tests.task_fixtures:missing", "--out", "{out}"], "--task: "),
@@ -1103,7 +1156,7 @@ SWEEP = [
         ["train", "--tensorboard", "{tmp}/afile/tb", "--out", "{out}"],
         "--tensorboard",
         lambda t: (t / "afile").write_text("x"),
-    ),  # fmt: skip
+    ),
     R(["train", "--task", "../evil:x", "--out", "{out}"], "--task: "),
     R(["train", "--task", "x" * 300 + ":y", "--out", "{out}"], "--task"),
     R(["sweep", "--study-name", " ", "--out", "{out}"], "--study-name"),
@@ -1285,7 +1338,7 @@ EXPERIMENT = [
             + "runs:\n  - {name: a, strategy: cpdp}\n"
         ),
         id="experiment-grid-1e8",
-    ),  # fmt: skip
+    ),
     R(["experiment", "run", "k-sweep", "--seeds", "x", "--out", "{out}"], "--seeds"),
     R(["experiment", "run", "k-sweep", "--jobs", "0", "--out", "{out}"], "--jobs"),
     # every run on the virtual clock: checked with each run's settings, before any starts
@@ -1471,26 +1524,26 @@ EXPERIMENT = [
         "pilot.seeds",
         experiment(PILOT_EXP.replace("seeds: [7]", "seeds: [1]")),
         id="exp-pilot-seed-is-a-main-seed",
-    ),  # fmt: skip
+    ),
     R([*EXP, "--seeds", "7"], "--seeds", experiment(PILOT_EXP), id="exp-seeds-are-pilot-seeds"),
     R(
         EXP,
         "pilot.runs",
         experiment(PILOT_EXP.replace("runs: [k1]", "runs: [best]")),
         id="exp-pilot-runs-a-policy",
-    ),  # fmt: skip
+    ),
     R(
         EXP,
         ("runs: 'best' takes sync_period: pilot and sets strategy: 'ddp'", "pilot run 'k1'"),
         experiment(PILOT_EXP.replace("best, strategy: cpdp", "best, strategy: ddp")),
         id="exp-pilot-choice-set-otherwise",
-    ),  # fmt: skip
+    ),
     R(
         EXP,
         ("--out", "plan.json", "not a plan"),
         both(experiment(PILOT_EXP), file("out/plan.json", '{"regime=r": {"target": 0.5}}')),
         id="exp-plan-json-not-a-plan",
-    ),  # fmt: skip
+    ),
     R(
         EXP,
         ("--out", "plan.json", "not readable JSON"),

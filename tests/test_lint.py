@@ -18,9 +18,13 @@ def test_ruff_clean():
         pytest.fail("ruff is not installed (it is in the dev extra)")
     res = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
+    # the formatter too: a `# fmt: skip` where ruff does not read one let two files drift
+    res = subprocess.run([ruff, "format", "--check", str(ROOT)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
 
 
 # ----- the layers (docs/design.md §3): controllers <- engine <- built-in loop <- autok's commands
+
 
 def _imports(path: Path) -> set[str]:
     """Every module `path` imports at run time, at any depth (imports inside functions too);
@@ -57,7 +61,6 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
         if any(m.startswith(p) if p.endswith(".") else m == p or m.startswith(p + ".")
                for p in forbidden)
     )  # fmt: skip
-
 
 
 # Each installed package, the repository folder it ships from, and the packages of autok's own it
