@@ -120,11 +120,24 @@ class Method:
         return statistics.fmean(self.reached) if self.all_reached else math.inf
 
 
-def after_warmup(r: RunResult) -> list[dict]:
-    """The boundary records after warmup (the records do not say; the config's epochs do)."""
+def warmup_epochs(r: RunResult) -> int:
+    """The run's warmup epochs, from its config (the records do not say)."""
     warmup = r.config.get("warmup_epochs", 0)
-    warmup = warmup if type(warmup) is int else 0
-    return [b for b in r.boundaries or [] if b["epoch"] >= warmup]
+    return warmup if type(warmup) is int else 0
+
+
+def after_warmup(r: RunResult) -> list[dict]:
+    """The boundary records after warmup."""
+    return [b for b in r.boundaries or [] if b["epoch"] >= warmup_epochs(r)]
+
+
+def first_epoch_seconds(r: RunResult) -> float | None:
+    """The seconds of the run's first epoch after warmup (epochs.csv), None where it ran none."""
+    rows = r.epochs[warmup_epochs(r) :]
+    try:
+        return float(rows[0]["epoch_seconds"]) if rows else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def mean_k_after_warmup(r: RunResult) -> float:
@@ -589,6 +602,48 @@ def decisions(m: Method) -> tuple[float, float]:
     return (held / total if total else 0.0), backs / max(1, len(m.runs))
 
 
+def start_cost(m: Method, best: Method) -> tuple[float, float] | None:
+    """The method's first epoch after warmup against the best fixed K's, paired by seed: the mean
+    seconds it took over them, and the mean of that over the best fixed K's time to the target
+    (the seeds it reached); None where no seed pairs. An online policy measures the link before
+    it raises K, and on a static link its first epoch holds that cost (docs/design.md §6, "why
+    a goal was missed")."""
+    times = best.ttt if len(best.ttt) == len(best.runs) else [None] * len(best.runs)
+    base = {r.seed: (first_epoch_seconds(r), t) for r, t in zip(best.runs, times, strict=True)}
+    extra: list[float] = []
+    share: list[float] = []
+    for r in m.runs:
+        mine = first_epoch_seconds(r)
+        theirs, t = base.get(r.seed, (None, None))
+        if mine is None or theirs is None:
+            continue
+        extra.append(mine - theirs)
+        if t:
+            share.append((mine - theirs) / t)
+    if not extra:
+        return None
+    return statistics.fmean(extra), statistics.fmean(share) if share else math.nan
+
+
+def start_text(m: Method, best: Method) -> str:
+    """What `start_cost` read, as the clause the report's why-line ends with ("" where none)."""
+    cost = start_cost(m, best)
+    if cost is None:
+        return ""
+    extra, share = cost
+    if abs(extra) < 1e-9:  # the same K path through the first epoch, on the virtual clock
+        return "; its first epoch took the best fixed K's seconds"
+    more = "more" if extra > 0 else "less"
+    of = "" if math.isnan(share) else f" ({abs(share):.1%} of that K's time to the target)"
+    alone = (
+        f": that alone is over the {GOAL_WITHIN - 1:.0%} the goal allows, so were the rest of its "
+        "run the best fixed K's it would not be within it"
+        if share > GOAL_WITHIN - 1
+        else ""
+    )
+    return f"; its first epoch took {abs(extra):.3g} s {more} than the best fixed K's{of}{alone}"
+
+
 # A mean K this far from the best fixed K's counts as another K, not the same one reached by
 # another path: the panel's K grid steps by 2x, so 25% is well inside a step
 K_APART = 1.25
@@ -616,6 +671,7 @@ def why_missed(goal: Goal, g: Regime, policy: str = DEFAULT_POLICY) -> str | Non
         f"{policy} ran at a mean K of {mk:.1f}, {level} the best fixed K's {bk:.0f}; "
         f"{ms:.0%} of its time waited for the network ({bs:.0%} at the best fixed K){drift}; "
         f"{held:.0%} of its decisions held K at a cap, {backs:.1f} back-offs a run"
+        f"{start_text(m, b)}"
     )
     if goal.reached < 1.0:
         if not goal.baseline_reached:
@@ -801,28 +857,32 @@ def render_why(
 def render_evidence(regimes: list[Regime], policy: str = DEFAULT_POLICY) -> str:
     """Why a goal is met or missed, from the panel's own records: per regime, the default policy
     beside the best fixed K (main seeds' means): the K it held, the share of time it waited for
-    the network, the replicas' drift ratio, how many seeds reached the target and the final
-    quality."""
+    the network, the replicas' drift ratio, its first epoch's seconds, how many seeds reached the
+    target and the final quality."""
     lines = [
         f"### The evidence: {policy} beside the best fixed K",
         "",
         "Main seeds' means after warmup: mean K; network share (exposed sync less the wait for a "
         "slower rank, over compute plus that: what the policy steers toward its target share); "
-        "drift ratio (the replicas' disagreement over the averaged update); reached; final "
+        "drift ratio (the replicas' disagreement over the averaged update); the first epoch's "
+        "seconds (where an online policy measures the link before raising K); reached; final "
         "quality.",
         "",
-        "| regime | method | mean K | network share | drift ratio | reached | final |",
-        "|---|---|---|---|---|---|---|",
+        "| regime | method | mean K | network share | drift ratio | first epoch | reached "
+        "| final |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for g in regimes:
         for m in (g.method(policy), g.best_fixed):
             if m is None or not m.runs:
                 continue
             drift = statistics.fmean(m.drift)
+            firsts = [x for x in map(first_epoch_seconds, m.runs) if x is not None]
+            first = f"{statistics.fmean(firsts):.3g} s" if firsts else "—"
             lines.append(
                 f"| {g.name} | {m.name} | {statistics.fmean(m.mean_k):.1f} | "
                 f"{statistics.fmean(m.net_share):.0%} | "
-                f"{'—' if math.isnan(drift) else f'{drift:.2f}'} | "
+                f"{'—' if math.isnan(drift) else f'{drift:.2f}'} | {first} | "
                 f"{len(m.reached)}/{len(m.ttt)} | {g.judge.show(statistics.fmean(m.final))} |"
             )
     return "\n".join(lines) + "\n"

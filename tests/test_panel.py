@@ -652,9 +652,10 @@ def test_the_evidence_table_gives_the_policy_s_k_network_share_and_drift_beside_
     regimes = panel.build_regimes(runs)
     text = panel.render_evidence(regimes)
     # k8, after warmup: compute 0.8 + 0.8, exposed 0.05 + 0.05, no peer wait: 0.1 / 1.7 = 6%
-    assert "| r | k8 | 8.0 | 6% | 2.00 | 2/2 | 90.00 |" in text
+    # (the first epoch after warmup: epochs.csv's second row, 1 s in both)
+    assert "| r | k8 | 8.0 | 6% | 2.00 | 1 s | 2/2 | 90.00 |" in text
     # exposed-sync: compute 0.4 + 1.6, network (0.05 - 0.025) x 2 = 0.05: 0.05 / 2.05 = 2%
-    assert "| r | exposed-sync | 10.0 | 2% | 3.00 | 0/2 | 80.00 |" in text
+    assert "| r | exposed-sync | 10.0 | 2% | 3.00 | 1 s | 0/2 | 80.00 |" in text
     assert panel.render(regimes, panel.summary_data(regimes)).count("### The evidence") == 1
 
 
@@ -982,3 +983,49 @@ def test_a_pilot_alone_is_a_plain_grid_and_a_verdict_on_the_pilot_needs_no_main_
     report(tmp_path / "alone")
     text = (tmp_path / "alone" / "report.md").read_text()
     assert "**Result: confirms** the prediction: the pilot's best fixed K is k8 of k4, k8" in text
+
+
+def test_the_first_epoch_s_cost_is_paired_by_seed_and_said_where_it_alone_passes_the_bound():
+    """An online policy measures the link before it raises K: the report's why-line gives its
+    first epoch after warmup against the best fixed K's, paired by seed, as seconds and as a
+    share of the best fixed K's time to the target, and says where that alone is over the 5%
+    goal 1 allows (docs/design.md §6, "why a goal was missed")."""
+    from autok import panel
+
+    def first_epoch(r, seconds):
+        r.epochs[1]["epoch_seconds"] = str(seconds)  # epochs.csv's row after warmup's
+        return r
+
+    best = [_run("k8", s, [0.6, 0.88, 0.9], 1.0, ks=(8, 8)) for s in (1, 2, 3)]
+    slow = [first_epoch(_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.0, "exposed-sync"), 1.2)
+            for s in (1, 2, 3)]  # fmt: skip
+    regimes = panel.build_regimes(best + slow)
+    g = regimes[0]
+    (t,) = set(g.best_fixed.ttt)  # every seed crosses in the epoch after warmup
+    extra, share = panel.start_cost(g.method("exposed-sync"), g.best_fixed)
+    assert extra == pytest.approx(0.2) and share == pytest.approx(0.2 / t)
+    summary = panel.summary_data(regimes)
+    gs = panel.goals(summary, regimes)
+    text = panel.render_why(gs, regimes, summary)
+    assert f"its first epoch took 0.2 s more than the best fixed K's ({0.2 / t:.1%} of" in text
+    assert "that alone is over the 5% the goal allows" in text
+    evidence = panel.render_evidence(regimes)
+    assert "| r | exposed-sync | 4.0 | " in evidence and " | 1.2 s | 3/3 |" in evidence
+    # under the bound: said, without the clause; paired by seed (seed 3's best fixed K is slower)
+    best[2] = first_epoch(_run("k8", 3, [0.6, 0.88, 0.9], 1.0, ks=(8, 8)), 1.2)
+    quick = [first_epoch(_run("exposed-sync", s, [0.6, 0.88, 0.9], 1.0, "exposed-sync"), 1.02)
+             for s in (1, 2, 3)]  # fmt: skip
+    g = panel.build_regimes(best + quick)[0]
+    extra, _ = panel.start_cost(g.method("exposed-sync"), g.best_fixed)
+    assert extra == pytest.approx((0.02 + 0.02 - 0.18) / 3)
+    said = panel.start_text(g.method("exposed-sync"), g.best_fixed)
+    assert said.startswith("; its first epoch took 0.0467 s less than") and "alone" not in said
+    assert (
+        panel.start_text(g.best_fixed, g.best_fixed)
+        == "; its first epoch took the best fixed K's seconds"
+    )
+    # no epoch after warmup in the records: nothing said
+    bare = [_run("exposed-sync", s, [0.6], 1.0, "exposed-sync") for s in (1, 2, 3)]
+    g = panel.build_regimes(best + bare)[0]
+    assert panel.start_cost(g.method("exposed-sync"), g.best_fixed) is None
+    assert panel.start_text(g.method("exposed-sync"), g.best_fixed) == ""
