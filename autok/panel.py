@@ -138,11 +138,6 @@ def first_epoch_seconds(r: RunResult) -> float | None:
     return float(rows[0]["epoch_seconds"]) if rows else None
 
 
-def through_first_epoch(r: RunResult) -> float:
-    """The run's seconds from its start to the end of its first epoch after warmup."""
-    return sum(float(e["epoch_seconds"]) for e in r.epochs[: warmup_epochs(r) + 1])
-
-
 def mean_k_after_warmup(r: RunResult) -> float:
     ks = [b["sync_period"] for b in after_warmup(r)]
     return statistics.fmean(ks) if ks else 1.0
@@ -638,7 +633,8 @@ def start_cost(m: Method, best: Method) -> StartCost | None:
         extra.append(mine - first)
         if t:
             logs.append(math.log1p((mine - first) / t))
-            past = past and t >= through_first_epoch(theirs)
+            # on the clock its time to the target is read on
+            past = past and t >= epoch_clock(theirs)[warmup_epochs(theirs)]
     if not extra:
         return None
     share = math.expm1(statistics.fmean(logs)) if logs else math.nan
