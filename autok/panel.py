@@ -12,7 +12,9 @@ Judging a policy):
   virtual clock under --clock virtual), interpolated between evaluations; a run that never meets
   it has none (counted as not reached);
 - final quality, bytes communicated (the boundary records), mean K after warmup, K path;
-- the prediction each regime states before its run, and whether the main seeds confirm it.
+- the prediction each regime states before its run, and whether the main seeds confirm it;
+- where other fixed K ran on the main seeds, whether one was faster than the pilot's choice
+  there, and every arm against it (autok/pilot_check.py).
 
 summary.json holds the judgement in machine-readable form, seeds paired, with 95% CIs and
 Holm-corrected p-values over every comparison of the panel (autok/panel_stats.py). The goals of
@@ -29,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autok import panel_stats
+from autok import panel_stats, pilot_check
 from autok.report import (
     ReportError,
     RunResult,
@@ -459,7 +461,7 @@ def render_regime(g: Regime, entries: Mapping[str, dict] | None = None) -> str:
 
 
 GOAL_WITHIN = panel_stats.GOAL_WITHIN
-GOAL_FASTER = 0.90  # some policy, in at least GOAL_REGIMES regimes: its upper bound at most this
+GOAL_FASTER = panel_stats.GOAL_FASTER  # some policy's upper bound, in at least GOAL_REGIMES
 GOAL_REGIMES = 2
 
 
@@ -943,6 +945,13 @@ def render_summary(regimes: list[Regime]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pilot_k(g: Regime) -> str:
+    """ " (K = 8)": the K the pilot chose, where its plan says one."""
+    p = g.plan or {}
+    k = (p.get("arms", {}).get(p.get("best_fixed")) or {}).get("sync_period")
+    return "" if k is None else f" (K = {k})"
+
+
 def render(regimes: list[Regime], summary: dict | None = None) -> str:
     parts = ["## Controller panel: every method against every fixed K, per regime", ""]
     parts += [render_summary(regimes)]
@@ -954,6 +963,17 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
         # the regime's name comes first
         heading, _, table = render_regime(g, entries).partition("\n")
         parts += [heading + "\n", render_plan(g), table, render_resolution(g, entries)]
+    if summary is not None and (checks := summary.get("pilot_check")):
+        kinds = {
+            g.name: {
+                m.name: "fixed" if m.fixed else "set in hindsight"
+                for m in g.methods
+                if m.fixed or in_hindsight(g, m.name)
+            }
+            for g in regimes
+        }
+        bests = {g.name: f"{g.best_fixed.name}{pilot_k(g)}" for g in regimes}
+        parts += [pilot_check.render(checks, bests, kinds)]
     if summary is not None and (gs := goals(summary, regimes)):  # the default ran somewhere
         parts += ["## The goals", "", render_goals(gs)]
         parts += [render_evidence(regimes), render_why(gs, regimes, summary)]
@@ -1085,7 +1105,9 @@ def summary_data(
 ) -> dict:
     """summary.json: each method's paired time-to-target ratio to its regime's best fixed K
     (docs/design.md §6, Judging a policy), crossings interpolated between evaluations. A main
-    seed's run that did not finish (diverged, failed) counts by `stopped_outcome`."""
+    seed's run that did not finish (diverged, failed) counts by `stopped_outcome`. Where the
+    pilot chose the best fixed K and other fixed K ran on the main seeds, `pilot_check` checks
+    that choice there (autok/pilot_check.py)."""
     data = {}
     for g in regimes:
         methods = {
@@ -1096,7 +1118,17 @@ def summary_data(
             if s.stage == "main" and variant == f"regime={g.name}":
                 methods.setdefault(method, {})[s.seed] = stopped_outcome(s, g.judge, g.target)
         data[g.name] = (g.best_fixed.name, methods)
-    return panel_stats.summary(policy, data)
+    out = panel_stats.summary(policy, data)
+    checks = {}
+    for g in regimes:  # the pilot's choice, checked where other fixed K ran on the main seeds
+        fixed = [m.name for m in g.methods if m.fixed]
+        if g.plan is not None and (
+            c := pilot_check.check(
+                g.best_fixed.name, fixed, out["regimes"][g.name], data[g.name][1]
+            )
+        ):
+            checks[g.name] = c
+    return out | ({"pilot_check": checks} if checks else {})
 
 
 def write_summary(regimes: list[Regime], path: Path) -> None:

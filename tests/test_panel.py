@@ -1049,3 +1049,82 @@ def test_the_first_epoch_s_cost_is_paired_by_seed_and_said_where_it_alone_passes
     assert panel.start_text(cost, True).startswith("; its first epoch took 0.1 s less than")
     bare = [_run("exposed-sync", s, [0.6], 1.0, "exposed-sync") for s in (1, 2, 3)]
     assert judged(best, bare)[1] is None and panel.start_text(None, True) == ""
+
+
+def test_the_pilot_s_choice_is_checked_against_other_fixed_k_on_the_main_seeds():
+    """Where other fixed K ran on the main seeds, a faster one (its CI's upper bound under 1, the
+    target reached in every seed) is named and every other arm is read again against it, paired
+    by seed; a fixed K that is faster by its bound but missed a seed is not; without a pilot, or
+    with no other fixed K, there is nothing to check (docs/design.md §6, "the pilot's choice,
+    checked")."""
+    from autok import panel_stats, pilot_check
+    from autok.panel_stats import Outcome
+
+    def arm(times, end=3.0):
+        return {s: Outcome(t, end) for s, t in zip((1, 2, 3), times, strict=True)}
+
+    outcomes = {
+        "k16": arm([2.0, 2.2, 2.1]),  # the pilot's choice
+        "k8": arm([1.8, 2.0, 1.9]),  # faster in every seed
+        "k4": arm([1.5, 1.6, None], end=1.7),  # faster by its bound, but a seed missed
+        "k32": arm([2.1, 2.3, 2.2]),  # slower in every seed
+        "es": arm([1.9, 2.0, 1.9]),
+    }
+    entries = {m: panel_stats.compare(o, outcomes["k16"]) for m, o in outcomes.items()}
+    assert entries["k4"]["ci_high"] < 1 and entries["k8"]["ci_high"] < 1
+    c = pilot_check.check("k16", ["k16", "k8", "k4", "k32"], entries, outcomes)
+    assert c["faster"] == "k8" and set(c["fixed"]) == {"k8", "k4", "k32"}
+    assert set(c["against_it"]) == {"k4", "k32", "es"}  # neither the pilot's choice nor k8 itself
+    es = c["against_it"]["es"]
+    ratio = math.exp(statistics.fmean(math.log(a / b) for a, b in ((1.9, 1.8), (2, 2), (1.9, 1.9))))
+    assert es["ratio"] == pytest.approx(ratio) and es["reached"] == 1.0 and es["n"] == 3
+    assert set(es) == set(pilot_check.KEPT)  # no p before Holm
+    assert c["against_it"]["k4"]["reached"] == pytest.approx(2 / 3)
+    # k8 missing a seed too: nothing faster that reached every seed
+    outcomes["k8"] = arm([1.8, 2.0, None], end=2.0)
+    entries["k8"] = panel_stats.compare(outcomes["k8"], outcomes["k16"])
+    c = pilot_check.check("k16", ["k16", "k8", "k4", "k32"], entries, outcomes)
+    assert c["faster"] is None and c["against_it"] == {}
+    assert pilot_check.check("k16", ["k16"], entries, outcomes) is None
+    text = pilot_check.render({"r": c}, {"r": "k16"}, {})
+    assert "- r: against the pilot's k16: k8 " in text and "none was faster" in text
+    # the verdicts are the goals' own tests, against a fixed K that reached every seed
+    assert pilot_check.verdict({"ci_high": 0.89, "reached": 1.0}) == "at least 10% faster"
+    assert pilot_check.verdict({"ci_high": 0.95, "reached": 1.0}) == "within 5%"
+    assert pilot_check.verdict({"ci_high": 1.06, "reached": 1.0}) == "not within 5%"
+    assert pilot_check.verdict({"ci_high": 0.8, "reached": 0.9}).startswith(
+        "the target reached in 90% of seeds: neither"
+    )
+
+
+def test_the_report_reads_the_arms_again_against_a_fixed_k_faster_than_the_pilot_s(tmp_path):
+    """On disk, through `autok report`: the pilot chose K = 8 (the arm best-fixed); K = 4 on the
+    main seeds crossed the target sooner in every seed, so summary.json's `pilot_check` names it,
+    the report says so, and the default policy is read against it; the goals stay against the
+    pilot's choice. Without a plan there is no check."""
+    from autok.report import report
+    from tests.test_report import fake_run
+
+    _planned_grid(tmp_path, {"best-fixed": 8})
+    # fake_run's accuracy climbs to `peak` in three 1 s epochs: a higher peak crosses 0.5 sooner
+    for s in (1, 2, 3):
+        fake_run(tmp_path, "k4 regime=r", s, 0.99, 3.0, k=4)
+        fake_run(tmp_path, "exposed-sync regime=r", s, 0.95, 3.0, k=4, policy="exposed-sync")
+    report(tmp_path)
+    data = json.loads((tmp_path / "summary.json").read_text())
+    c = data["pilot_check"]["r"]
+    crossing = {p: 1 + (0.5 - p / 3) / (p / 3) for p in (0.9, 0.99, 0.95)}
+    assert c["faster"] == "k4"
+    assert c["fixed"]["k4"]["ratio"] == pytest.approx(crossing[0.99] / crossing[0.9])
+    mine = c["against_it"]["exposed-sync"]
+    assert mine["ratio"] == pytest.approx(crossing[0.95] / crossing[0.99])
+    assert data["regimes"]["r"]["exposed-sync"]["ratio"] == pytest.approx(
+        crossing[0.95] / crossing[0.9]
+    )  # the goals' baseline is still the pilot's
+    text = (tmp_path / "report.md").read_text()
+    assert "**k4 was faster than the pilot's best-fixed (K = 8)**, 0.909×" in text
+    assert f"  - exposed-sync: {mine['ratio']:.3f}× (" in text and "within 5%" in text
+    assert text.index("## The pilot's choice, checked") < text.index("## The goals")
+    (tmp_path / "plan.json").unlink()
+    report(tmp_path)
+    assert "checked on the main seeds" not in (tmp_path / "report.md").read_text()
