@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autok import panel_stats, pilot_check
+from autok.panel_stats import is_within, shown_faster
 from autok.report import (
     ReportError,
     RunResult,
@@ -461,8 +462,8 @@ def render_regime(g: Regime, entries: Mapping[str, dict] | None = None) -> str:
 
 
 GOAL_WITHIN = panel_stats.GOAL_WITHIN
-GOAL_FASTER = panel_stats.GOAL_FASTER  # some policy's upper bound, in at least GOAL_REGIMES
-GOAL_REGIMES = 2
+GOAL_FASTER = panel_stats.GOAL_FASTER
+GOAL_REGIMES = 2  # some policy shown at least 10% faster in at least this many regimes
 
 
 @dataclass
@@ -489,14 +490,6 @@ class Goal:
         return is_within(self.ci_high, self.reached, self.baseline_reached)
 
 
-def is_within(ci_high: float | None, reached: float, baseline_reached: bool) -> bool:
-    """The within-5% test, for the default policy (`Goal.within`) or any arm: the target reached in
-    every seed, and the CI's upper bound at most GOAL_WITHIN or the best fixed K missing a seed."""
-    if ci_high is not None and ci_high <= GOAL_WITHIN and reached == 1.0:
-        return True
-    return reached == 1.0 and not baseline_reached
-
-
 # A policy whose K is set in advance (`scheduled`): in a panel it stands for K chosen per segment
 # in hindsight (a link's phases, or on a static link the run's progress), a bound on what a
 # policy could do (docs/design.md §6), not a policy that counts towards a goal
@@ -506,15 +499,6 @@ IN_HINDSIGHT = frozenset({"scheduled"})
 def in_hindsight(g: Regime, name: str) -> bool:
     m = g.method(name)
     return m is not None and bool(m.runs) and m.runs[0].config.get("policy") in IN_HINDSIGHT
-
-
-def shown_faster(e: dict) -> bool:
-    """Whether a summary entry shows its policy at least 10% faster: the CI's upper bound at most
-    GOAL_FASTER, and the target reached in every seed. A seed whose run never reached it enters
-    the paired ratio at the run's end (autok/panel_stats.py, Outcome.censored_time), a bound
-    that flatters a run ending early: a policy that missed the target is not shown faster."""
-    high = e.get("ci_high")
-    return high is not None and high <= GOAL_FASTER and e.get("reached") == 1.0
 
 
 def goals(summary: dict, regimes: list[Regime], policy: str = DEFAULT_POLICY) -> list[Goal]:
@@ -945,11 +929,15 @@ def render_summary(regimes: list[Regime]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pilot_k(g: Regime) -> str:
-    """ " (K = 8)": the K the pilot chose, where its plan says one."""
-    p = g.plan or {}
-    k = (p.get("arms", {}).get(p.get("best_fixed")) or {}).get("sync_period")
-    return "" if k is None else f" (K = {k})"
+def arm_k(m: Method) -> int | None:
+    """The K a fixed arm ran at, from its config (None for a policy, or where it ran no run)."""
+    return m.runs[0].config.get("sync_period") if m.fixed and m.runs else None
+
+
+def with_k(m: Method) -> str:
+    """The arm's name and, for a fixed arm, its K: 'best-fixed (K = 8)'."""
+    k = arm_k(m)
+    return m.name if k is None else f"{m.name} (K = {k})"
 
 
 def render(regimes: list[Regime], summary: dict | None = None) -> str:
@@ -972,7 +960,7 @@ def render(regimes: list[Regime], summary: dict | None = None) -> str:
             }
             for g in regimes
         }
-        bests = {g.name: f"{g.best_fixed.name}{pilot_k(g)}" for g in regimes}
+        bests = {g.name: with_k(g.best_fixed) for g in regimes}
         parts += [pilot_check.render(checks, bests, kinds)]
     if summary is not None and (gs := goals(summary, regimes)):  # the default ran somewhere
         parts += ["## The goals", "", render_goals(gs)]
@@ -1121,10 +1109,11 @@ def summary_data(
     out = panel_stats.summary(policy, data)
     checks = {}
     for g in regimes:  # the pilot's choice, checked where other fixed K ran on the main seeds
-        fixed = [m.name for m in g.methods if m.fixed]
+        # fixed arms at another K: one at the pilot's own K (a null arm) checks nothing
+        others = [m.name for m in g.methods if m.fixed and arm_k(m) != arm_k(g.best_fixed)]
         if g.plan is not None and (
             c := pilot_check.check(
-                g.best_fixed.name, fixed, out["regimes"][g.name], data[g.name][1]
+                g.best_fixed.name, others, out["regimes"][g.name], data[g.name][1]
             )
         ):
             checks[g.name] = c

@@ -163,6 +163,24 @@ class Outcome:
 DID_NOT_FINISH = Outcome(None, math.inf, finished=False)
 
 
+def is_within(ci_high: float | None, reached: float, baseline_reached: bool) -> bool:
+    """The within-5% test, for the default policy (autok/panel.py, `Goal.within`) or any arm: the
+    target reached in every seed, and the CI's upper bound at most GOAL_WITHIN or the best fixed
+    K missing a seed."""
+    if ci_high is not None and ci_high <= GOAL_WITHIN and reached == 1.0:
+        return True
+    return reached == 1.0 and not baseline_reached
+
+
+def shown_faster(e: Mapping) -> bool:
+    """Whether a summary entry shows its policy at least 10% faster: the CI's upper bound at most
+    GOAL_FASTER, and the target reached in every seed. A seed whose run never reached it enters
+    the paired ratio at the run's end (Outcome.censored_time), a bound that flatters a run
+    ending early: a policy that missed the target is not shown faster."""
+    high = e.get("ci_high")
+    return high is not None and high <= GOAL_FASTER and e.get("reached") == 1.0
+
+
 def _finite(x: float) -> float | None:
     return None if math.isnan(x) else x
 

@@ -1052,56 +1052,83 @@ def test_the_first_epoch_s_cost_is_paired_by_seed_and_said_where_it_alone_passes
 
 
 def test_the_pilot_s_choice_is_checked_against_other_fixed_k_on_the_main_seeds():
-    """Where other fixed K ran on the main seeds, a faster one (its CI's upper bound under 1, the
-    target reached in every seed) is named and every other arm is read again against it, paired
-    by seed; a fixed K that is faster by its bound but missed a seed is not; without a pilot, or
-    with no other fixed K, there is nothing to check (docs/design.md §6, "the pilot's choice,
-    checked")."""
+    """Where fixed arms at other K ran on the main seeds, the one most surely faster than the
+    pilot's choice (the lowest upper bound under 1, the target reached in every seed it ran) is
+    named and every other arm is read again against it, paired by seed, by the goals' own tests;
+    a fixed K faster by its bound that missed a seed, or whose run did not finish, is not; a
+    policy is never the baseline; with no other fixed K there is nothing to check (docs/design.md
+    §6, "the pilot's choice, checked")."""
     from autok import panel_stats, pilot_check
-    from autok.panel_stats import Outcome
+    from autok.panel_stats import DID_NOT_FINISH, Outcome
 
     def arm(times, end=3.0):
         return {s: Outcome(t, end) for s, t in zip((1, 2, 3), times, strict=True)}
 
     outcomes = {
         "k16": arm([2.0, 2.2, 2.1]),  # the pilot's choice
-        "k8": arm([1.8, 2.0, 1.9]),  # faster in every seed
+        "k8": arm([1.8, 2.0, 1.9]),  # faster in every seed, by a nearly constant ratio
+        "k2": arm([1.4, 1.8, 1.6]),  # a lower ratio, but a wider CI: less surely faster
         "k4": arm([1.5, 1.6, None], end=1.7),  # faster by its bound, but a seed missed
+        "k1": {1: Outcome(1.5, 3.0), 2: Outcome(1.6, 3.0), 3: DID_NOT_FINISH},  # one stopped
         "k32": arm([2.1, 2.3, 2.2]),  # slower in every seed
-        "es": arm([1.9, 2.0, 1.9]),
+        # surely faster on the seeds it shares with k16, but it missed a seed k16 did not run
+        "k6": arm([1.7, 1.9, 1.8]) | {4: Outcome(None, 3.0)},
+        "es": arm([1.5, 1.65, 1.58]),  # a policy, faster than any fixed K: never the baseline
     }
     entries = {m: panel_stats.compare(o, outcomes["k16"]) for m, o in outcomes.items()}
-    assert entries["k4"]["ci_high"] < 1 and entries["k8"]["ci_high"] < 1
-    c = pilot_check.check("k16", ["k16", "k8", "k4", "k32"], entries, outcomes)
-    assert c["faster"] == "k8" and set(c["fixed"]) == {"k8", "k4", "k32"}
-    assert set(c["against_it"]) == {"k4", "k32", "es"}  # neither the pilot's choice nor k8 itself
+    e = entries
+    assert e["k2"]["ratio"] < e["k8"]["ratio"] and e["k8"]["ci_high"] < e["k2"]["ci_high"] < 1
+    assert e["k4"]["ci_high"] < 1 and e["k1"]["ci_high"] < 1 and e["es"]["ci_high"] < 0.8
+    assert e["k6"]["ci_high"] < e["k8"]["ci_high"] and e["k6"]["reached"] == 1.0
+    fixed = ["k16", "k8", "k2", "k4", "k1", "k32", "k6"]
+    c = pilot_check.check("k16", fixed, entries, outcomes)
+    assert c["faster"] == "k8" and set(c["fixed"]) == set(fixed) - {"k16"}
+    assert set(c["against_it"]) == {"k2", "k4", "k1", "k32", "k6", "es"}  # not k16, nor k8
     es = c["against_it"]["es"]
-    ratio = math.exp(statistics.fmean(math.log(a / b) for a, b in ((1.9, 1.8), (2, 2), (1.9, 1.9))))
-    assert es["ratio"] == pytest.approx(ratio) and es["reached"] == 1.0 and es["n"] == 3
-    assert set(es) == set(pilot_check.KEPT)  # no p before Holm
-    assert c["against_it"]["k4"]["reached"] == pytest.approx(2 / 3)
-    # k8 missing a seed too: nothing faster that reached every seed
+    paired = panel_stats.compare(outcomes["es"], outcomes["k8"])
+    assert (es["ratio"], es["ci_low"], es["ci_high"]) == (
+        paired["ratio"],
+        paired["ci_low"],
+        paired["ci_high"],
+    )
+    ratio = math.exp(
+        statistics.fmean(
+            math.log(a / b) for a, b in zip([1.5, 1.65, 1.58], [1.8, 2, 1.9], strict=True)
+        )
+    )
+    assert es["ratio"] == pytest.approx(ratio) and (es["seeds"], es["seeds_reached"]) == (3, 3)
+    assert set(es) == set(pilot_check.KEPT) | {"seeds", "seeds_reached"}  # no p before Holm
+    assert c["fixed"]["k4"]["seeds_reached"] == 2 and c["fixed"]["k1"]["seeds_reached"] == 2
+    # k8 and k2 missing a seed too: nothing faster that reached every seed
     outcomes["k8"] = arm([1.8, 2.0, None], end=2.0)
-    entries["k8"] = panel_stats.compare(outcomes["k8"], outcomes["k16"])
-    c = pilot_check.check("k16", ["k16", "k8", "k4", "k32"], entries, outcomes)
+    outcomes["k2"] = arm([1.4, 1.8, None], end=1.7)
+    entries = {m: panel_stats.compare(o, outcomes["k16"]) for m, o in outcomes.items()}
+    c = pilot_check.check("k16", fixed, entries, outcomes)
     assert c["faster"] is None and c["against_it"] == {}
     assert pilot_check.check("k16", ["k16"], entries, outcomes) is None
     text = pilot_check.render({"r": c}, {"r": "k16"}, {})
     assert "- r: against the pilot's k16: k8 " in text and "none was faster" in text
+
     # the verdicts are the goals' own tests, against a fixed K that reached every seed
-    assert pilot_check.verdict({"ci_high": 0.89, "reached": 1.0}) == "at least 10% faster"
-    assert pilot_check.verdict({"ci_high": 0.95, "reached": 1.0}) == "within 5%"
-    assert pilot_check.verdict({"ci_high": 1.06, "reached": 1.0}) == "not within 5%"
-    assert pilot_check.verdict({"ci_high": 0.8, "reached": 0.9}).startswith(
-        "the target reached in 90% of seeds: neither"
+    def said(high, reached=3, seeds=3):
+        return pilot_check.verdict(
+            {"ci_high": high, "reached": reached / seeds, "seeds": seeds, "seeds_reached": reached}
+        )
+
+    assert said(0.89) == "at least 10% faster" and said(0.95) == "within 5%"
+    assert said(1.06) == "not within 5%" and said(None).startswith("no CI")
+    # 79 of 80 prints as a count, not a share rounded up to 100%
+    assert said(0.8, 79, 80) == (
+        "the target reached in 79 seeds of 80: neither within 5% nor 10% faster"
     )
 
 
 def test_the_report_reads_the_arms_again_against_a_fixed_k_faster_than_the_pilot_s(tmp_path):
     """On disk, through `autok report`: the pilot chose K = 8 (the arm best-fixed); K = 4 on the
     main seeds crossed the target sooner in every seed, so summary.json's `pilot_check` names it,
-    the report says so, and the default policy is read against it; the goals stay against the
-    pilot's choice. Without a plan there is no check."""
+    the report says so, and the default policy is read against it; a fixed arm at the pilot's
+    own K (a null arm) is no other K, however fast; the goals stay against the pilot's choice.
+    Without a plan there is no check."""
     from autok.report import report
     from tests.test_report import fake_run
 
@@ -1109,12 +1136,13 @@ def test_the_report_reads_the_arms_again_against_a_fixed_k_faster_than_the_pilot
     # fake_run's accuracy climbs to `peak` in three 1 s epochs: a higher peak crosses 0.5 sooner
     for s in (1, 2, 3):
         fake_run(tmp_path, "k4 regime=r", s, 0.99, 3.0, k=4)
+        fake_run(tmp_path, "nudged regime=r", s, 0.995, 3.0, k=8)
         fake_run(tmp_path, "exposed-sync regime=r", s, 0.95, 3.0, k=4, policy="exposed-sync")
     report(tmp_path)
     data = json.loads((tmp_path / "summary.json").read_text())
     c = data["pilot_check"]["r"]
     crossing = {p: 1 + (0.5 - p / 3) / (p / 3) for p in (0.9, 0.99, 0.95)}
-    assert c["faster"] == "k4"
+    assert c["faster"] == "k4" and set(c["fixed"]) == {"k4"}
     assert c["fixed"]["k4"]["ratio"] == pytest.approx(crossing[0.99] / crossing[0.9])
     mine = c["against_it"]["exposed-sync"]
     assert mine["ratio"] == pytest.approx(crossing[0.95] / crossing[0.99])
@@ -1123,7 +1151,9 @@ def test_the_report_reads_the_arms_again_against_a_fixed_k_faster_than_the_pilot
     )  # the goals' baseline is still the pilot's
     text = (tmp_path / "report.md").read_text()
     assert "**k4 was faster than the pilot's best-fixed (K = 8)**, 0.909×" in text
-    assert f"  - exposed-sync: {mine['ratio']:.3f}× (" in text and "within 5%" in text
+    r = f"{mine['ratio']:.3f}"
+    assert f"\n  - exposed-sync: {r}× ({r}–{r}), within 5%\n" in text
+    assert "\n  - nudged: " in text and ", fixed: " in text
     assert text.index("## The pilot's choice, checked") < text.index("## The goals")
     (tmp_path / "plan.json").unlink()
     report(tmp_path)
