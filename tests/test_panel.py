@@ -1108,6 +1108,7 @@ def test_the_pilot_s_choice_is_checked_against_other_fixed_k_on_the_main_seeds()
     assert pilot_check.check("k16", ["k16"], entries, outcomes) is None
     text = pilot_check.render({"r": c}, {"r": "k16"}, {})
     assert "- r: against the pilot's k16: k8 " in text and "none was faster" in text
+    assert f"k8 {c['fixed']['k8']['ratio']:.3f}× (" in text and ", 2 of 3 reached), k2 " in text
 
     # the verdicts are the goals' own tests, against a fixed K that reached every seed
     def said(high, reached=3, seeds=3):
