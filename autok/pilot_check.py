@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 from autok import panel_stats
 from autok.panel_stats import Outcome, is_within, shown_faster
 
-# a summary entry's fields this reading keeps (compare's p, before Holm, it does not read), and
-# the seeds it paired and of those the ones the arm reached the target in
+# a summary entry's fields this reading keeps (compare's p, before Holm, it does not read)
 KEPT = ("ratio", "ci_low", "ci_high", "reached", "n")
 
 
 def brief(entry: Mapping, mine: Mapping[int, Outcome], theirs: Mapping[int, Outcome]) -> dict:
+    """The entry's KEPT fields, and the seeds the two arms share and of those the ones `mine`
+    reached the target in (counts, which a share rounded to a percent would hide)."""
     seeds = set(mine) & set(theirs)
     return {k: entry.get(k) for k in KEPT} | {
         "seeds": len(seeds),
