@@ -123,6 +123,11 @@ class Method:
         return statistics.fmean(self.reached) if self.all_reached else math.inf
 
 
+def arm_k(m: Method) -> int | None:
+    """The K a fixed arm ran at, from its config (None for a policy, or where it ran no run)."""
+    return m.runs[0].config.get("sync_period") if m.fixed and m.runs else None
+
+
 def warmup_epochs(r: RunResult) -> int:
     """The run's warmup epochs, from its config (the records do not say)."""
     warmup = r.config.get("warmup_epochs", 0)
@@ -243,7 +248,7 @@ def build_regimes(runs: list[RunResult], plan: dict | None = None) -> list[Regim
             m.ttt = [time_to_target(r, judge, target) for r in m.runs]
         if entry is not None:  # the main seeds' arm that ran the pilot's choice
             k = entry["arms"][entry["best_fixed"]]["sync_period"]
-            best = next((m for m in fixed if m.runs[0].config.get("sync_period") == k), fixed[0])
+            best = next((m for m in fixed if arm_k(m) == k), fixed[0])
         else:
             reaching = [m for m in fixed if m.all_reached]
             best = (
@@ -927,11 +932,6 @@ def render_summary(regimes: list[Regime]) -> str:
                 cells.append(f"{m.ttt_mean() / g.best_fixed.ttt_mean():.2f}x")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def arm_k(m: Method) -> int | None:
-    """The K a fixed arm ran at, from its config (None for a policy, or where it ran no run)."""
-    return m.runs[0].config.get("sync_period") if m.fixed and m.runs else None
 
 
 def with_k(m: Method) -> str:
